@@ -1,0 +1,15 @@
+module github.com/seed-a3c387e8/onceproxy
+
+go 1.26.0
+
+require (
+	github.com/coder/websocket v1.8.15
+	github.com/elazarl/goproxy v1.9.4
+	github.com/maypok86/otter/v2 v2.4.0
+	github.com/things-go/go-socks5 v0.1.0
+	go.yaml.in/yaml/v3 v3.0.6
+	golang.org/x/net v0.62.0
+	golang.org/x/sync v0.25.0
+)
+
+require golang.org/x/text v0.43.0 // indirect
