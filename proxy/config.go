@@ -1,0 +1,116 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+)
+
+// Config is the `proxy:` section of config.yaml. Zero values mean the
+// documented defaults (see WithDefaults).
+type Config struct {
+	// Listen is the HTTP proxy address (absolute-form requests and CONNECT).
+	Listen string `yaml:"listen"`
+	// MaxConns caps concurrent client connections, tunnels included. Default 4096.
+	MaxConns int `yaml:"max_conns"`
+	// ReadHeaderTimeout bounds reading a request's headers on the proxy port. Default 10s.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// IdleTimeout drops a client connection or tunnel on which nothing moved
+	// for this long. Default 2m.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes caps a request's header size on the proxy port. Default 64 KiB.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// DialTimeout bounds opening a blind tunnel (bypass hosts). Default 15s.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// ShutdownGrace is how long in-flight requests may finish after SIGTERM
+	// before remaining connections are cut. Default 20s.
+	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
+	// BypassHosts are tunnelled without interception (certificate-pinned
+	// apps, hosts you must not decrypt): exact names or "*.example.com".
+	BypassHosts []string `yaml:"bypass_hosts"`
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Listen == "" {
+		c.Listen = "127.0.0.1:8080"
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = 4096
+	}
+	if c.ReadHeaderTimeout == 0 {
+		c.ReadHeaderTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = 2 * time.Minute
+	}
+	if c.MaxHeaderBytes == 0 {
+		c.MaxHeaderBytes = 64 << 10
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 15 * time.Second
+	}
+	if c.ShutdownGrace == 0 {
+		c.ShutdownGrace = 20 * time.Second
+	}
+	return c
+}
+
+// Validate reports every problem in c, each prefixed with its yaml key.
+func (c Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen: %q is not host:port: %w", c.Listen, err))
+	}
+	if c.MaxConns < 1 {
+		errs = append(errs, fmt.Errorf("max_conns: must be at least 1, got %d", c.MaxConns))
+	}
+	if c.MaxHeaderBytes < 4096 {
+		errs = append(errs, fmt.Errorf("max_header_bytes: must be at least 4096, got %d", c.MaxHeaderBytes))
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"read_header_timeout", c.ReadHeaderTimeout},
+		{"idle_timeout", c.IdleTimeout},
+		{"dial_timeout", c.DialTimeout},
+		{"shutdown_grace", c.ShutdownGrace},
+	} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", d.key, d.v))
+		}
+	}
+	for i, h := range c.BypassHosts {
+		if err := checkHostPattern(h); err != nil {
+			errs = append(errs, fmt.Errorf("bypass_hosts[%d]: %w", i, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkHostPattern(p string) error {
+	if p == "" || strings.ContainsAny(p, "/: \t") || strings.Contains(strings.TrimPrefix(p, "*."), "*") {
+		return fmt.Errorf("%q is not a host name or *.domain pattern", p)
+	}
+	return nil
+}
+
+// hostMatches reports whether host matches one of the patterns: an exact
+// name (case-insensitive) or "*.example.com" for any subdomain.
+func hostMatches(patterns []string, host string) bool {
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	for _, p := range patterns {
+		p = strings.ToLower(p)
+		if suffix, ok := strings.CutPrefix(p, "*."); ok {
+			if strings.HasSuffix(host, "."+suffix) {
+				return true
+			}
+		} else if host == p {
+			return true
+		}
+	}
+	return false
+}

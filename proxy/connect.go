@@ -1,0 +1,132 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/elazarl/goproxy"
+)
+
+// handleConnect decides what happens to a CONNECT: a blind tunnel for bypass
+// hosts, interception (TLS or plain HTTP inside the tunnel) for the rest.
+// goproxy replies 200 itself for both.
+func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+	name, port, err := net.SplitHostPort(host)
+	if err == nil {
+		err = checkConnectTarget(name, port)
+	}
+	if err != nil {
+		s.logger.Warn("refused CONNECT", "target", host, "client", pctx.Req.RemoteAddr, "err", err)
+		pctx.Resp = errorResponse(pctx.Req, http.StatusBadRequest, kindBadRequest,
+			fmt.Sprintf("bad CONNECT target %q: %v", host, err))
+		return goproxy.RejectConnect, host
+	}
+	pctx.UserData = &clientInfo{user: proxyUser(pctx.Req.Header), connect: host}
+	if hostMatches(s.cfg.BypassHosts, name) {
+		return &goproxy.ConnectAction{Action: goproxy.ConnectAccept}, host
+	}
+	return s.mitmAction, host
+}
+
+func checkConnectTarget(name, port string) error {
+	if name == "" {
+		return fmt.Errorf("missing host")
+	}
+	if len(name) > 253 {
+		return fmt.Errorf("host name longer than 253 bytes")
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c <= ' ' || c == 0x7f || c == '/' || c == '@' {
+			return fmt.Errorf("invalid character %q in host", c)
+		}
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil || p < 1 || p > 65535 {
+		return fmt.Errorf("invalid port %q", port)
+	}
+	return nil
+}
+
+// tlsConfig is goproxy's TLSConfig hook: our CA, signing for the client's SNI
+// and falling back to the CONNECT host. goproxy adds the ALPN protocols.
+func (s *Server) tlsConfig(host string, _ *goproxy.ProxyCtx) (*tls.Config, error) {
+	return s.certs.ServerConfig(host), nil
+}
+
+// dialTunnel opens the upstream side of a blind tunnel (bypass hosts).
+func (s *Server) dialTunnel(req *http.Request, network, addr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	defer cancel()
+	c, err := s.upstream.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return &tunnelConn{Conn: c, start: time.Now(), addr: addr, client: req.RemoteAddr, s: s}, nil
+}
+
+// tunnelError is goproxy's ConnectionErrHandler: when a bypass tunnel cannot
+// be opened, the client gets a real HTTP error with the reason rather than a
+// bare 502 or a closed socket.
+func (s *Server) tunnelError(w io.Writer, pctx *goproxy.ProxyCtx, err error) {
+	status, kind := classify(err)
+	s.logger.Warn("tunnel failed", "target", pctx.Req.Host, "status", status, "kind", kind, "err", err)
+	resp := errorResponse(pctx.Req, status, kind, err.Error())
+	resp.Close = true
+	_ = resp.Write(w)
+}
+
+// tunnelConn logs a bypass tunnel when it ends, with the bytes each way.
+type tunnelConn struct {
+	net.Conn
+	start       time.Time
+	addr        string
+	client      string
+	s           *Server
+	read, wrote atomic.Int64
+	closed      atomic.Bool
+}
+
+func (c *tunnelConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.read.Add(int64(n))
+	return n, err
+}
+
+func (c *tunnelConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.wrote.Add(int64(n))
+	return n, err
+}
+
+func (c *tunnelConn) Close() error {
+	err := c.Conn.Close()
+	if c.closed.CompareAndSwap(false, true) && c.s.accessLog {
+		c.s.logger.LogAttrs(context.Background(), slog.LevelInfo, "tunnel",
+			slog.String("target", c.addr), slog.String("client", c.client),
+			slog.Int64("bytes_up", c.wrote.Load()), slog.Int64("bytes_down", c.read.Load()),
+			slog.Duration("dur", time.Since(c.start)))
+	}
+	return err
+}
+
+func (c *tunnelConn) CloseWrite() error {
+	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return hc.CloseWrite()
+	}
+	return c.Close()
+}
+
+func (c *tunnelConn) CloseRead() error {
+	if hc, ok := c.Conn.(interface{ CloseRead() error }); ok {
+		return hc.CloseRead()
+	}
+	return nil
+}

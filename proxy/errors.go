@@ -1,0 +1,80 @@
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// errorKind names a failure for clients (in X-Onceproxy-Error) and logs.
+type errorKind string
+
+const (
+	kindBadRequest   errorKind = "bad_request"
+	kindUpstream     errorKind = "upstream_error"
+	kindTimeout      errorKind = "upstream_timeout"
+	kindTLS          errorKind = "upstream_tls"
+	kindUnavailable  errorKind = "unavailable"
+	kindInternal     errorKind = "internal_error"
+	kindClientGone   errorKind = "client_gone"
+	kindShuttingDown errorKind = "shutting_down"
+	headerProxyError           = "X-Onceproxy-Error"
+)
+
+// classify maps an error from forwarding to the status a client gets. It
+// runs only at the edge: inner layers return wrapped errors.
+func classify(err error) (int, errorKind) {
+	var (
+		netErr  net.Error
+		certErr *tls.CertificateVerificationError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
+	)
+	switch {
+	case errors.Is(err, context.Canceled):
+		return http.StatusBadGateway, kindClientGone
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &netErr) && netErr.Timeout():
+		return http.StatusGatewayTimeout, kindTimeout
+	case errors.As(err, &certErr), errors.As(err, &unknown), errors.As(err, &host):
+		return http.StatusBadGateway, kindTLS
+	default:
+		return http.StatusBadGateway, kindUpstream
+	}
+}
+
+// errorResponse builds the response for a failed request: status, a
+// one-line reason in the body and X-Onceproxy-Error, never a dropped
+// connection.
+func errorResponse(req *http.Request, status int, kind errorKind, reason string) *http.Response {
+	reason = strings.ReplaceAll(reason, "\n", " ")
+	body := fmt.Sprintf("onceproxy: %d %s: %s\n", status, kind, reason)
+	h := make(http.Header)
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Cache-Control", "no-store")
+	h.Set(headerProxyError, string(kind))
+	return &http.Response{
+		Status:        fmt.Sprintf("%d %s", status, http.StatusText(status)),
+		StatusCode:    status,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        h,
+		Body:          newStringBody(body),
+		ContentLength: int64(len(body)),
+		Request:       req,
+	}
+}
+
+type stringBody struct{ *strings.Reader }
+
+func (stringBody) Close() error { return nil }
+
+func newStringBody(s string) stringBody { return stringBody{strings.NewReader(s)} }

@@ -1,0 +1,167 @@
+package proxy
+
+import (
+	"encoding/base64"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"runtime/debug"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/elazarl/goproxy"
+)
+
+// clientInfo is what the proxy knows about the client behind a request. For
+// MITM'd requests it comes from the CONNECT that opened the tunnel (goproxy
+// copies ProxyCtx.UserData into each decrypted request's context).
+type clientInfo struct {
+	user    string // proxy user from Proxy-Authorization; "" when none
+	connect string // CONNECT target host:port; "" for plain requests
+}
+
+func clientOf(req *http.Request, pctx *goproxy.ProxyCtx) *clientInfo {
+	if ci, ok := pctx.UserData.(*clientInfo); ok {
+		return ci
+	}
+	return &clientInfo{user: proxyUser(req.Header)}
+}
+
+// proxyUser extracts the user name of a Basic Proxy-Authorization header.
+func proxyUser(h http.Header) string {
+	v := h.Get("Proxy-Authorization")
+	scheme, cred, ok := strings.Cut(v, " ")
+	if !ok || !strings.EqualFold(scheme, "Basic") {
+		return ""
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil {
+		return ""
+	}
+	user, _, _ := strings.Cut(string(raw), ":")
+	return user
+}
+
+// handle is the one request handler of the proxy, for plain absolute-form
+// requests and for every request decrypted inside a MITM'd tunnel, over
+// HTTP/1.1 and HTTP/2 alike. It always returns a response: goproxy drops the
+// client connection without a word when an HTTP/1 MITM round trip fails, so
+// failures never leave this function as errors.
+func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Request, resp *http.Response) {
+	start := time.Now()
+	s.inflight.Add(1)
+	client := clientOf(req, pctx)
+	defer func() {
+		if p := recover(); p != nil {
+			s.logger.Error("panic while serving a request; recovered",
+				"panic", p, "url", req.URL.Redacted(), "stack", string(debug.Stack()))
+			resp = errorResponse(req, http.StatusInternalServerError, kindInternal,
+				"internal error while serving this request")
+		}
+		resp = s.finish(req, resp, client, start)
+	}()
+
+	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,
+			fmt.Sprintf("unsupported URL scheme %q: onceproxy forwards http and https", req.URL.Scheme))
+	}
+	if req.URL.Host == "" || req.URL.Hostname() == "" {
+		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest, "request URL has no host")
+	}
+
+	upgrade := isUpgrade(req.Header)
+	removeHopHeaders(req.Header, upgrade)
+	req.RequestURI = ""
+	req.Header.Del(headerProxyError)
+
+	next := s.next
+	if upgrade {
+		// A protocol switch is a live two-way stream: never deduplicated.
+		next = s.upstream
+	}
+	up, err := next.RoundTrip(req)
+	if err != nil {
+		status, kind := classify(err)
+		s.logger.Warn("upstream request failed", "url", req.URL.Redacted(), "status", status, "kind", kind, "err", err)
+		return req, errorResponse(req, status, kind, err.Error())
+	}
+	if up.StatusCode != http.StatusSwitchingProtocols {
+		removeHopHeaders(up.Header, false)
+	}
+	return req, up
+}
+
+// finish attaches the access log line and the in-flight accounting to the
+// response body: both happen when goproxy closes the body after copying it
+// to the client, so the line carries real byte counts and durations.
+func (s *Server) finish(req *http.Request, resp *http.Response, client *clientInfo, start time.Time) *http.Response {
+	if s.draining.Load() {
+		// Tell keep-alive clients (and goproxy's MITM loop) to go away
+		// once this response is written.
+		resp.Close = true
+	}
+	if resp.Body == nil {
+		resp.Body = http.NoBody
+	}
+	done := func(n int64) {
+		s.inflight.Add(-1)
+		if !s.accessLog {
+			return
+		}
+		attrs := []slog.Attr{
+			slog.String("method", req.Method),
+			slog.String("host", req.URL.Host),
+			slog.Int("status", resp.StatusCode),
+			slog.Int64("bytes", n),
+			slog.Duration("dur", time.Since(start)),
+		}
+		if xc := resp.Header.Get("X-Cache"); xc != "" {
+			attrs = append(attrs, slog.String("cache", xc))
+		}
+		if e := resp.Header.Get(headerProxyError); e != "" {
+			attrs = append(attrs, slog.String("error", e))
+		}
+		if client.user != "" {
+			attrs = append(attrs, slog.String("user", client.user))
+		}
+		s.logger.LogAttrs(req.Context(), slog.LevelInfo, "request", attrs...)
+	}
+	if rw, ok := resp.Body.(io.ReadWriteCloser); ok {
+		// goproxy splices a 101 response's body as the upstream half of
+		// the WebSocket: keep it writable.
+		resp.Body = &rwBody{trackedBody: trackedBody{ReadCloser: rw, done: done}, w: rw}
+	} else {
+		resp.Body = &trackedBody{ReadCloser: resp.Body, done: done}
+	}
+	return resp
+}
+
+// trackedBody counts the bytes read through it and reports once on Close.
+type trackedBody struct {
+	io.ReadCloser
+	n    atomic.Int64
+	once sync.Once
+	done func(n int64)
+}
+
+func (b *trackedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *trackedBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(func() { b.done(b.n.Load()) })
+	return err
+}
+
+type rwBody struct {
+	trackedBody
+	w io.Writer
+}
+
+func (b *rwBody) Write(p []byte) (int, error) { return b.w.Write(p) }

@@ -1,0 +1,188 @@
+// Package proxy is onceproxy's front door: the HTTP proxy port (absolute-form
+// requests and CONNECT, on goproxy), interception of CONNECT tunnels with the
+// local CA, and the one handler every request goes through on its way to the
+// next stage (the dedup engine, then the upstream).
+package proxy
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/elazarl/goproxy"
+)
+
+// CertSource provides the server side of intercepted TLS: a config whose
+// certificates are minted for the client's SNI, falling back to the CONNECT
+// host when the client sends none. *mitm.Authority satisfies it.
+type CertSource interface {
+	ServerConfig(fallbackHost string) *tls.Config
+}
+
+// Upstream is where traffic leaves the proxy: requests through RoundTrip,
+// blind tunnels through DialContext. *upstream.Forwarder satisfies it.
+type Upstream interface {
+	http.RoundTripper
+	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Options are the parts a Server is wired from.
+type Options struct {
+	// Logger receives access lines and errors. Required.
+	Logger *slog.Logger
+	// Certs mints certificates for intercepted hosts. Required.
+	Certs CertSource
+	// Upstream sends requests and opens tunnels. Required.
+	Upstream Upstream
+	// Next handles every request that may be deduplicated; nil means
+	// Upstream (no dedup).
+	Next http.RoundTripper
+	// AccessLog enables one log line per request and per tunnel.
+	AccessLog bool
+}
+
+// Server is the HTTP proxy. Create it with New, run it with Serve, stop it
+// with Shutdown.
+type Server struct {
+	cfg        Config
+	logger     *slog.Logger
+	certs      CertSource
+	upstream   Upstream
+	next       http.RoundTripper
+	accessLog  bool
+	mitmAction *goproxy.ConnectAction
+	srv        *http.Server
+
+	ln       atomic.Pointer[connListener]
+	inflight atomic.Int64 // requests between the handler and the end of their response body
+	draining atomic.Bool
+}
+
+// New builds a Server; cfg gets its defaults applied.
+func New(cfg Config, o Options) (*Server, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("proxy: %w", err)
+	}
+	if o.Logger == nil || o.Certs == nil || o.Upstream == nil {
+		return nil, errors.New("proxy: Logger, Certs and Upstream are required")
+	}
+	s := &Server{
+		cfg:       cfg,
+		logger:    o.Logger,
+		certs:     o.Certs,
+		upstream:  o.Upstream,
+		next:      o.Next,
+		accessLog: o.AccessLog,
+	}
+	if s.next == nil {
+		s.next = o.Upstream
+	}
+	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: s.tlsConfig}
+
+	gp := goproxy.NewProxyHttpServer()
+	gp.Logger = goproxyLogger{o.Logger}
+	// NewProxyHttpServer wires the process's HTTPS_PROXY into CONNECT
+	// dialing and ProxyFromEnvironment into its transport. Neither may
+	// decide where our traffic goes: every path below is ours.
+	gp.ConnectDial = nil
+	gp.ConnectDialWithReq = s.dialTunnel
+	gp.ConnectionErrHandler = s.tunnelError
+	gp.Tr = &http.Transport{Proxy: nil, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		// Unused: handle always answers, so goproxy never forwards on its
+		// own. Fail loudly rather than dial if that ever changes.
+		return nil, errors.New("proxy: internal: goproxy tried to dial on its own")
+	}}
+	gp.AllowHTTP2 = true
+	gp.KeepAcceptEncoding = true
+	gp.NonproxyHandler = http.HandlerFunc(s.nonProxy)
+	gp.OnRequest().HandleConnectFunc(s.handleConnect)
+	gp.OnRequest().DoFunc(s.handle)
+
+	s.srv = &http.Server{
+		Handler:           gp,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+	}
+	return s, nil
+}
+
+// nonProxy answers requests that are not proxy requests (origin-form, as if
+// onceproxy were a web server).
+func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
+	resp := errorResponse(r, http.StatusBadRequest, kindBadRequest,
+		"this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port")
+	for k, v := range resp.Header {
+		w.Header()[k] = v
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = resp.Body.(stringBody).WriteTo(w)
+}
+
+// Serve accepts proxy clients on ln until Shutdown. It returns nil after a
+// Shutdown, or the error that stopped it.
+func (s *Server) Serve(ln net.Listener) error {
+	cl := newConnListener(ln, s.cfg.MaxConns, s.cfg.IdleTimeout)
+	s.ln.Store(cl)
+	s.logger.Info("proxy listening", "addr", ln.Addr().String())
+	err := s.srv.Serve(cl)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return err
+}
+
+// Shutdown stops accepting clients, lets in-flight requests finish until ctx
+// ends, then cuts every remaining connection (idle keep-alives, MITM
+// sessions, tunnels, WebSockets).
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.draining.Store(true)
+	err := s.srv.Shutdown(ctx) // closes the listener; waits for plain requests
+	// Requests inside hijacked connections (MITM) are invisible to
+	// http.Server: wait for them ourselves.
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for s.inflight.Load() > 0 && ctx.Err() == nil {
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+	left := s.inflight.Load()
+	if cl := s.ln.Load(); cl != nil {
+		cl.closeAll()
+	}
+	if left > 0 {
+		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left)
+		if err == nil {
+			err = ctx.Err()
+		}
+	}
+	return err
+}
+
+// Inflight returns the number of requests being served.
+func (s *Server) Inflight() int64 { return s.inflight.Load() }
+
+// goproxyLogger sends goproxy's printf-style warnings to slog.
+type goproxyLogger struct{ l *slog.Logger }
+
+func (g goproxyLogger) Printf(format string, v ...any) {
+	msg := strings.TrimSpace(fmt.Sprintf(format, v...))
+	level := slog.LevelDebug
+	if strings.Contains(msg, "WARN:") {
+		// Client handshake failures land here: the usual sign of a
+		// client that does not trust the CA yet.
+		level = slog.LevelWarn
+	}
+	g.l.Log(context.Background(), level, "goproxy: "+msg)
+}

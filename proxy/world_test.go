@@ -1,0 +1,207 @@
+package proxy_test
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"io"
+	"log/slog"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// world is one running proxy with its CA, wired like main.go does it, plus
+// helpers to reach it. Fields are filled by newWorld.
+type world struct {
+	t        testing.TB
+	ca       *mitm.Authority
+	caPool   *x509.CertPool // trusts only onceproxy's CA
+	caFile   string         // ca.pem path, for curl
+	up       *upstream.Forwarder
+	srv      *proxy.Server
+	proxyURL *url.URL
+	logs     *syncBuffer
+}
+
+type worldOpts struct {
+	proxy    proxy.Config
+	upstream upstream.Config
+	next     func(up http.RoundTripper) http.RoundTripper // wraps the upstream as Options.Next
+	// originCAs are trusted for origins (written to files for upstream.ca_files).
+	originCAs []*x509.Certificate
+	// quiet discards logs (benchmarks: the buffer would grow without bound).
+	quiet bool
+}
+
+func newWorld(t testing.TB, o worldOpts) *world {
+	t.Helper()
+	dir := t.TempDir()
+	logs := &syncBuffer{}
+	var logOut io.Writer = logs
+	if o.quiet {
+		logOut = io.Discard
+	}
+	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
+
+	ca, err := mitm.LoadOrCreate(mitm.Config{CADir: filepath.Join(dir, "certs")}, logger)
+	if err != nil {
+		t.Fatalf("LoadOrCreate: %v", err)
+	}
+	t.Cleanup(ca.Close)
+
+	for i, c := range o.originCAs {
+		f := filepath.Join(dir, "origin-ca-"+string(rune('a'+i))+".pem")
+		if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		o.upstream.CAFiles = append(o.upstream.CAFiles, f)
+	}
+	up, err := upstream.New(o.upstream, logger)
+	if err != nil {
+		t.Fatalf("upstream.New: %v", err)
+	}
+	t.Cleanup(up.Close)
+
+	opts := proxy.Options{Logger: logger, Certs: ca, Upstream: up, AccessLog: true}
+	if o.next != nil {
+		opts.Next = o.next(up)
+	}
+	if o.proxy.Listen == "" {
+		o.proxy.Listen = "127.0.0.1:0"
+	}
+	srv, err := proxy.New(o.proxy, opts)
+	if err != nil {
+		t.Fatalf("proxy.New: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+		if t.Failed() {
+			t.Logf("proxy log:\n%s", logs.String())
+		}
+	})
+
+	pool := x509.NewCertPool()
+	pool.AddCert(ca.Certificate())
+	return &world{
+		t:        t,
+		ca:       ca,
+		caPool:   pool,
+		caFile:   ca.CertPath(),
+		up:       up,
+		srv:      srv,
+		proxyURL: &url.URL{Scheme: "http", Host: ln.Addr().String()},
+		logs:     logs,
+	}
+}
+
+// client returns an http.Client that uses the proxy explicitly (never the
+// environment) and trusts only onceproxy's CA. h2 asks for HTTP/2 inside
+// the MITM tunnel.
+func (w *world) client(h2 bool) *http.Client {
+	tr := &http.Transport{
+		Proxy:              http.ProxyURL(w.proxyURL),
+		TLSClientConfig:    &tls.Config{RootCAs: w.caPool},
+		ForceAttemptHTTP2:  h2,
+		DisableCompression: true,
+	}
+	if !h2 {
+		tr.TLSClientConfig.NextProtos = []string{"http/1.1"}
+		tr.TLSNextProto = map[string]func(string, *tls.Conn) http.RoundTripper{}
+	}
+	w.t.Cleanup(tr.CloseIdleConnections)
+	return &http.Client{Transport: tr, Timeout: 20 * time.Second}
+}
+
+// get fetches u through the proxy and returns the response with its body read.
+func (w *world) get(c *http.Client, u string, hdr ...string) (*http.Response, string) {
+	w.t.Helper()
+	req, err := http.NewRequest(http.MethodGet, u, nil)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Add(hdr[i], hdr[i+1])
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		w.t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		w.t.Fatalf("GET %s: read body: %v", u, err)
+	}
+	return resp, string(b)
+}
+
+// tlsOrigin starts an HTTPS origin (HTTP/2 enabled unless h1Only) on loopback.
+func tlsOrigin(t testing.TB, h http.Handler, h1Only bool) *httptest.Server {
+	t.Helper()
+	s := httptest.NewUnstartedServer(h)
+	s.EnableHTTP2 = !h1Only
+	s.StartTLS()
+	t.Cleanup(s.Close)
+	return s
+}
+
+func plainOrigin(t testing.TB, h http.Handler) *httptest.Server {
+	t.Helper()
+	s := httptest.NewServer(h)
+	t.Cleanup(s.Close)
+	return s
+}
+
+// untrustedTLSOrigin starts an HTTPS origin with a fresh self-signed
+// certificate that nothing trusts (httptest servers all share one built-in
+// certificate, so trusting one trusts them all).
+func untrustedTLSOrigin(t testing.TB, h http.Handler) *httptest.Server {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(42),
+		Subject:      pkix.Name{CommonName: "untrusted origin"},
+		NotBefore:    time.Now().Add(-time.Hour),
+		NotAfter:     time.Now().Add(time.Hour),
+		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := httptest.NewUnstartedServer(h)
+	s.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
+	s.StartTLS()
+	t.Cleanup(s.Close)
+	return s
+}
