@@ -1,0 +1,302 @@
+package main
+
+import (
+	"bytes"
+	_ "embed"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"reflect"
+	"regexp"
+	"sort"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// shippedConfig is config.yaml as shipped: the defaults every run starts
+// from, so the file users read and the defaults the binary uses are the same
+// text (a test keeps them consistent with the packages' own defaults).
+//
+//go:embed config.yaml
+var shippedConfig []byte
+
+// envPrefix starts every environment override: ONCEPROXY_PROXY_LISTEN sets
+// proxy.listen. The value is YAML, parsed exactly like the file.
+const envPrefix = "ONCEPROXY_"
+
+// Config is the whole configuration, one section per package.
+type Config struct {
+	Log      LogConfig       `yaml:"log"`
+	Proxy    proxy.Config    `yaml:"proxy"`
+	Admin    AdminConfig     `yaml:"admin"`
+	MITM     mitm.Config     `yaml:"mitm"`
+	Upstream upstream.Config `yaml:"upstream"`
+}
+
+// LogConfig is the `log:` section.
+type LogConfig struct {
+	// Level is debug, info, warn or error.
+	Level string `yaml:"level"`
+	// Format is text or json.
+	Format string `yaml:"format"`
+	// Access logs one line per request and per tunnel.
+	Access bool `yaml:"access"`
+}
+
+// AdminConfig is the `admin:` section.
+type AdminConfig struct {
+	// Listen is the admin API address; "" turns the admin API off.
+	Listen string `yaml:"listen"`
+}
+
+// loadConfig reads the configuration: the shipped defaults, then the file at
+// path (skipped when path is "" ), then ONCEPROXY_* variables from environ.
+// Every problem is reported at once, each with its key.
+func loadConfig(path string, environ []string) (*Config, error) {
+	var cfg Config
+	if err := decodeStrict(bytes.NewReader(shippedConfig), &cfg); err != nil {
+		return nil, fmt.Errorf("embedded config.yaml: %w", err)
+	}
+	if path != "" {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, fmt.Errorf("config: %w", err)
+		}
+		defer f.Close()
+		if err := decodeStrict(f, &cfg); err != nil {
+			return nil, fmt.Errorf("config %s: %w", path, err)
+		}
+	}
+	if err := applyEnv(&cfg, environ); err != nil {
+		return nil, err
+	}
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &cfg, nil
+}
+
+func (c *Config) withDefaults() {
+	c.Proxy = c.Proxy.WithDefaults()
+	c.MITM = c.MITM.WithDefaults()
+	c.Upstream = c.Upstream.WithDefaults()
+}
+
+// validate checks every section and returns all problems, one per line, each
+// prefixed with the full key path ("proxy.listen: ...").
+func (c *Config) validate() error {
+	var errs []error
+	add := func(section string, err error) {
+		for _, e := range flatten(err) {
+			errs = append(errs, fmt.Errorf("%s.%w", section, e))
+		}
+	}
+	switch strings.ToLower(c.Log.Level) {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log.level: must be debug, info, warn or error, got %q", c.Log.Level))
+	}
+	switch c.Log.Format {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("log.format: must be text or json, got %q", c.Log.Format))
+	}
+	if c.Admin.Listen != "" {
+		if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
+			errs = append(errs, fmt.Errorf("admin.listen: %q is not host:port: %w", c.Admin.Listen, err))
+		} else if c.Admin.Listen == c.Proxy.Listen && !strings.HasSuffix(c.Admin.Listen, ":0") {
+			errs = append(errs, fmt.Errorf("admin.listen: must differ from proxy.listen (%s)", c.Proxy.Listen))
+		}
+	}
+	add("proxy", c.Proxy.Validate())
+	add("mitm", c.MITM.Validate())
+	add("upstream", c.Upstream.Validate())
+	if len(errs) == 0 {
+		return nil
+	}
+	return &configError{errs: errs}
+}
+
+// configError lists every configuration problem, one per line.
+type configError struct{ errs []error }
+
+func (e *configError) Error() string {
+	var b strings.Builder
+	b.WriteString("invalid configuration:")
+	for _, err := range e.errs {
+		b.WriteString("\n  ")
+		b.WriteString(err.Error())
+	}
+	return b.String()
+}
+
+func (e *configError) Unwrap() []error { return e.errs }
+
+// flatten splits an errors.Join tree into its leaves.
+func flatten(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, flatten(e)...)
+		}
+		return out
+	}
+	return []error{err}
+}
+
+func decodeStrict(r io.Reader, v any) error {
+	dec := yaml.NewDecoder(r)
+	dec.KnownFields(true)
+	err := dec.Decode(v)
+	if errors.Is(err, io.EOF) {
+		return nil // an empty file means "all defaults"
+	}
+	return friendlyYAMLError(err)
+}
+
+var unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
+
+// friendlyYAMLError rewrites yaml's "field x not found in type proxy.Config"
+// into the key path a user wrote ("unknown key proxy.x").
+func friendlyYAMLError(err error) error {
+	var te *yaml.TypeError
+	if err == nil || !errors.As(err, &te) {
+		return err
+	}
+	sections := sectionNames()
+	lines := make([]string, 0, len(te.Errors))
+	for _, msg := range te.Errors {
+		if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
+			key := m[2]
+			if sec, ok := sections[m[3]]; ok && sec != "" {
+				key = sec + "." + key
+			}
+			msg = fmt.Sprintf("line %s: unknown key %q", m[1], key)
+		}
+		lines = append(lines, msg)
+	}
+	return errors.New(strings.Join(lines, "; "))
+}
+
+// sectionNames maps Go type names ("proxy.Config") to their yaml key path.
+func sectionNames() map[string]string {
+	out := map[string]string{}
+	var walk func(t reflect.Type, path string)
+	walk = func(t reflect.Type, path string) {
+		out[t.String()] = path
+		for i := 0; i < t.NumField(); i++ {
+			f := t.Field(i)
+			name := yamlName(f)
+			if name == "" {
+				continue
+			}
+			ft := f.Type
+			for ft.Kind() == reflect.Slice || ft.Kind() == reflect.Pointer {
+				ft = ft.Elem()
+			}
+			if ft.Kind() == reflect.Struct && ft.PkgPath() != "time" {
+				walk(ft, strings.TrimPrefix(path+"."+name, "."))
+			}
+		}
+	}
+	walk(reflect.TypeFor[Config](), "")
+	return out
+}
+
+func yamlName(f reflect.StructField) string {
+	tag := f.Tag.Get("yaml")
+	name, _, _ := strings.Cut(tag, ",")
+	if name == "-" || !f.IsExported() {
+		return ""
+	}
+	return name
+}
+
+// envKeys maps every ONCEPROXY_* variable name to the configuration field it
+// sets: the yaml path upper-cased with '.' and '-' turned into '_'.
+func envKeys(cfg *Config) map[string]reflect.Value {
+	out := map[string]reflect.Value{}
+	var walk func(v reflect.Value, prefix string)
+	walk = func(v reflect.Value, prefix string) {
+		t := v.Type()
+		for i := 0; i < t.NumField(); i++ {
+			name := yamlName(t.Field(i))
+			if name == "" {
+				continue
+			}
+			key := prefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+			fv := v.Field(i)
+			if fv.Kind() == reflect.Struct && fv.Type().PkgPath() != "time" {
+				walk(fv, key+"_")
+				continue
+			}
+			out[key] = fv
+		}
+	}
+	walk(reflect.ValueOf(cfg).Elem(), envPrefix)
+	return out
+}
+
+// applyEnv sets configuration fields from ONCEPROXY_* variables. An unknown
+// ONCEPROXY_ variable is an error: a typo must not silently do nothing.
+func applyEnv(cfg *Config, environ []string) error {
+	keys := envKeys(cfg)
+	var errs []error
+	for _, kv := range environ {
+		name, val, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(name, envPrefix) {
+			continue
+		}
+		field, known := keys[name]
+		if !known {
+			errs = append(errs, fmt.Errorf("%s: unknown variable (see README, Configuration)", name))
+			continue
+		}
+		if val == "" {
+			// An empty variable clears the key (e.g. ONCEPROXY_UPSTREAM_URL=
+			// for direct); YAML would read it as "no document".
+			field.Set(reflect.Zero(field.Type()))
+			continue
+		}
+		if err := decodeStrict(strings.NewReader(val), field.Addr().Interface()); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	if len(errs) == 0 {
+		return nil
+	}
+	return &configError{errs: errs}
+}
+
+// envNames lists the override variables, for docs and tests.
+func envNames(cfg *Config) []string {
+	keys := envKeys(cfg)
+	names := make([]string, 0, len(keys))
+	for k := range keys {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	return names
+}
+
+func newLogger(c LogConfig, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(c.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

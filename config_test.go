@@ -1,0 +1,161 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+)
+
+func writeConfig(t *testing.T, text string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestShippedConfigMatchesDefaults keeps config.yaml (the documented and
+// embedded defaults) and the packages' own WithDefaults in agreement.
+func TestShippedConfigMatchesDefaults(t *testing.T) {
+	shipped, err := loadConfig("", nil)
+	if err != nil {
+		t.Fatalf("shipped config: %v", err)
+	}
+	var zero Config
+	zero.Log = LogConfig{Level: "info", Format: "text", Access: true}
+	zero.Admin = AdminConfig{Listen: "127.0.0.1:9090"}
+	zero.withDefaults()
+	a, _ := yaml.Marshal(shipped)
+	b, _ := yaml.Marshal(&zero)
+	if string(a) != string(b) {
+		t.Fatalf("config.yaml and the code defaults differ:\nconfig.yaml:\n%s\ncode:\n%s", a, b)
+	}
+	// And the file on disk is the embedded one.
+	disk, err := os.ReadFile("config.yaml")
+	if err != nil || string(disk) != string(shippedConfig) {
+		t.Fatalf("config.yaml on disk differs from the embedded copy (%v)", err)
+	}
+}
+
+func TestUnknownKeyIsNamedWithLine(t *testing.T) {
+	p := writeConfig(t, "proxy:\n  listen: 127.0.0.1:8080\n  lisen: 127.0.0.1:8081\nmitm:\n  ca_dri: x\n")
+	_, err := loadConfig(p, nil)
+	if err == nil {
+		t.Fatal("unknown keys accepted")
+	}
+	for _, want := range []string{`line 3: unknown key "proxy.lisen"`, `line 5: unknown key "mitm.ca_dri"`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}
+
+func TestValidationReportsEveryProblem(t *testing.T) {
+	p := writeConfig(t, `
+log: {level: loud, format: xml}
+proxy: {listen: "nope", max_conns: -1, bypass_hosts: ["a/b"]}
+admin: {listen: "127.0.0.1:8080"}
+mitm: {leaf_validity: 1m}
+upstream: {url: "ftp://x:1", dial_timeout: -1s}
+`)
+	_, err := loadConfig(p, nil)
+	if err == nil {
+		t.Fatal("bad config accepted")
+	}
+	for _, want := range []string{
+		"log.level:", "log.format:", "proxy.listen:", "proxy.max_conns:", "proxy.bypass_hosts[0]:",
+		"mitm.leaf_validity:", "upstream.url:", "upstream.dial_timeout:",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestEnvOverrides(t *testing.T) {
+	p := writeConfig(t, "proxy:\n  listen: 127.0.0.1:8080\n")
+	cfg, err := loadConfig(p, []string{
+		"ONCEPROXY_PROXY_LISTEN=127.0.0.1:18080",
+		"ONCEPROXY_PROXY_IDLE_TIMEOUT=45s",
+		"ONCEPROXY_PROXY_BYPASS_HOSTS=[a.example, \"*.b.example\"]",
+		"ONCEPROXY_LOG_ACCESS=false",
+		"ONCEPROXY_ADMIN_LISTEN=",
+		"UNRELATED=1",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Proxy.Listen != "127.0.0.1:18080" || cfg.Proxy.IdleTimeout != 45*time.Second ||
+		len(cfg.Proxy.BypassHosts) != 2 || cfg.Proxy.BypassHosts[1] != "*.b.example" ||
+		cfg.Log.Access || cfg.Admin.Listen != "" {
+		t.Fatalf("overrides not applied: %+v", cfg)
+	}
+
+	_, err = loadConfig(p, []string{"ONCEPROXY_PROXY_LISTN=x", "ONCEPROXY_PROXY_MAX_CONNS=many"})
+	if err == nil || !strings.Contains(err.Error(), "ONCEPROXY_PROXY_LISTN: unknown variable") ||
+		!strings.Contains(err.Error(), "ONCEPROXY_PROXY_MAX_CONNS:") {
+		t.Fatalf("bad overrides: err = %v", err)
+	}
+}
+
+func TestEnvNamesCoverEveryKey(t *testing.T) {
+	names := envNames(&Config{})
+	for _, want := range []string{"ONCEPROXY_PROXY_LISTEN", "ONCEPROXY_MITM_CA_DIR", "ONCEPROXY_UPSTREAM_URL", "ONCEPROXY_LOG_LEVEL"} {
+		found := false
+		for _, n := range names {
+			found = found || n == want
+		}
+		if !found {
+			t.Errorf("%s missing from %v", want, names)
+		}
+	}
+}
+
+func TestEmptyConfigFileMeansDefaults(t *testing.T) {
+	cfg, err := loadConfig(writeConfig(t, ""), nil)
+	if err != nil || cfg.Proxy.Listen != "127.0.0.1:8080" {
+		t.Fatalf("empty file: %v %+v", err, cfg)
+	}
+}
+
+// TestREADMEDocumentsEveryKey keeps the README's configuration table complete.
+func TestREADMEDocumentsEveryKey(t *testing.T) {
+	readme, err := os.ReadFile("README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range envNames(&Config{}) {
+		path := strings.ToLower(strings.TrimPrefix(name, envPrefix))
+		// The env name loses the '.' between levels; find the key by
+		// trying each '_' as the section separator.
+		found := false
+		for i := 0; i < len(path) && !found; i++ {
+			if path[i] == '_' {
+				found = strings.Contains(string(readme), "`"+path[:i]+"."+path[i+1:]+"`")
+			}
+		}
+		if !found {
+			t.Errorf("README.md does not document the key behind %s", name)
+		}
+	}
+}
+
+// TestCIRunsTheREADMETestCommand: CI must run exactly what the README tells
+// users to run.
+func TestCIRunsTheREADMETestCommand(t *testing.T) {
+	const cmd = "go test -race -count=1 ./..."
+	for _, f := range []string{"README.md", ".ci/run"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), cmd) {
+			t.Errorf("%s does not contain %q", f, cmd)
+		}
+	}
+}
