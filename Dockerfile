@@ -1,0 +1,33 @@
+# syntax=docker/dockerfile:1
+# onceproxy: static binary on a distroless, non-root base.
+#
+#   docker build -t onceproxy .
+#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9090:9090 \
+#     -v onceproxy-certs:/app/certs onceproxy
+#
+# The CA is generated into the certs volume on first start (key mode 0600,
+# owned by the non-root user); fetch ca.pem from http://127.0.0.1:9090/ca.pem.
+
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/onceproxy . \
+ && mkdir -p /out/certs && cp certs/README.md /out/certs/
+
+FROM gcr.io/distroless/static-debian12:nonroot
+WORKDIR /app
+COPY --from=build /out/onceproxy /app/onceproxy
+COPY --from=build /src/config.yaml /app/config.yaml
+# The CA directory must be writable by the non-root user (uid 65532).
+COPY --from=build --chown=65532:65532 /out/certs /app/certs
+VOLUME ["/app/certs"]
+# Inside the container the listeners must bind all interfaces to be
+# published; publish them on the host's loopback (see above) unless client
+# authentication is configured.
+ENV ONCEPROXY_PROXY_LISTEN=0.0.0.0:8080 \
+    ONCEPROXY_ADMIN_LISTEN=0.0.0.0:9090
+EXPOSE 8080 9090
+USER 65532:65532
+ENTRYPOINT ["/app/onceproxy", "-config", "/app/config.yaml"]
