@@ -1,0 +1,633 @@
+package dedup
+
+import (
+	"errors"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+)
+
+func mustParse(t testing.TB, raw string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatalf("url.Parse(%q): %v", raw, err)
+	}
+	return u
+}
+
+var canonicalURLTests = []struct {
+	name, in, want string
+	ignore         []string // nil: DefaultIgnoreParams
+}{
+	// Scheme and host case.
+	{name: "case", in: "HTTP://WWW.Example.COM/Path/To", want: "http://www.example.com/Path/To"},
+	{name: "https", in: "HTTPS://Example.com/", want: "https://example.com/"},
+	{name: "empty path", in: "http://example.com", want: "http://example.com/"},
+	{name: "empty path with query", in: "http://example.com?a=1", want: "http://example.com/?a=1"},
+
+	// IDNA.
+	{name: "idna", in: "http://Bücher.example/", want: "http://xn--bcher-kva.example/"},
+	{name: "idna escaped", in: "http://B%C3%BCcher.example/", want: "http://xn--bcher-kva.example/"},
+	{name: "idna punycode input", in: "http://XN--BCHER-KVA.example/", want: "http://xn--bcher-kva.example/"},
+	{name: "idna ideographic full stop", in: "http://bücher。example/", want: "http://xn--bcher-kva.example/"},
+	{name: "underscore host", in: "http://My_Host.example/", want: "http://my_host.example/"},
+	{name: "triple hyphen host", in: "https://r3---sn-abc.googlevideo.com/x", want: "https://r3---sn-abc.googlevideo.com/x"},
+
+	// Trailing dot and ports.
+	{name: "trailing dot", in: "http://example.com./", want: "http://example.com/"},
+	{name: "trailing dot and port", in: "http://example.com.:8080/", want: "http://example.com:8080/"},
+	{name: "http default port", in: "http://example.com:80/", want: "http://example.com/"},
+	{name: "https default port", in: "https://example.com:443/", want: "https://example.com/"},
+	{name: "https port 80 kept", in: "https://example.com:80/", want: "https://example.com:80/"},
+	{name: "http port 443 kept", in: "http://example.com:443/", want: "http://example.com:443/"},
+	{name: "other port", in: "http://example.com:8080/", want: "http://example.com:8080/"},
+	{name: "empty port", in: "http://example.com:/", want: "http://example.com/"},
+	{name: "port leading zeros", in: "http://example.com:0080/", want: "http://example.com/"},
+	{name: "port leading zeros kept", in: "http://example.com:08080/", want: "http://example.com:8080/"},
+	{name: "ipv4", in: "http://127.0.0.1:8080/", want: "http://127.0.0.1:8080/"},
+
+	// IPv6.
+	{name: "ipv6 https default port", in: "https://[::1]:443/", want: "https://[::1]/"},
+	{name: "ipv6 http port 443", in: "http://[::1]:443/", want: "http://[::1]:443/"},
+	{name: "ipv6 lower-cased", in: "http://[2001:DB8::A]/", want: "http://[2001:db8::a]/"},
+	{name: "ipv6 rfc5952", in: "http://[2001:db8:0:0:0:0:0:1]:8080/", want: "http://[2001:db8::1]:8080/"},
+	{name: "ipv6 zone", in: "http://[fe80::1%25eth0]:8080/", want: "http://[fe80::1%25eth0]:8080/"},
+
+	// Dot-segments (RFC 3986 5.2.4).
+	{name: "dot segments", in: "http://e.com/a/./b/../c", want: "http://e.com/a/c"},
+	{name: "dotdot above root", in: "http://e.com/..", want: "http://e.com/"},
+	{name: "dotdot above root slash", in: "http://e.com/../../x", want: "http://e.com/x"},
+	{name: "trailing dotdot", in: "http://e.com/a/b/..", want: "http://e.com/a/"},
+	{name: "trailing dot", in: "http://e.com/a/b/.", want: "http://e.com/a/b/"},
+	{name: "single dot", in: "http://e.com/.", want: "http://e.com/"},
+	{name: "dots in names kept", in: "http://e.com/a.b/..c/c../.../.x", want: "http://e.com/a.b/..c/c../.../.x"},
+	{name: "duplicate slashes kept", in: "http://e.com/a//b///c", want: "http://e.com/a//b///c"},
+	{name: "dotdot removes empty segment", in: "http://e.com/a//../b", want: "http://e.com/a/b"},
+	{name: "escaped dotdot is a dot-segment", in: "http://e.com/a/b/%2E%2E/c", want: "http://e.com/a/c"},
+	{name: "escaped dot mixed case", in: "http://e.com/a/%2e/b/.%2E/c", want: "http://e.com/a/c"},
+
+	// Percent-encoding in paths.
+	{name: "unreserved decoded", in: "http://e.com/%7euser/%41%62%2D%5F%2E", want: "http://e.com/~user/Ab-_."},
+	{name: "escaped slash kept", in: "http://e.com/a%2fb", want: "http://e.com/a%2Fb"},
+	{name: "escaped slash upper", in: "http://e.com/a%2Fb", want: "http://e.com/a%2Fb"},
+	{name: "escaped slash with raw space", in: "http://e.com/a%2Fb c", want: "http://e.com/a%2Fb%20c"},
+	{name: "raw space escaped", in: "http://e.com/a b", want: "http://e.com/a%20b"},
+	{name: "non-ascii escaped", in: "http://e.com/café", want: "http://e.com/caf%C3%A9"},
+	{name: "lower hex upper-cased", in: "http://e.com/caf%c3%a9", want: "http://e.com/caf%C3%A9"},
+	{name: "sub-delims kept raw", in: "http://e.com/a!b$c'd(e)*f+g,h;i=j:k@l", want: "http://e.com/a!b$c'd(e)*f+g,h;i=j:k@l"},
+	{name: "escaped sub-delim kept escaped", in: "http://e.com/a%21b%3b", want: "http://e.com/a%21b%3B"},
+	{name: "escaped question mark", in: "http://e.com/a%3Fb", want: "http://e.com/a%3Fb"},
+	{name: "brackets escaped", in: "http://e.com/a[b]", want: "http://e.com/a%5Bb%5D"},
+	{name: "escaped percent", in: "http://e.com/100%25", want: "http://e.com/100%25"},
+
+	// Fragment and userinfo.
+	{name: "fragment", in: "http://e.com/p?a=1#frag", want: "http://e.com/p?a=1"},
+	{name: "empty fragment", in: "http://e.com/p#", want: "http://e.com/p"},
+	{name: "userinfo", in: "http://user:pass@e.com/", want: "http://e.com/"},
+
+	// Query.
+	{name: "query sort", in: "http://e.com/?b=2&a=1&c=3", want: "http://e.com/?a=1&b=2&c=3"},
+	{name: "query tracking removed", in: "http://e.com/?b=2&utm_source=x&a=1&gclid=y&utm_medium=z&fbclid=w", want: "http://e.com/?a=1&b=2"},
+	{name: "query all removed", in: "http://e.com/p?utm_source=x&_ga=1", want: "http://e.com/p"},
+	{name: "query escaped name removed", in: "http://e.com/p?utm%5Fsource=x&a=1", want: "http://e.com/p?a=1"},
+	{name: "query ignore case-sensitive", in: "http://e.com/p?UTM_source=x&GCLID=y", want: "http://e.com/p?GCLID=y&UTM_source=x"},
+	{name: "query ignore exact only", in: "http://e.com/p?gclid2=x&xgclid=y", want: "http://e.com/p?gclid2=x&xgclid=y"},
+	{name: "custom ignore prefix", in: "http://e.com/p?sess_id=1&sess=2&session=3&a=1", want: "http://e.com/p?a=1&sess=2", ignore: []string{"sess_*", "session"}},
+	{name: "custom list replaces default", in: "http://e.com/p?utm_source=x&a=1", want: "http://e.com/p?a=1&utm_source=x", ignore: []string{"b"}},
+	{name: "ignore plus decodes to space", in: "http://e.com/p?a+b=1&c=2", want: "http://e.com/p?c=2", ignore: []string{"a b"}},
+	{name: "question mark alone", in: "http://e.com/p?", want: "http://e.com/p"},
+	{name: "query empty pieces", in: "http://e.com/p?&a=1&&b=2&", want: "http://e.com/p?a=1&b=2"},
+	{name: "query only ampersands", in: "http://e.com/p?&&", want: "http://e.com/p"},
+	{name: "query name without value", in: "http://e.com/p?a&a=", want: "http://e.com/p?a&a="},
+	{name: "query name without value stable", in: "http://e.com/p?a=&a", want: "http://e.com/p?a=&a"},
+	{name: "query repeated keeps order", in: "http://e.com/p?a=2&b=0&a=1", want: "http://e.com/p?a=2&a=1&b=0"},
+	{name: "query plus kept", in: "http://e.com/p?q=a+b&r=a%20b", want: "http://e.com/p?q=a+b&r=a%20b"},
+	{name: "query escapes normalized", in: "http://e.com/p?q=%7e&r=%2f&s=%c3%a9", want: "http://e.com/p?q=~&r=%2F&s=%C3%A9"},
+	{name: "query raw chars escaped", in: "http://e.com/p?q=a b\"<>", want: "http://e.com/p?q=a%20b%22%3C%3E"},
+	{name: "query slash and question kept", in: "http://e.com/p?q=/a?b", want: "http://e.com/p?q=/a?b"},
+	{name: "query equals in value", in: "http://e.com/p?q=a=b", want: "http://e.com/p?q=a=b"},
+	{name: "query empty name", in: "http://e.com/p?=x&a=1", want: "http://e.com/p?=x&a=1"},
+	{name: "query stray percent", in: "http://e.com/p?q=%zz&r=%4", want: "http://e.com/p?q=%25zz&r=%254"},
+	{name: "query stray percent before escape", in: "http://e.com/p?q=%4%31", want: "http://e.com/p?q=%2541"},
+	{name: "query semicolon is not a separator", in: "http://e.com/p?b=1;a=2", want: "http://e.com/p?b=1;a=2"},
+}
+
+func TestCanonicalURL(t *testing.T) {
+	for _, tt := range canonicalURLTests {
+		t.Run(tt.name, func(t *testing.T) {
+			ignore := tt.ignore
+			if ignore == nil {
+				ignore = DefaultIgnoreParams
+			}
+			got, err := CanonicalURL(mustParse(t, tt.in), ignore)
+			if err != nil {
+				t.Fatalf("CanonicalURL(%q): %v", tt.in, err)
+			}
+			if got != tt.want {
+				t.Errorf("CanonicalURL(%q) = %q, want %q", tt.in, got, tt.want)
+			}
+			// The Keyer form agrees, and the output is a fixed point.
+			k := NewKeyer(&KeySpec{IgnoreParams: ignore})
+			if g, err := k.CanonicalURL(mustParse(t, tt.in)); g != got || err != nil {
+				t.Errorf("Keyer.CanonicalURL(%q) = %q, %v; want %q", tt.in, g, err, got)
+			}
+			if again, err := CanonicalURL(mustParse(t, got), ignore); again != got || err != nil {
+				t.Errorf("CanonicalURL(%q) = %q, %v; not idempotent", got, again, err)
+			}
+		})
+	}
+}
+
+func TestCanonicalURLNilIgnoresNothing(t *testing.T) {
+	got, err := CanonicalURL(mustParse(t, "http://e.com/?utm_source=x"), nil)
+	if want := "http://e.com/?utm_source=x"; got != want || err != nil {
+		t.Errorf("CanonicalURL(nil ignore) = %q, %v; want %q", got, err, want)
+	}
+}
+
+// TestCanonicalURLBuiltURLs covers URLs built in code rather than parsed.
+func TestCanonicalURLBuiltURLs(t *testing.T) {
+	tests := []struct {
+		name string
+		u    *url.URL
+		want string
+	}{
+		{"relative-looking path", &url.URL{Scheme: "http", Host: "e.com", Path: "a/b"}, "http://e.com/a/b"},
+		{"path only", &url.URL{Scheme: "http", Host: "e.com", Path: "/a b/c"}, "http://e.com/a%20b/c"},
+		{"raw path wins", &url.URL{Scheme: "http", Host: "e.com", Path: "/a/b", RawPath: "/a%2fb"}, "http://e.com/a%2Fb"},
+		{"inconsistent raw path ignored", &url.URL{Scheme: "http", Host: "e.com", Path: "/a/c", RawPath: "/a%2Fb"}, "http://e.com/a/c"},
+		{"upper-case scheme", &url.URL{Scheme: "HTTPS", Host: "E.com"}, "https://e.com/"},
+		{"raw query with fragment char", &url.URL{Scheme: "http", Host: "e.com", RawQuery: "a=#"}, "http://e.com/?a=%23"},
+		{"force query", &url.URL{Scheme: "http", Host: "e.com", ForceQuery: true}, "http://e.com/"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := CanonicalURL(tt.u, nil)
+			if got != tt.want || err != nil {
+				t.Errorf("CanonicalURL(%#v) = %q, %v; want %q", tt.u, got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestCanonicalURLErrors(t *testing.T) {
+	tests := []struct{ name, in string }{
+		{"ftp scheme", "ftp://example.com/file"},
+		{"mailto", "mailto:someone@example.com"},
+		{"ws scheme", "ws://example.com/"},
+		{"relative", "/relative/path"},
+		{"scheme-relative", "//example.com/path"},
+		{"no scheme", "example.com/path"},
+		{"no host", "http:///path"},
+		{"opaque", "http:example.com"},
+		{"bad idna leading hyphen", "http://-bücher.example/"},
+		{"bad idna underscore", "http://bü_cher.example/"},
+		{"bad idna joiner", "http://a\u200db.example/"},
+		{"invalid utf-8 host", "http://%FF.example/"},
+		{"empty label", "http://example..com/"},
+		{"leading dot", "http://.example.com/"},
+		{"only dot", "http://./"},
+		{"two trailing dots", "http://example.com../"},
+		{"bad host char", "http://exa!mple.com/"},
+		{"escaped percent in host", "http://exa%25mple.com/"},
+		{"port out of range", "http://example.com:65536/"},
+		{"port zero", "http://example.com:0/"},
+		{"ipv6 zone with escape", "http://[fe80::1%25e%20th0]/"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			u, err := url.Parse(tt.in)
+			if err != nil {
+				t.Skipf("url.Parse(%q) rejects it already: %v", tt.in, err)
+			}
+			got, err := CanonicalURL(u, DefaultIgnoreParams)
+			if err == nil {
+				t.Fatalf("CanonicalURL(%q) = %q, want an error", tt.in, got)
+			}
+			if !errors.Is(err, ErrInvalidURL) {
+				t.Errorf("CanonicalURL(%q) error %v does not wrap ErrInvalidURL", tt.in, err)
+			}
+			if _, err := Key("GET", u, nil, "", nil, nil); !errors.Is(err, ErrInvalidURL) {
+				t.Errorf("Key(%q) error = %v, want ErrInvalidURL", tt.in, err)
+			}
+			if _, err := URLKey(u, nil); !errors.Is(err, ErrInvalidURL) {
+				t.Errorf("URLKey(%q) error = %v, want ErrInvalidURL", tt.in, err)
+			}
+		})
+	}
+	if _, err := CanonicalURL(nil, nil); !errors.Is(err, ErrInvalidURL) {
+		t.Errorf("CanonicalURL(nil) error = %v, want ErrInvalidURL", err)
+	}
+	// Hosts url.Parse lets through only when built in code.
+	for _, host := range []string{"[::1", "[::1]x", "[1.2.3.4]", "[::1%]", "a:b:80", "e.com:8o"} {
+		if got, err := CanonicalURL(&url.URL{Scheme: "http", Host: host}, nil); err == nil {
+			t.Errorf("CanonicalURL(Host %q) = %q, want an error", host, got)
+		}
+	}
+}
+
+// removeDotSegmentsRef is RFC 3986 section 5.2.4, transcribed step by step.
+func removeDotSegmentsRef(in string) string {
+	var out strings.Builder
+	for in != "" {
+		switch {
+		case strings.HasPrefix(in, "../"):
+			in = in[3:]
+		case strings.HasPrefix(in, "./"):
+			in = in[2:]
+		case strings.HasPrefix(in, "/./"):
+			in = in[2:]
+		case in == "/.":
+			in = "/"
+		case strings.HasPrefix(in, "/../") || in == "/..":
+			in = "/" + in[min(len(in), 4):]
+			s := out.String()
+			out.Reset()
+			if i := strings.LastIndexByte(s, '/'); i >= 0 {
+				out.WriteString(s[:i])
+			}
+		case in == "." || in == "..":
+			in = ""
+		default:
+			i := strings.IndexByte(in[1:], '/')
+			if i < 0 {
+				i = len(in)
+			} else {
+				i++
+			}
+			out.WriteString(in[:i])
+			in = in[i:]
+		}
+	}
+	return out.String()
+}
+
+func TestRemoveDotSegments(t *testing.T) {
+	tests := []struct{ in, want string }{
+		// RFC 3986 section 5.2.4 examples, and more.
+		{"/a/b/c/./../../g", "/a/g"},
+		{"/a/./b/../c", "/a/c"},
+		{"/..", "/"},
+		{"/.", "/"},
+		{"/", "/"},
+		{"//", "//"},
+		{"/a//..", "/a/"},
+		{"/a/..", "/"},
+		{"/../a/..", "/"},
+		{"/./../.", "/"},
+		{"/a/b/../../../../c/", "/c/"},
+		{"/a/.../b", "/a/.../b"},
+		{"/a/..b/../c", "/a/c"},
+	}
+	for _, tt := range tests {
+		if got := string(removeDotSegments([]byte(tt.in))); got != tt.want {
+			t.Errorf("removeDotSegments(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+		if got := removeDotSegmentsRef(tt.in); got != tt.want {
+			t.Errorf("removeDotSegmentsRef(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+var keyPattern = regexp.MustCompile(`^v1:[0-9a-f]{64}$`)
+
+func TestKeyFormat(t *testing.T) {
+	k, err := Key("GET", mustParse(t, "https://example.com/"), nil, "", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !keyPattern.MatchString(k) {
+		t.Errorf("Key = %q, want v1: and 64 lower-case hex digits", k)
+	}
+	uk, err := URLKey(mustParse(t, "https://example.com/"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`^u1:[0-9a-f]{64}$`).MatchString(uk) {
+		t.Errorf("URLKey = %q, want u1: and 64 lower-case hex digits", uk)
+	}
+	// URLKey is the SHA-256 of the canonical URL, nothing else.
+	if want := "u1:0f115db062b7c0dd030b16878c99dea5c354b49dc37b38eb8846179c7783e9d7"; uk != want {
+		t.Errorf("URLKey(https://example.com/) = %q, want %q", uk, want)
+	}
+}
+
+// req describes one request for the key tests.
+type req struct {
+	method string
+	url    string
+	header http.Header
+	user   string
+	body   string
+}
+
+func (r req) key(t *testing.T, spec *KeySpec) string {
+	t.Helper()
+	method := r.method
+	if method == "" {
+		method = "GET"
+	}
+	var body []byte
+	if r.body != "" {
+		body = []byte(r.body)
+	}
+	k, err := Key(method, mustParse(t, r.url), r.header, r.user, body, spec)
+	if err != nil {
+		t.Fatalf("Key(%+v): %v", r, err)
+	}
+	if !keyPattern.MatchString(k) {
+		t.Fatalf("Key(%+v) = %q, bad format", r, k)
+	}
+	// The compiled form agrees with the convenience function.
+	if k2, err := NewKeyer(spec).Key(method, mustParse(t, r.url), r.header, r.user, body); k2 != k || err != nil {
+		t.Fatalf("Keyer.Key(%+v) = %q, %v; Key = %q", r, k2, err, k)
+	}
+	return k
+}
+
+func TestKeyEquality(t *testing.T) {
+	const u = "https://example.com/search?q=go"
+	form := http.Header{"Content-Type": {"application/x-www-form-urlencoded"}}
+	jsonCT := http.Header{"Content-Type": {"application/json"}}
+	captcha := &KeySpec{Body: true, BodyFields: []string{"method", "googlekey", "pageurl", "action"}}
+	tests := []struct {
+		name  string
+		a, b  req
+		spec  *KeySpec
+		equal bool
+	}{
+		{"query order and tracking", req{url: "https://e.com/p?b=2&a=1&utm_source=x"}, req{url: "https://e.com/p?a=1&b=2"}, nil, true},
+		{"host case and default port", req{url: "https://E.com:443/p"}, req{url: "https://e.com/p"}, nil, true},
+		{"fragment", req{url: u + "#x"}, req{url: u}, nil, true},
+		{"query value differs", req{url: u}, req{url: "https://example.com/search?q=gO"}, nil, false},
+		{"path differs", req{url: "https://e.com/a"}, req{url: "https://e.com/A"}, nil, false},
+		{"scheme differs", req{url: "https://e.com/"}, req{url: "http://e.com/"}, nil, false},
+		{"escaped slash differs", req{url: "https://e.com/a%2Fb"}, req{url: "https://e.com/a/b"}, nil, false},
+		{"repeated param order differs", req{url: "https://e.com/?a=1&a=2"}, req{url: "https://e.com/?a=2&a=1"}, nil, false},
+
+		{"method GET vs HEAD", req{method: "GET", url: u}, req{method: "HEAD", url: u}, nil, false},
+		{"method case kept", req{method: "GET", url: u}, req{method: "get", url: u}, nil, false},
+		{"empty method is GET", req{method: "GET", url: u}, req{method: "", url: u}, nil, true},
+
+		{"authorization differs", req{url: u, header: http.Header{"Authorization": {"Bearer a"}}}, req{url: u, header: http.Header{"Authorization": {"Bearer b"}}}, nil, false},
+		{"authorization vs none", req{url: u, header: http.Header{"Authorization": {"Bearer a"}}}, req{url: u}, nil, false},
+		{"authorization shared", req{url: u, header: http.Header{"Authorization": {"Bearer a"}}}, req{url: u, header: http.Header{"Authorization": {"Bearer b"}}}, &KeySpec{ShareCredentials: true}, true},
+		{"cookie differs", req{url: u, header: http.Header{"Cookie": {"sid=1"}}}, req{url: u, header: http.Header{"Cookie": {"sid=2"}}}, nil, false},
+		{"cookie vs none", req{url: u, header: http.Header{"Cookie": {"sid=1"}}}, req{url: u}, nil, false},
+		{"cookie order", req{url: u, header: http.Header{"Cookie": {"a=1; b=2; c=3"}}}, req{url: u, header: http.Header{"Cookie": {"c=3;b=2;  a=1"}}}, nil, true},
+		{"cookie split over lines", req{url: u, header: http.Header{"Cookie": {"a=1; b=2"}}}, req{url: u, header: http.Header{"Cookie": {"b=2", "a=1"}}}, nil, true},
+		{"cookie repeated name order kept", req{url: u, header: http.Header{"Cookie": {"a=1; a=2"}}}, req{url: u, header: http.Header{"Cookie": {"a=2; a=1"}}}, nil, false},
+		{"cookie without value", req{url: u, header: http.Header{"Cookie": {"a"}}}, req{url: u, header: http.Header{"Cookie": {"a="}}}, nil, false},
+		{"cookie shared", req{url: u, header: http.Header{"Cookie": {"sid=1"}}}, req{url: u, header: http.Header{"Cookie": {"sid=2"}}}, &KeySpec{ShareCredentials: true}, true},
+		{"proxy user differs", req{url: u, user: "alice"}, req{url: u, user: "bob"}, nil, false},
+		{"proxy user vs none", req{url: u, user: "alice"}, req{url: u}, nil, false},
+		{"proxy user shared", req{url: u, user: "alice"}, req{url: u, user: "bob"}, &KeySpec{ShareCredentials: true}, true},
+		{"url userinfo differs", req{url: "https://a:1@e.com/"}, req{url: "https://a:2@e.com/"}, nil, false},
+		{"url userinfo vs none", req{url: "https://a:1@e.com/"}, req{url: "https://e.com/"}, nil, false},
+		{"url userinfo shared", req{url: "https://a:1@e.com/"}, req{url: "https://e.com/"}, &KeySpec{ShareCredentials: true}, true},
+		{"credentials do not slide", req{url: u, header: http.Header{"Authorization": {"x"}}}, req{url: u, user: "x"}, nil, false},
+
+		{"accept differs", req{url: u, header: http.Header{"Accept": {"text/html"}}}, req{url: u, header: http.Header{"Accept": {"application/json"}}}, nil, false},
+		{"accept-language differs", req{url: u, header: http.Header{"Accept-Language": {"en"}}}, req{url: u, header: http.Header{"Accept-Language": {"de"}}}, nil, false},
+		{"accept absent vs empty", req{url: u, header: http.Header{"Accept": {""}}}, req{url: u}, nil, false},
+		{"accept OWS trimmed", req{url: u, header: http.Header{"Accept": {" text/html\t"}}}, req{url: u, header: http.Header{"Accept": {"text/html"}}}, nil, true},
+		{"accept lines joined", req{url: u, header: http.Header{"Accept": {"a", "b"}}}, req{url: u, header: http.Header{"Accept": {"a,b"}}}, nil, true},
+		{"accept-encoding ignored", req{url: u, header: http.Header{"Accept-Encoding": {"gzip"}}}, req{url: u, header: http.Header{"Accept-Encoding": {"br"}}}, nil, true},
+		{"accept-encoding ignored when listed", req{url: u, header: http.Header{"Accept-Encoding": {"gzip"}}}, req{url: u}, &KeySpec{Headers: []string{"accept-encoding", "Accept"}}, true},
+		{"unlisted header ignored", req{url: u, header: http.Header{"User-Agent": {"a"}}}, req{url: u, header: http.Header{"User-Agent": {"b"}}}, nil, true},
+		{"listed header canonicalized", req{url: u, header: http.Header{"X-Api-Version": {"1"}}}, req{url: u, header: http.Header{"X-Api-Version": {"2"}}}, &KeySpec{Headers: []string{"x-api-version"}}, false},
+		{"empty header list keys no accept", req{url: u, header: http.Header{"Accept": {"a"}}}, req{url: u}, &KeySpec{Headers: []string{}}, true},
+		{"header list order irrelevant", req{url: u, header: http.Header{"Accept": {"a"}, "X-A": {"b"}}}, req{url: u, header: http.Header{"Accept": {"a"}, "X-A": {"b"}}}, &KeySpec{Headers: []string{"X-A", "Accept"}}, true},
+
+		{"range splits", req{url: u, header: http.Header{"Range": {"bytes=0-99"}}}, req{url: u}, nil, false},
+		{"range differs", req{url: u, header: http.Header{"Range": {"bytes=0-99"}}}, req{url: u, header: http.Header{"Range": {"bytes=0-9"}}}, nil, false},
+		{"if-none-match splits", req{url: u, header: http.Header{"If-None-Match": {`"x"`}}}, req{url: u}, nil, false},
+		{"if-modified-since splits", req{url: u, header: http.Header{"If-Modified-Since": {"Mon, 02 Jan 2006 15:04:05 GMT"}}}, req{url: u}, nil, false},
+		{"if-range splits", req{url: u, header: http.Header{"Range": {"bytes=0-9"}, "If-Range": {`"x"`}}}, req{url: u, header: http.Header{"Range": {"bytes=0-9"}}}, nil, false},
+		{"if-match splits", req{url: u, header: http.Header{"If-Match": {`"x"`}}}, req{url: u}, nil, false},
+		{"if-unmodified-since splits", req{url: u, header: http.Header{"If-Unmodified-Since": {"x"}}}, req{url: u}, nil, false},
+		{"conditional keyed with empty header list", req{url: u, header: http.Header{"Range": {"bytes=0-9"}}}, req{url: u}, &KeySpec{Headers: []string{}}, false},
+		{"conditional keyed with shared credentials", req{url: u, header: http.Header{"If-None-Match": {`"x"`}}}, req{url: u}, &KeySpec{ShareCredentials: true}, false},
+		{"header does not slide into another", req{url: u, header: http.Header{"Accept": {"x"}}}, req{url: u, header: http.Header{"Accept-Language": {"x"}}}, nil, false},
+
+		{"body ignored without Body", req{method: "POST", url: u, body: "a=1"}, req{method: "POST", url: u, body: "a=2"}, nil, true},
+		{"body splits with Body", req{method: "POST", url: u, body: "a=1"}, req{method: "POST", url: u, body: "a=2"}, &KeySpec{Body: true}, false},
+		{"body equal with Body", req{method: "POST", url: u, body: "a=1"}, req{method: "POST", url: u, body: "a=1"}, &KeySpec{Body: true}, true},
+		{"body vs none", req{method: "POST", url: u, body: "a=1"}, req{method: "POST", url: u}, &KeySpec{Body: true}, false},
+		{"body content-type splits", req{method: "POST", url: u, body: "a=1", header: form}, req{method: "POST", url: u, body: "a=1", header: http.Header{"Content-Type": {"text/plain"}}}, &KeySpec{Body: true}, false},
+		{"body content-encoding splits", req{method: "POST", url: u, body: "a=1", header: http.Header{"Content-Encoding": {"gzip"}}}, req{method: "POST", url: u, body: "a=1"}, &KeySpec{Body: true}, false},
+
+		{"form fields select", req{method: "POST", url: u, header: form, body: "method=userrecaptcha&googlekey=K&pageurl=P&key=SECRET1"}, req{method: "POST", url: u, header: form, body: "method=userrecaptcha&googlekey=K&pageurl=P&key=SECRET2"}, captcha, true},
+		{"form fields order", req{method: "POST", url: u, header: form, body: "pageurl=P&method=userrecaptcha&googlekey=K"}, req{method: "POST", url: u, header: form, body: "method=userrecaptcha&googlekey=K&pageurl=P"}, captcha, true},
+		{"form fields escaping", req{method: "POST", url: u, header: form, body: "method=a+b&pageurl=http%3A%2F%2Fx"}, req{method: "POST", url: u, header: form, body: "method=a%20b&pageurl=http://x"}, captcha, true},
+		{"form field differs", req{method: "POST", url: u, header: form, body: "method=userrecaptcha&googlekey=K1&key=S"}, req{method: "POST", url: u, header: form, body: "method=userrecaptcha&googlekey=K2&key=S"}, captcha, false},
+		{"form field missing vs empty", req{method: "POST", url: u, header: form, body: "method=x&action="}, req{method: "POST", url: u, header: form, body: "method=x"}, captcha, false},
+		{"form field repeated", req{method: "POST", url: u, header: form, body: "method=x&method=y"}, req{method: "POST", url: u, header: form, body: "method=x"}, captcha, false},
+		{"form field repeated order", req{method: "POST", url: u, header: form, body: "method=x&method=y"}, req{method: "POST", url: u, header: form, body: "method=y&method=x"}, captcha, false},
+		{"form unparseable hashes whole body", req{method: "POST", url: u, header: form, body: "method=x&key=%zz1"}, req{method: "POST", url: u, header: form, body: "method=x&key=%zz2"}, captcha, false},
+		{"form semicolon hashes whole body", req{method: "POST", url: u, header: form, body: "method=x&key=1;a"}, req{method: "POST", url: u, header: form, body: "method=x&key=2;a"}, captcha, false},
+		{"form without selected fields hashes whole body", req{method: "POST", url: u, header: form, body: "key=1"}, req{method: "POST", url: u, header: form, body: "key=2"}, captcha, false},
+		{"json without selected fields hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `{"key":1}`}, req{method: "POST", url: u, header: jsonCT, body: `{"key":2}`}, captcha, false},
+		{"form needs its content-type", req{method: "POST", url: u, body: "method=x&key=1"}, req{method: "POST", url: u, body: "method=x&key=2"}, captcha, false},
+		{"form with content-encoding hashes whole body", req{method: "POST", url: u, header: http.Header{"Content-Type": {"application/x-www-form-urlencoded"}, "Content-Encoding": {"identity"}}, body: "method=x&key=1"}, req{method: "POST", url: u, header: http.Header{"Content-Type": {"application/x-www-form-urlencoded"}, "Content-Encoding": {"identity"}}, body: "method=x&key=2"}, captcha, false},
+		{"form content-type parameters", req{method: "POST", url: u, header: http.Header{"Content-Type": {"Application/X-WWW-Form-Urlencoded; charset=utf-8"}}, body: "method=x&key=1"}, req{method: "POST", url: u, header: http.Header{"Content-Type": {"Application/X-WWW-Form-Urlencoded; charset=utf-8"}}, body: "method=x&key=2"}, captcha, true},
+		{"fields ignored without Body", req{method: "POST", url: u, header: form, body: "method=x"}, req{method: "POST", url: u, header: form, body: "method=y"}, &KeySpec{BodyFields: []string{"method"}}, true},
+
+		{"json fields select", req{method: "POST", url: u, header: jsonCT, body: `{"method":"userrecaptcha","googlekey":"K","pageurl":"P","key":"SECRET1"}`}, req{method: "POST", url: u, header: jsonCT, body: `{"key":"SECRET2","pageurl":"P","googlekey":"K","method":"userrecaptcha"}`}, captcha, true},
+		{"json whitespace", req{method: "POST", url: u, header: jsonCT, body: " {\n\"method\" : \"x\" ,\"key\":1}\n"}, req{method: "POST", url: u, header: jsonCT, body: `{"method":"x","key":2}`}, captcha, true},
+		{"json nested key order", req{method: "POST", url: u, header: jsonCT, body: `{"action":{"b":[1, {"d":2,"c":3}],"a":null}}`}, req{method: "POST", url: u, header: jsonCT, body: `{"action":{"a":null,"b":[1,{"c":3,"d":2}]}}`}, captcha, true},
+		{"json array order matters", req{method: "POST", url: u, header: jsonCT, body: `{"action":[1,2]}`}, req{method: "POST", url: u, header: jsonCT, body: `{"action":[2,1]}`}, captcha, false},
+		{"json field differs", req{method: "POST", url: u, header: jsonCT, body: `{"method":"a"}`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":"b"}`}, captcha, false},
+		{"json missing vs null", req{method: "POST", url: u, header: jsonCT, body: `{"method":"a","action":null}`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":"a"}`}, captcha, false},
+		{"json string vs number", req{method: "POST", url: u, header: jsonCT, body: `{"method":"1"}`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":1}`}, captcha, false},
+		{"json number spelling kept", req{method: "POST", url: u, header: jsonCT, body: `{"method":1}`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":1.0}`}, captcha, false},
+		{"json escaped field name", req{method: "POST", url: u, header: jsonCT, body: `{"m\u0065thod":"a","key":1}`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":"a","key":2}`}, captcha, true},
+		{"json +json type", req{method: "POST", url: u, header: http.Header{"Content-Type": {"application/vnd.api+json"}}, body: `{"method":"a","key":1}`}, req{method: "POST", url: u, header: http.Header{"Content-Type": {"application/vnd.api+json"}}, body: `{"method":"a","key":2}`}, captcha, true},
+		{"json unparseable hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `{"method":"a","key":1`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":"a","key":2`}, captcha, false},
+		{"json trailing data hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `{"method":"a"} {"key":1}`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":"a"} {"key":2}`}, captcha, false},
+		{"json non-object hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `["method","a",1]`}, req{method: "POST", url: u, header: jsonCT, body: `["method","a",2]`}, captcha, false},
+		{"json duplicate name hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `{"method":"a","method":"b"}`}, req{method: "POST", url: u, header: jsonCT, body: `{"method":"b","method":"b"}`}, captcha, false},
+		{"json duplicate nested name hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `{"action":{"x":1,"x":2}}`}, req{method: "POST", url: u, header: jsonCT, body: `{"action":{"x":2}}`}, captcha, false},
+		{"json too deep hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `{"action":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `,"key":1}`}, req{method: "POST", url: u, header: jsonCT, body: `{"action":` + strings.Repeat("[", 100) + strings.Repeat("]", 100) + `,"key":2}`}, captcha, false},
+		{"json lone surrogate name hashes whole body", req{method: "POST", url: u, header: jsonCT, body: `{"\ud800":1,"method":"a","key":1}`}, req{method: "POST", url: u, header: jsonCT, body: `{"\ud800":1,"method":"a","key":2}`}, captcha, false},
+		{"json invalid utf-8 hashes whole body", req{method: "POST", url: u, header: jsonCT, body: "{\"method\":\"a\",\"action\":{\"\xa2\":0,\"\x9e\":1}}"}, req{method: "POST", url: u, header: jsonCT, body: "{\"method\":\"a\",\"action\":{\"\x9e\":1,\"\xa2\":0}}"}, captcha, false},
+		{"json surrogate pair name", req{method: "POST", url: u, header: jsonCT, body: `{"\ud83d\ude00":1,"method":"a","key":1}`}, req{method: "POST", url: u, header: jsonCT, body: `{"\ud83d\ude00":1,"method":"a","key":2}`}, captcha, true},
+		{"json not json content-type", req{method: "POST", url: u, header: form, body: `{"method":"a","key":1}`}, req{method: "POST", url: u, header: form, body: `{"method":"a","key":2}`}, captcha, false},
+		{"json vs form same fields", req{method: "POST", url: u, header: jsonCT, body: `{"method":"a"}`}, req{method: "POST", url: u, header: form, body: `method=a`}, captcha, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ka, kb := tt.a.key(t, tt.spec), tt.b.key(t, tt.spec)
+			if got := ka == kb; got != tt.equal {
+				t.Errorf("keys equal = %v, want %v\n a: %+v -> %s\n b: %+v -> %s", got, tt.equal, tt.a, ka, tt.b, kb)
+			}
+		})
+	}
+}
+
+func TestKeyJSONFieldsSemantics(t *testing.T) {
+	// A field with an escaped name selects the same member as the plain one,
+	// and a field selects nothing from nested objects.
+	spec := &KeySpec{Body: true, BodyFields: []string{"a", "c"}}
+	h := http.Header{"Content-Type": {"application/json"}}
+	u := "https://e.com/"
+	k1 := req{method: "POST", url: u, header: h, body: `{"c":0,"b":{"a":1}}`}.key(t, spec)
+	k2 := req{method: "POST", url: u, header: h, body: `{"c":0,"b":{"a":2}}`}.key(t, spec)
+	if k1 != k2 {
+		t.Errorf("nested member selected: keys differ")
+	}
+	k3 := req{method: "POST", url: u, header: h, body: `{"c":0,"a":{"a":2}}`}.key(t, spec)
+	if k1 == k3 {
+		t.Errorf("missing field and present field share a key")
+	}
+}
+
+func TestKeyURLKeyShared(t *testing.T) {
+	k := NewKeyer(nil)
+	a, err := k.URLKey(mustParse(t, "https://E.com/p?b=1&a=2&utm_source=x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := URLKey(mustParse(t, "https://e.com:443/p?a=2&b=1"), DefaultIgnoreParams)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != b {
+		t.Errorf("URLKey differs for variants of one URL: %s vs %s", a, b)
+	}
+	// URLKey and Key never collide: different prefixes.
+	kk, _ := k.Key("GET", mustParse(t, "https://e.com/p?a=2&b=1"), nil, "", nil)
+	if kk[3:] == a[3:] {
+		t.Errorf("Key and URLKey share a hash")
+	}
+}
+
+func TestNewKeyerCopiesSpec(t *testing.T) {
+	spec := &KeySpec{Headers: []string{"Accept"}, IgnoreParams: []string{"x"}, Body: true, BodyFields: []string{"f"}}
+	k := NewKeyer(spec)
+	u := mustParse(t, "https://e.com/?x=1")
+	h := http.Header{"Accept": {"a"}, "X-B": {"b"}, "Content-Type": {"application/x-www-form-urlencoded"}}
+	before, _ := k.Key("POST", u, h, "", []byte("f=1&g=2"))
+	spec.Headers[0] = "X-B"
+	spec.IgnoreParams[0] = "y"
+	spec.BodyFields[0] = "g"
+	spec.ShareCredentials = true
+	after, _ := k.Key("POST", u, h, "", []byte("f=1&g=2"))
+	if before != after {
+		t.Errorf("mutating the spec changed the compiled Keyer")
+	}
+}
+
+func TestKeyerConcurrent(t *testing.T) {
+	k := NewKeyer(&KeySpec{Body: true, BodyFields: []string{"a"}})
+	u := mustParse(t, "https://e.com/p?b=2&a=1")
+	h := http.Header{"Cookie": {"b=1; a=2"}, "Content-Type": {"application/json"}}
+	body := []byte(`{"a":{"y":1,"x":2}}`)
+	want, err := k.Key("POST", u, h, "u", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for range 100 {
+				if got, _ := k.Key("POST", u, h, "u", body); got != want {
+					t.Errorf("concurrent Key = %s, want %s", got, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// TestKeyStable pins key v1: if this changes, every cached entry and every
+// fleet lease is orphaned, so bump keyVersion instead.
+func TestKeyStable(t *testing.T) {
+	h := http.Header{
+		"Accept":          {"text/html"},
+		"Accept-Language": {"en-US,en;q=0.9"},
+		"Cookie":          {"b=2; a=1"},
+	}
+	got, err := Key("GET", mustParse(t, "https://Example.com/p?b=2&a=1&utm_source=x"), h, "alice", nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = "v1:82b42dd23e7f8844189066dd0098bdee222a9895ae91df5054be3bdb75ff320c"
+	if got != want {
+		t.Errorf("Key = %s, want %s", got, want)
+	}
+}
+
+func BenchmarkKey(b *testing.B) {
+	k := NewKeyer(&KeySpec{})
+	u, err := url.Parse("https://www.example.com/search/results?q=golang+proxy&page=2&sort=desc&lang=en&utm_source=newsletter")
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := http.Header{
+		"Accept":          {"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"},
+		"Accept-Language": {"en-US,en;q=0.9"},
+		"Accept-Encoding": {"gzip, deflate, br"},
+		"Cookie":          {"session=8f14e45fceea167a5a36dedd4bea2543; theme=dark; consent=yes"},
+		"User-Agent":      {"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 (KHTML, like Gecko) Chrome/124.0 Safari/537.36"},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := k.Key("GET", u, h, "scraper-1", nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkKeyUncompiled(b *testing.B) {
+	spec := &KeySpec{}
+	u, err := url.Parse("https://www.example.com/search/results?q=golang+proxy&page=2&sort=desc&lang=en&utm_source=newsletter")
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := http.Header{
+		"Accept":          {"text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"},
+		"Accept-Language": {"en-US,en;q=0.9"},
+		"Cookie":          {"session=8f14e45fceea167a5a36dedd4bea2543; theme=dark; consent=yes"},
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := Key("GET", u, h, "scraper-1", nil, spec); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCanonicalURL(b *testing.B) {
+	u, err := url.Parse("https://www.example.com/search/results?q=golang+proxy&page=2&sort=desc&lang=en&utm_source=newsletter")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := CanonicalURL(u, DefaultIgnoreParams); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkKeyJSONFields(b *testing.B) {
+	k := NewKeyer(&KeySpec{Body: true, BodyFields: []string{"method", "googlekey", "pageurl"}})
+	u, err := url.Parse("https://api.example.com/in.php")
+	if err != nil {
+		b.Fatal(err)
+	}
+	h := http.Header{"Content-Type": {"application/json"}}
+	body := []byte(`{"key":"SECRET","method":"userrecaptcha","googlekey":"6Le-wvkSAAAAAPBMRTvw0Q4Muexq9bi0DJwx_mJ-","pageurl":"https://www.google.com/recaptcha/api2/demo","json":1}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := k.Key("POST", u, h, "", body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
