@@ -1,0 +1,204 @@
+package main
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/loadgen"
+)
+
+// runArgs runs the command with args and returns its exit status and output.
+func runArgs(t *testing.T, ctx context.Context, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut strings.Builder
+	code = run(ctx, args, &out, &errOut)
+	return code, out.String(), errOut.String()
+}
+
+func TestHelp(t *testing.T) {
+	code, _, stderr := runArgs(t, context.Background(), "-h")
+	if code != 0 || !strings.Contains(stderr, "usage: onceload") || !strings.Contains(stderr, "-serve-origin") {
+		t.Errorf("-h: exit %d, stderr:\n%s\nwant exit 0 and the usage", code, stderr)
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-n", "0"},
+		{"-c", "-1"},
+		{"-origin-latency", "-1s"},
+		{"-serve-origin", "-target", "http://127.0.0.1:1"},
+		{"-proxy", "socks5://127.0.0.1:1080"},
+		{"-target", "http://127.0.0.1:1/?q=1"},
+		{"-target", "/relative"},
+		{"-no-such-flag"},
+		{"extra"},
+	} {
+		if code, _, stderr := runArgs(t, context.Background(), args...); code != 2 {
+			t.Errorf("%q: exit %d, want 2; stderr:\n%s", args, code, stderr)
+		}
+	}
+}
+
+func TestParseProxy(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"", ""},
+		{"direct", ""},
+		{"127.0.0.1:8080", "http://127.0.0.1:8080"},
+		{"http://127.0.0.1:8080", "http://127.0.0.1:8080"},
+		{"https://[::1]:8443", "https://[::1]:8443"},
+	} {
+		u, err := parseProxy(tc.in)
+		if err != nil {
+			t.Errorf("parseProxy(%q): %v", tc.in, err)
+			continue
+		}
+		got := ""
+		if u != nil {
+			got = u.String()
+		}
+		if got != tc.want {
+			t.Errorf("parseProxy(%q) = %q, want %q", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestLoadDirect(t *testing.T) {
+	for _, tls := range []string{"true", "false"} {
+		t.Run("tls="+tls, func(t *testing.T) {
+			code, stdout, stderr := runArgs(t, context.Background(),
+				"-proxy", "direct", "-n", "30", "-c", "5", "-k", "3",
+				"-origin-tls="+tls, "-origin-latency", "0", "-origin-size", "10",
+				"-origin-cert-dir", t.TempDir())
+			if code != 0 {
+				t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+			}
+			for _, want := range []string{
+				"requests 30 in",
+				"status   200=30",
+				"x-cache  -=30",
+				"read     300 B",
+				"origin requests: 30 (of 30)",
+			} {
+				if !strings.Contains(stdout, want) {
+					t.Errorf("stdout lacks %q:\n%s", want, stdout)
+				}
+			}
+		})
+	}
+}
+
+// TestLoadViaProxy uses a fake proxy that answers every absolute-form
+// request itself with X-Cache: HIT, so the origin sees nothing.
+func TestLoadViaProxy(t *testing.T) {
+	var proxied atomic.Int64
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !r.URL.IsAbs() {
+			http.Error(w, "want an absolute-form request", http.StatusBadRequest)
+			return
+		}
+		proxied.Add(1)
+		w.Header().Set("X-Cache", "HIT")
+	}))
+	t.Cleanup(proxy.Close)
+
+	code, stdout, stderr := runArgs(t, context.Background(),
+		"-proxy", proxy.URL, "-n", "12", "-c", "3", "-origin-tls=false")
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"x-cache  HIT=12", "origin requests: 0 (of 12)"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	if g := proxied.Load(); g != 12 {
+		t.Errorf("proxy saw %d requests, want 12", g)
+	}
+}
+
+// TestLoadFailureExit checks that failures give exit status 1, and the hints
+// for a missing proxy CA file and an origin the proxy cannot reach.
+func TestLoadFailureExit(t *testing.T) {
+	// A proxy that cannot reach anything: 502 for CONNECT and the rest.
+	proxy := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no upstream", http.StatusBadGateway)
+	}))
+	t.Cleanup(proxy.Close)
+	dir := t.TempDir()
+
+	t.Run("https", func(t *testing.T) {
+		code, stdout, stderr := runArgs(t, context.Background(),
+			"-proxy", proxy.URL, "-n", "4", "-c", "2", "-origin-latency", "0",
+			"-ca", filepath.Join(dir, "missing.pem"), "-origin-cert-dir", dir)
+		if code != 1 {
+			t.Errorf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+		if !strings.Contains(stderr, "hint: proxy CA file") {
+			t.Errorf("stderr lacks the missing-CA hint:\n%s", stderr)
+		}
+		if !strings.Contains(stdout, "4 errors") {
+			t.Errorf("stdout does not report 4 errors:\n%s", stdout)
+		}
+	})
+
+	t.Run("http", func(t *testing.T) {
+		code, stdout, stderr := runArgs(t, context.Background(),
+			"-proxy", proxy.URL, "-n", "4", "-c", "2", "-origin-tls=false", "-origin-latency", "0")
+		if code != 1 {
+			t.Errorf("exit %d, want 1\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+		}
+		if !strings.Contains(stdout, "status   502=4") {
+			t.Errorf("stdout lacks the 502 count:\n%s", stdout)
+		}
+		if strings.Contains(stderr, "hint: proxy CA file") {
+			t.Errorf("missing-CA hint printed for a plain HTTP target:\n%s", stderr)
+		}
+	})
+}
+
+func TestServeOrigin(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel() // serve until interrupted: here, at once
+	code, stdout, stderr := runArgs(t, ctx, "-serve-origin", "-origin-cert-dir", dir)
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstderr:\n%s", code, stderr)
+	}
+	want := "ONCEPROXY_UPSTREAM_CA_FILES='[" + filepath.Join(dir, "origin.pem") + "]'"
+	for _, w := range []string{"origin:  https://127.0.0.1:", want, "origin requests: 0"} {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("stdout lacks %q:\n%s", w, stdout)
+		}
+	}
+}
+
+// TestLoadDirectToServedOrigin runs an origin as -serve-origin would, then
+// loads it directly with -target: the certificate in -origin-cert-dir is
+// trusted without -ca.
+func TestLoadDirectToServedOrigin(t *testing.T) {
+	dir := t.TempDir()
+	origin, err := loadgen.StartOrigin(loadgen.OriginOptions{TLS: true, CertDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(origin.Close)
+
+	code, stdout, stderr := runArgs(t, context.Background(),
+		"-proxy", "direct", "-target", origin.URL()+"/", "-n", "6", "-c", "2", "-k", "2",
+		"-origin-cert-dir", dir)
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	if strings.Contains(stdout, "origin requests:") {
+		t.Errorf("origin line printed for a -target run:\n%s", stdout)
+	}
+	if g := origin.RequestsFor("/item/1"); g != 3 {
+		t.Errorf("origin RequestsFor(/item/1) = %d, want 3", g)
+	}
+}
