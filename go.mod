@@ -3,8 +3,10 @@ module github.com/seed-a3c387e8/onceproxy
 go 1.26.0
 
 require (
+	github.com/andybalholm/brotli v1.3.0
 	github.com/coder/websocket v1.8.15
 	github.com/elazarl/goproxy v1.9.4
+	github.com/klauspost/compress v1.20.4
 	github.com/maypok86/otter/v2 v2.4.0
 	github.com/things-go/go-socks5 v0.1.0
 	go.yaml.in/yaml/v3 v3.0.6

@@ -1,0 +1,54 @@
+package dedup
+
+import (
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+// BenchmarkHit measures the cache-hit path of the engine alone: key,
+// lookup, a fresh response with its own header map and body reader.
+func BenchmarkHit(b *testing.B) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "max-age=60")
+		w.Write(make([]byte, 16<<10))
+	}))
+	defer origin.Close()
+	cfg := Config{Enabled: true, TTL: time.Hour}.WithDefaults()
+	store := NewMemoryStore(64 << 20)
+	defer store.Close()
+	eng, err := New(cfg, Options{Store: store, Next: http.DefaultTransport, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eng.Close()
+	req, _ := http.NewRequest(http.MethodGet, origin.URL+"/product/123?color=red&size=m&utm_source=x&page=2&sort=asc", nil)
+	req.Header.Set("Accept", "text/html,application/xhtml+xml")
+	req.Header.Set("Accept-Language", "en-US,en;q=0.9")
+	req.Header.Set("Accept-Encoding", "gzip, br")
+	req.Header.Set("Cookie", "session=abc; theme=dark; consent=1")
+	req.Header.Set("User-Agent", "Mozilla/5.0 (X11; Linux x86_64)")
+	if resp, err := eng.RoundTrip(req); err != nil {
+		b.Fatal(err)
+	} else {
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		resp, err := eng.RoundTrip(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if resp.Header.Get(HeaderCache) != CacheHit {
+			b.Fatal("not a hit")
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}

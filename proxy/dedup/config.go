@@ -1,0 +1,214 @@
+package dedup
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"path"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+)
+
+// Config is the `dedup:` section of config.yaml. Its top-level settings are
+// the default rule; Rules refine them per host, path and method.
+type Config struct {
+	// Enabled turns deduplication and caching on. Off, every request goes
+	// upstream as BYPASS.
+	Enabled bool `yaml:"enabled"`
+	// TTL is how long a cacheable response is served from the cache. 0
+	// means coalesce concurrent duplicates but cache nothing.
+	TTL time.Duration `yaml:"ttl"`
+	// KeyHeaders are the request headers that select a different response.
+	KeyHeaders []string `yaml:"key_headers"`
+	// IgnoreParams are query parameters dropped from the key ("utm_*").
+	IgnoreParams []string `yaml:"ignore_params"`
+	// CacheableStatuses may be cached; 429 and 5xx never are.
+	CacheableStatuses []int `yaml:"cacheable_statuses"`
+	// MaxBodyBytes is the largest response buffered to be shared or cached;
+	// bigger ones stream to their own client uncached (BYPASS).
+	MaxBodyBytes bytesize.Size `yaml:"max_body_bytes"`
+	// MaxRequestBodyBytes is the largest request body read to key a
+	// request (POST rules); bigger bodies go upstream as BYPASS.
+	MaxRequestBodyBytes bytesize.Size `yaml:"max_request_body_bytes"`
+	// FlightTimeout bounds one upstream fetch that others wait on, from
+	// the request until its body is buffered. The leader runs detached from
+	// its client, so this is what stops a hung origin from holding waiters.
+	FlightTimeout time.Duration `yaml:"flight_timeout"`
+	// Memory is the in-process cache.
+	Memory MemoryConfig `yaml:"memory"`
+	// Rules refine the defaults; the first rule that matches a request wins.
+	Rules []RuleConfig `yaml:"rules"`
+}
+
+// MemoryConfig sizes the in-memory store.
+type MemoryConfig struct {
+	// MaxBytes bounds the cache by the size of the stored responses.
+	MaxBytes bytesize.Size `yaml:"max_bytes"`
+}
+
+// RuleConfig is one entry of dedup.rules. Match fields select requests;
+// unset settings inherit the defaults above.
+type RuleConfig struct {
+	// Name identifies the rule in logs and errors.
+	Name string `yaml:"name"`
+	// Host is a glob on the request host without port ("*.example.com",
+	// "api.example.com"); empty matches any host.
+	Host string `yaml:"host"`
+	// PathPrefix matches the start of the URL path; empty matches any.
+	PathPrefix string `yaml:"path_prefix"`
+	// Methods the rule matches. GET and HEAD are always deduplicated when
+	// the rule is on; any other method listed here is opted in (its body
+	// becomes part of the key). Empty matches every method.
+	Methods []string `yaml:"methods"`
+	// Dedup false turns deduplication off for matching requests (BYPASS).
+	Dedup *bool `yaml:"dedup"`
+	// TTL overrides dedup.ttl; 0 means coalesce only.
+	TTL *time.Duration `yaml:"ttl"`
+	// KeyHeaders overrides dedup.key_headers.
+	KeyHeaders []string `yaml:"key_headers"`
+	// IgnoreParams overrides dedup.ignore_params.
+	IgnoreParams []string `yaml:"ignore_params"`
+	// BodyFields keys a form or JSON body on these fields only (a CAPTCHA
+	// solver's sitekey and page, not the API key or a nonce).
+	BodyFields []string `yaml:"body_fields"`
+	// ShareCredentials lets requests with different Authorization, Cookie
+	// or proxy user share responses. Only for public data.
+	ShareCredentials bool `yaml:"share_credentials"`
+	// CacheableStatuses overrides dedup.cacheable_statuses.
+	CacheableStatuses []int `yaml:"cacheable_statuses"`
+	// CacheSetCookie allows caching responses that set cookies.
+	CacheSetCookie bool `yaml:"cache_set_cookie"`
+	// CachePrivate allows caching responses marked Cache-Control:
+	// no-store or private.
+	CachePrivate bool `yaml:"cache_private"`
+}
+
+// Defaults used by WithDefaults.
+var (
+	DefaultTTL               = 45 * time.Second
+	DefaultCacheableStatuses = []int{200, 203, 204, 300, 301, 308, 404, 410}
+)
+
+// WithDefaults returns c with unset fields filled in. A nil list means the
+// default list; an explicit empty list means none.
+func (c Config) WithDefaults() Config {
+	if c.KeyHeaders == nil {
+		c.KeyHeaders = slices.Clone(DefaultHeaders)
+	}
+	if c.IgnoreParams == nil {
+		c.IgnoreParams = slices.Clone(DefaultIgnoreParams)
+	}
+	if c.CacheableStatuses == nil {
+		c.CacheableStatuses = slices.Clone(DefaultCacheableStatuses)
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 8 * bytesize.MiB
+	}
+	if c.MaxRequestBodyBytes == 0 {
+		c.MaxRequestBodyBytes = 1 * bytesize.MiB
+	}
+	if c.FlightTimeout == 0 {
+		c.FlightTimeout = 60 * time.Second
+	}
+	if c.Memory.MaxBytes == 0 {
+		c.Memory.MaxBytes = 256 * bytesize.MiB
+	}
+	return c
+}
+
+// Validate reports every problem in c, each prefixed with its yaml key.
+func (c Config) Validate() error {
+	var errs []error
+	if c.TTL < 0 {
+		errs = append(errs, fmt.Errorf("ttl: must not be negative, got %s", c.TTL))
+	}
+	errs = append(errs, checkStatuses("cacheable_statuses", c.CacheableStatuses)...)
+	errs = append(errs, checkHeaders("key_headers", c.KeyHeaders)...)
+	if c.MaxBodyBytes < 1024 {
+		errs = append(errs, fmt.Errorf("max_body_bytes: must be at least 1KiB, got %s", c.MaxBodyBytes))
+	}
+	if c.MaxBodyBytes > 1*bytesize.GiB {
+		errs = append(errs, fmt.Errorf("max_body_bytes: must be at most 1GiB, got %s", c.MaxBodyBytes))
+	}
+	if c.MaxRequestBodyBytes < 1024 {
+		errs = append(errs, fmt.Errorf("max_request_body_bytes: must be at least 1KiB, got %s", c.MaxRequestBodyBytes))
+	}
+	if c.FlightTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("flight_timeout: must be positive, got %s", c.FlightTimeout))
+	}
+	if c.Memory.MaxBytes < c.MaxBodyBytes {
+		errs = append(errs, fmt.Errorf("memory.max_bytes: must be at least max_body_bytes (%s), got %s", c.MaxBodyBytes, c.Memory.MaxBytes))
+	}
+	for i, r := range c.Rules {
+		for _, err := range r.validate() {
+			errs = append(errs, fmt.Errorf("rules[%d]%s.%w", i, ruleLabel(r), err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func ruleLabel(r RuleConfig) string {
+	if r.Name == "" {
+		return ""
+	}
+	return fmt.Sprintf("(%s)", r.Name)
+}
+
+func (r RuleConfig) validate() []error {
+	var errs []error
+	if r.Host != "" {
+		if _, err := path.Match(r.Host, "x"); err != nil || strings.ContainsAny(r.Host, "/: ") {
+			errs = append(errs, fmt.Errorf("host: %q is not a valid host glob", r.Host))
+		}
+	}
+	if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
+		errs = append(errs, fmt.Errorf("path_prefix: must start with '/', got %q", r.PathPrefix))
+	}
+	for i, m := range r.Methods {
+		if m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t/") {
+			errs = append(errs, fmt.Errorf("methods[%d]: %q is not an upper-case HTTP method", i, m))
+		}
+		if m == http.MethodConnect {
+			errs = append(errs, fmt.Errorf("methods[%d]: CONNECT cannot be deduplicated", i))
+		}
+	}
+	if r.TTL != nil && *r.TTL < 0 {
+		errs = append(errs, fmt.Errorf("ttl: must not be negative, got %s", *r.TTL))
+	}
+	errs = append(errs, checkStatuses("cacheable_statuses", r.CacheableStatuses)...)
+	errs = append(errs, checkHeaders("key_headers", r.KeyHeaders)...)
+	for i, f := range r.BodyFields {
+		if f == "" {
+			errs = append(errs, fmt.Errorf("body_fields[%d]: empty field name", i))
+		}
+	}
+	return errs
+}
+
+func checkStatuses(key string, codes []int) []error {
+	var errs []error
+	for i, s := range codes {
+		switch {
+		case s < 100 || s > 599:
+			errs = append(errs, fmt.Errorf("%s[%d]: %d is not an HTTP status", key, i, s))
+		case s == http.StatusTooManyRequests || s >= 500:
+			errs = append(errs, fmt.Errorf("%s[%d]: %d is never cacheable (rate limits and server errors must be retried, not replayed)", key, i, s))
+		case s < 200:
+			errs = append(errs, fmt.Errorf("%s[%d]: %d is an interim response, not cacheable", key, i, s))
+		}
+	}
+	return errs
+}
+
+func checkHeaders(key string, names []string) []error {
+	var errs []error
+	for i, h := range names {
+		if h == "" || strings.ContainsAny(h, " \t:") {
+			errs = append(errs, fmt.Errorf("%s[%d]: %q is not a header name", key, i, h))
+		}
+	}
+	return errs
+}

@@ -1,0 +1,573 @@
+package dedup
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/sync/singleflight"
+)
+
+// Options are the parts an Engine is wired from.
+type Options struct {
+	// Store holds cached responses. Required.
+	Store Store
+	// Next sends requests upstream. Required.
+	Next http.RoundTripper
+	// Logger receives warnings. Required.
+	Logger *slog.Logger
+}
+
+// Engine deduplicates requests: it answers from the cache, makes identical
+// concurrent requests wait on one upstream fetch (a flight), and caches what
+// may be cached. It is an http.RoundTripper in front of the upstream; every
+// response it returns carries X-Cache and X-Cache-Key.
+type Engine struct {
+	cfg   Config
+	rules *rules
+	store Store
+	next  http.RoundTripper
+	log   *slog.Logger
+	sf    singleflight.Group
+	st    counters
+
+	// base is canceled by Close: flights run detached from their clients
+	// but not from the engine's lifetime.
+	base   context.Context
+	cancel context.CancelFunc
+	mu     sync.Mutex // protects closed and the Add side of running
+	closed bool
+	wg     sync.WaitGroup // running flights
+}
+
+// New returns an Engine; cfg gets its defaults applied.
+func New(cfg Config, o Options) (*Engine, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("dedup: %w", err)
+	}
+	if o.Store == nil || o.Next == nil || o.Logger == nil {
+		return nil, errors.New("dedup: Store, Next and Logger are required")
+	}
+	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger}
+	e.base, e.cancel = context.WithCancel(context.Background())
+	return e, nil
+}
+
+// Close stops flights still running (their waiters get an error) and waits
+// for them to end.
+func (e *Engine) Close() {
+	e.mu.Lock()
+	e.closed = true
+	e.mu.Unlock()
+	e.cancel()
+	e.wg.Wait()
+}
+
+type principalKey struct{}
+
+// WithPrincipal records the authenticated proxy user of a request: unless a
+// rule shares credentials, requests of different users never share a
+// response.
+func WithPrincipal(ctx context.Context, user string) context.Context {
+	return context.WithValue(ctx, principalKey{}, user)
+}
+
+func principalOf(ctx context.Context) string {
+	s, _ := ctx.Value(principalKey{}).(string)
+	return s
+}
+
+// Error is a failed request, labelled with the X-Cache outcome it would
+// have had, so the error response the caller builds carries it too.
+type Error struct {
+	Cache string // X-Cache value
+	Key   string // X-Cache-Key; "" when the request was not keyed
+	Err   error
+}
+
+func (e *Error) Error() string { return e.Err.Error() }
+func (e *Error) Unwrap() error { return e.Err }
+
+// CacheHeaders returns the X-Cache and X-Cache-Key values for the response
+// that reports this error.
+func (e *Error) CacheHeaders() (xcache, key string) { return e.Cache, e.Key }
+
+// requestError is the client's fault (its request body could not be read).
+type requestError struct{ err error }
+
+func (e requestError) Error() string   { return "read request body: " + e.err.Error() }
+func (e requestError) Unwrap() error   { return e.err }
+func (e requestError) HTTPStatus() int { return http.StatusBadRequest }
+
+// timeoutError is the flight deadline: classified as a timeout (504).
+type timeoutError struct{ d time.Duration }
+
+func (e timeoutError) Error() string {
+	return "upstream fetch exceeded dedup.flight_timeout (" + e.d.String() + ")"
+}
+func (timeoutError) Timeout() bool   { return true }
+func (timeoutError) Temporary() bool { return true }
+
+// RoundTrip implements http.RoundTripper.
+func (e *Engine) RoundTrip(req *http.Request) (*http.Response, error) {
+	rule := e.rules.match(req)
+	if !rule.dedups(req.Method) {
+		return e.bypass(req, e.bodilessKey(rule, req))
+	}
+	body, tooBig, err := e.readBody(req)
+	if err != nil {
+		return nil, &Error{Cache: CacheBypass, Err: requestError{err}}
+	}
+	if tooBig {
+		return e.bypass(req, e.bodilessKey(rule, req))
+	}
+	key, err := rule.keyer.Key(req.Method, req.URL, req.Header, principalOf(req.Context()), body)
+	if err != nil {
+		return e.bypass(req, "")
+	}
+	if resp, ok := e.fromCache(req, rule, key, body); ok {
+		return resp, nil
+	}
+	return e.coalesce(req, rule, key, body)
+}
+
+// bodilessKey is the X-Cache-Key reported for a BYPASS whose body was not
+// read: it covers everything but the body ("" if the URL cannot be keyed).
+func (e *Engine) bodilessKey(rule *Rule, req *http.Request) string {
+	key, _ := rule.keyer.Key(req.Method, req.URL, req.Header, principalOf(req.Context()), nil)
+	return key
+}
+
+// readBody buffers a request body up to dedup.max_request_body_bytes so it
+// can be keyed and replayed. tooBig means the body is larger: req.Body then
+// still yields every byte, for a BYPASS.
+func (e *Engine) readBody(req *http.Request) (body []byte, tooBig bool, err error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, false, nil
+	}
+	limit := int64(e.cfg.MaxRequestBodyBytes)
+	if req.ContentLength > limit {
+		return nil, true, nil
+	}
+	buf, rest, err := readLimited(req.Body, limit, req.ContentLength)
+	if err != nil {
+		return nil, false, err
+	}
+	if rest != nil {
+		req.Body = rest
+		return nil, true, nil
+	}
+	req.Body.Close()
+	setBody(req, buf)
+	return buf, false, nil
+}
+
+func setBody(req *http.Request, body []byte) {
+	req.ContentLength = int64(len(body))
+	req.Body = io.NopCloser(bytes.NewReader(body))
+	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	if len(body) == 0 {
+		req.Body = http.NoBody
+	}
+}
+
+// readLimited reads r up to limit bytes. If r holds more, rest is a body
+// that replays what was read and then continues with r (and closes r).
+// size is the declared length (-1 unknown): a known one is read into a
+// buffer of exactly that size instead of a doubling one.
+func readLimited(r io.ReadCloser, limit, size int64) (buf []byte, rest io.ReadCloser, err error) {
+	if size >= 0 && size <= limit {
+		buf = make([]byte, size)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return nil, nil, err
+		}
+		// A peer that sends more than it declared gets the usual error
+		// from net/http; nothing more to read here.
+		return buf, nil, nil
+	}
+	buf, err = io.ReadAll(io.LimitReader(r, limit+1))
+	if err != nil {
+		return nil, nil, err
+	}
+	if int64(len(buf)) <= limit {
+		return buf, nil, nil
+	}
+	return nil, &prefixedBody{Reader: io.MultiReader(bytes.NewReader(buf), r), c: r}, nil
+}
+
+type prefixedBody struct {
+	io.Reader
+	c io.Closer
+}
+
+func (b *prefixedBody) Close() error { return b.c.Close() }
+
+// fromCache answers req from the store when it can. A HEAD may be answered
+// from a cached GET of the same URL.
+func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byte) (*http.Response, bool) {
+	ent := e.lookup(req.Context(), req, key)
+	if ent == nil && req.Method == http.MethodHead {
+		if getKey, err := rule.keyer.Key(http.MethodGet, req.URL, req.Header, principalOf(req.Context()), body); err == nil {
+			ent = e.lookup(req.Context(), req, getKey)
+		}
+	}
+	if ent == nil {
+		return nil, false
+	}
+	return e.serve(req, ent, key, CacheHit)
+}
+
+func (e *Engine) lookup(ctx context.Context, req *http.Request, key string) *Entry {
+	ent, err := e.store.Get(ctx, key)
+	if err != nil {
+		if !errors.Is(err, ErrNotFound) {
+			e.log.Warn("cache lookup failed; going upstream", "key", key, "err", err)
+		}
+		return nil
+	}
+	if !ent.varyMatches(req.Header) {
+		return nil
+	}
+	return ent
+}
+
+// flightResult is what a flight hands to everyone who waited on it.
+type flightResult struct {
+	entry  *Entry         // the buffered response; nil with err or stream
+	cached bool           // the leader found it in the cache after winning
+	stream *http.Response // too large to share: only the leader's client gets it
+	err    error
+}
+
+// coalesce makes req wait on the flight for key, starting it if none is
+// running. The first caller leads: its fetch runs detached from its client,
+// so a leader that disconnects never cancels what others wait for.
+func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte) (*http.Response, error) {
+	var led atomic.Bool
+	e.st.waiters.Add(1)
+	ch := e.sf.DoChan(key, func() (any, error) {
+		led.Store(true)
+		return e.lead(req, rule, key, body), nil
+	})
+	select {
+	case r := <-ch:
+		e.st.waiters.Add(-1)
+		return e.answer(req, key, r.Val.(*flightResult), led.Load())
+	case <-req.Context().Done():
+		e.st.waiters.Add(-1)
+		// Nobody will read an oversized leader stream now: close it when
+		// the flight ends. The flight is bounded by flight_timeout.
+		go func() {
+			r := <-ch
+			if res := r.Val.(*flightResult); led.Load() && res.stream != nil {
+				res.stream.Body.Close()
+			}
+		}()
+		return nil, &Error{Cache: CacheCoalesced, Key: key, Err: req.Context().Err()}
+	}
+}
+
+// answer turns a flight's result into this caller's response.
+func (e *Engine) answer(req *http.Request, key string, res *flightResult, leader bool) (*http.Response, error) {
+	xcache := CacheCoalesced
+	if leader {
+		xcache = CacheMiss
+		if res.cached {
+			xcache = CacheHit
+		}
+	}
+	switch {
+	case res.err != nil:
+		e.st.count(xcache, 0)
+		return nil, &Error{Cache: xcache, Key: key, Err: res.err}
+	case res.stream != nil:
+		if !leader {
+			// The response was too large to share; fetch our own.
+			return e.bypass(req, key)
+		}
+		e.st.count(CacheBypass, 0)
+		markCache(res.stream.Header, CacheBypass, key)
+		return res.stream, nil
+	}
+	if resp, ok := e.serve(req, res.entry, key, xcache); ok {
+		return resp, nil
+	}
+	return e.bypass(req, key)
+}
+
+// serve builds one client's response from an entry, decoding the body if
+// the client does not accept the stored coding. ok is false when it cannot
+// (unknown coding): the caller then fetches for this client.
+func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http.Response, bool) {
+	body, header, err := decodeFor(ent, req.Header.Values("Accept-Encoding"), int64(e.cfg.MaxBodyBytes)*8)
+	if err != nil {
+		e.log.Warn("cannot serve stored response to this client", "key", key, "err", err)
+		return nil, false
+	}
+	resp := ent.response(req, body, header)
+	markCache(resp.Header, xcache, key)
+	avoided := 0
+	if xcache == CacheHit {
+		resp.Header.Set("Age", strconv.FormatInt(int64(time.Since(ent.StoredAt)/time.Second), 10))
+		avoided = len(ent.Body)
+	} else if xcache == CacheCoalesced {
+		avoided = len(ent.Body)
+	}
+	e.st.count(xcache, avoided)
+	return resp, true
+}
+
+func markCache(h http.Header, xcache, key string) {
+	h.Set(HeaderCache, xcache)
+	if key != "" {
+		h.Set(HeaderCacheKey, key)
+	} else {
+		h.Del(HeaderCacheKey)
+	}
+}
+
+// bypass sends req upstream without deduplication and streams the answer.
+func (e *Engine) bypass(req *http.Request, key string) (*http.Response, error) {
+	e.st.count(CacheBypass, 0)
+	e.st.upstream.Add(1)
+	resp, err := e.next.RoundTrip(req)
+	if err != nil {
+		return nil, &Error{Cache: CacheBypass, Key: key, Err: err}
+	}
+	markCache(resp.Header, CacheBypass, key)
+	return resp, nil
+}
+
+// lead is the flight: the one upstream fetch for key. It never panics (a
+// panic inside singleflight.DoChan would crash the process).
+func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (res *flightResult) {
+	defer func() {
+		if p := recover(); p != nil {
+			e.log.Error("panic in a flight; recovered", "key", key, "panic", p, "stack", string(debug.Stack()))
+			res = &flightResult{err: fmt.Errorf("internal error in flight: %v", p)}
+		}
+	}()
+	e.mu.Lock()
+	if e.closed {
+		e.mu.Unlock()
+		return &flightResult{err: errors.New("dedup: shutting down")}
+	}
+	e.wg.Add(1)
+	e.mu.Unlock()
+	defer e.wg.Done()
+	e.st.flights.Add(1)
+	defer e.st.flights.Add(-1)
+
+	// Another flight may have filled the cache between our lookup and
+	// winning this one.
+	if ent := e.lookup(e.base, req, key); ent != nil {
+		return &flightResult{entry: ent, cached: true}
+	}
+
+	ctx, cancel := context.WithCancelCause(context.WithoutCancel(req.Context()))
+	stopOnClose := context.AfterFunc(e.base, func() { cancel(errors.New("dedup: shutting down")) })
+	timeout := timeoutError{e.cfg.FlightTimeout}
+	// The deadline covers the fetch until the body is buffered. A body too
+	// large to share streams to its own client afterwards, bounded by the
+	// idle timeouts instead: a 2 GB download may take longer than a page.
+	timer := time.AfterFunc(e.cfg.FlightTimeout, func() { cancel(timeout) })
+	release := func() {
+		timer.Stop()
+		stopOnClose()
+		cancel(nil)
+	}
+	fail := func(err error) *flightResult {
+		if errors.Is(context.Cause(ctx), timeout) {
+			err = fmt.Errorf("%w (%v)", timeout, err)
+		}
+		release()
+		return &flightResult{err: err}
+	}
+
+	out := req.Clone(ctx)
+	if body != nil {
+		setBody(out, body)
+	}
+	e.st.upstream.Add(1)
+	resp, err := e.next.RoundTrip(out)
+	if err != nil {
+		return fail(err)
+	}
+	limit, size := int64(e.cfg.MaxBodyBytes), resp.ContentLength
+	if req.Method == http.MethodHead || !bodyAllowed(resp.StatusCode) {
+		// Content-Length describes the body a GET would get; there is none.
+		size = 0
+	}
+	if size > limit {
+		return e.streamResult(resp, timer, release)
+	}
+	buf, rest, err := readLimited(resp.Body, limit, size)
+	if err != nil {
+		resp.Body.Close()
+		return fail(fmt.Errorf("read upstream body: %w", err))
+	}
+	if rest != nil {
+		resp.Body = rest
+		return e.streamResult(resp, timer, release)
+	}
+	resp.Body.Close()
+	release()
+
+	now := time.Now()
+	ent := &Entry{Status: resp.StatusCode, Header: resp.Header, Body: buf, StoredAt: now}
+	if req.Method != http.MethodHead && bodyAllowed(resp.StatusCode) {
+		ent.Header.Set("Content-Length", strconv.Itoa(len(buf)))
+	}
+	ent.URLKey, _ = rule.keyer.URLKey(req.URL)
+	vary, varyAll := varyValues(resp.Header, req.Header)
+	ent.Vary = vary
+	if ttl := rule.ttl; ttl > 0 && !varyAll && cacheable(rule, resp) {
+		ent.ExpiresAt = now.Add(ttl)
+		if err := e.store.Set(e.base, key, ent, ttl); err != nil {
+			e.log.Warn("cache store failed; response served uncached", "key", key, "err", err)
+		}
+	}
+	return &flightResult{entry: ent}
+}
+
+// streamResult hands an oversized response to the leader's client. The
+// flight deadline stops applying; closing the body releases the fetch.
+func (e *Engine) streamResult(resp *http.Response, timer *time.Timer, release func()) *flightResult {
+	if !timer.Stop() {
+		resp.Body.Close()
+		release()
+		return &flightResult{err: timeoutError{e.cfg.FlightTimeout}}
+	}
+	resp.Body = &releasingBody{ReadCloser: resp.Body, release: release}
+	return &flightResult{stream: resp}
+}
+
+type releasingBody struct {
+	io.ReadCloser
+	once    sync.Once
+	release func()
+}
+
+func (b *releasingBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.release)
+	return err
+}
+
+// cacheable applies the rule and the response's own instructions. 429 and
+// 5xx are never cached whatever the rule says (validation rejects them too).
+func cacheable(rule *Rule, resp *http.Response) bool {
+	s := resp.StatusCode
+	if s == http.StatusTooManyRequests || s >= 500 || !rule.statuses[s] {
+		return false
+	}
+	if !rule.setCookie && len(resp.Header.Values("Set-Cookie")) > 0 {
+		return false
+	}
+	if !rule.private && hasCacheDirective(resp.Header, "no-store", "private") {
+		return false
+	}
+	return true
+}
+
+func hasCacheDirective(h http.Header, names ...string) bool {
+	for _, v := range h.Values("Cache-Control") {
+		for _, d := range strings.Split(v, ",") {
+			d, _, _ = strings.Cut(strings.TrimSpace(d), "=")
+			for _, n := range names {
+				if strings.EqualFold(d, n) {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
+
+// varyValues records the request's values of the headers the response
+// varies on. Accept-Encoding is left out: the engine decodes per client.
+// all reports "Vary: *" (never cacheable).
+func varyValues(resp, req http.Header) (vals []HeaderValue, all bool) {
+	for _, v := range resp.Values("Vary") {
+		for _, name := range strings.Split(v, ",") {
+			name = http.CanonicalHeaderKey(strings.TrimSpace(name))
+			switch name {
+			case "":
+			case "*":
+				return nil, true
+			case "Accept-Encoding":
+			default:
+				vals = append(vals, HeaderValue{Name: name, Value: joinValues(req.Values(name))})
+			}
+		}
+	}
+	return vals, false
+}
+
+// Stats returns what deduplication saved so far.
+func (e *Engine) Stats() Stats {
+	s := e.st.snapshot()
+	s.Store = e.store.Stats()
+	return s
+}
+
+// ErrInvalidKey is returned for a string that is not an X-Cache-Key.
+var ErrInvalidKey = errors.New("dedup: not a cache key")
+
+// InvalidateKey removes one cached response by its X-Cache-Key.
+func (e *Engine) InvalidateKey(ctx context.Context, key string) error {
+	if !strings.HasPrefix(key, keyVersion+":") || len(key) != len(keyVersion)+1+64 {
+		return fmt.Errorf("%w: %q (want %s:<64 hex digits>)", ErrInvalidKey, key, keyVersion)
+	}
+	return e.store.Delete(ctx, key)
+}
+
+// InvalidateURL removes every cached variant of rawURL (all methods, header
+// values and credentials) and returns how many entries went.
+func (e *Engine) InvalidateURL(ctx context.Context, rawURL string) (int, error) {
+	u, err := parseAbsURL(rawURL)
+	if err != nil {
+		return 0, err
+	}
+	seen := map[string]bool{}
+	total := 0
+	for _, k := range e.rules.keyers() {
+		uk, err := k.URLKey(u)
+		if err != nil {
+			return total, fmt.Errorf("dedup: invalidate %q: %w", rawURL, err)
+		}
+		if seen[uk] {
+			continue
+		}
+		seen[uk] = true
+		n, err := e.store.DeleteURL(ctx, uk)
+		total += n
+		if err != nil {
+			return total, fmt.Errorf("dedup: invalidate %q: %w", rawURL, err)
+		}
+	}
+	return total, nil
+}
+
+func parseAbsURL(raw string) (*url.URL, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %q: %v", ErrInvalidURL, raw, err)
+	}
+	if (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%w: %q is not an absolute http(s) URL", ErrInvalidURL, raw)
+	}
+	return u, nil
+}

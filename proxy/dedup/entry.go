@@ -1,0 +1,120 @@
+package dedup
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Entry is one buffered upstream response. It is immutable once built:
+// many requests read it at the same time, each through its own copy of the
+// header map and its own reader over Body.
+type Entry struct {
+	Status    int
+	Header    http.Header
+	Body      []byte
+	StoredAt  time.Time
+	ExpiresAt time.Time
+	// URLKey groups every variant of one URL, for invalidation by URL.
+	URLKey string
+	// Vary holds the leader request's values of the headers the response's
+	// Vary names (Accept-Encoding aside): a request with other values must
+	// not be answered from this entry.
+	Vary []HeaderValue
+}
+
+// HeaderValue is one request header's canonical name and joined value.
+type HeaderValue struct {
+	Name, Value string
+}
+
+// size is the entry's weight in the memory store: the body plus an estimate
+// of the header and bookkeeping.
+func (e *Entry) size() int64 {
+	n := int64(len(e.Body)) + 256 + int64(len(e.URLKey))
+	for k, vs := range e.Header {
+		n += int64(len(k)) + 32
+		for _, v := range vs {
+			n += int64(len(v)) + 16
+		}
+	}
+	for _, v := range e.Vary {
+		n += int64(len(v.Name) + len(v.Value) + 32)
+	}
+	return n
+}
+
+// varyMatches reports whether req carries the header values the entry was
+// fetched with.
+func (e *Entry) varyMatches(h http.Header) bool {
+	for _, v := range e.Vary {
+		if joinValues(h.Values(v.Name)) != v.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// response builds a fresh *http.Response for one client from the entry.
+// A non-nil body and header replace the entry's (a decoded copy).
+func (e *Entry) response(req *http.Request, body []byte, header http.Header) *http.Response {
+	decoded := body != nil
+	if header == nil {
+		header = e.Header.Clone()
+	}
+	if !decoded {
+		body = e.Body
+	} else if bodyAllowed(e.Status) {
+		header.Set("Content-Length", strconv.Itoa(len(body)))
+	}
+	resp := &http.Response{
+		Status:     strconv.Itoa(e.Status) + " " + http.StatusText(e.Status),
+		StatusCode: e.Status,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     header,
+		Request:    req,
+	}
+	switch {
+	case !bodyAllowed(e.Status):
+		resp.Body = http.NoBody
+	case req.Method == http.MethodHead:
+		// A HEAD answer keeps the Content-Length of what a GET would get
+		// (the origin's, for an entry fetched by HEAD).
+		resp.Body = http.NoBody
+		resp.ContentLength = -1
+		if n, err := strconv.ParseInt(header.Get("Content-Length"), 10, 64); err == nil {
+			resp.ContentLength = n
+		}
+	default:
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+		resp.ContentLength = int64(len(body))
+	}
+	return resp
+}
+
+// bodyAllowed reports whether a response with this status carries a body
+// (RFC 9110 §6.4.1).
+func bodyAllowed(status int) bool {
+	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+func joinValues(vs []string) string {
+	switch len(vs) {
+	case 0:
+		return ""
+	case 1:
+		return trimOWS(vs[0])
+	}
+	var b []byte
+	for i, v := range vs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, trimOWS(v)...)
+	}
+	return string(b)
+}

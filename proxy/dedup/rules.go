@@ -1,0 +1,151 @@
+package dedup
+
+import (
+	"net/http"
+	"path"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Rule is a compiled dedup.rules entry (or the default rule): what a
+// matching request is keyed on and what of its response may be cached.
+// Rules are immutable after compile and shared by all requests.
+type Rule struct {
+	name       string
+	host       string
+	pathPrefix string
+	methods    map[string]bool // match filter; nil = any
+	optIn      map[string]bool // methods beyond GET/HEAD that are deduplicated
+	off        bool
+	ttl        time.Duration
+	keyer      *Keyer
+	statuses   map[int]bool
+	setCookie  bool
+	private    bool
+}
+
+// Name is the rule's name ("default" for the top-level settings).
+func (r *Rule) Name() string { return r.name }
+
+func (r *Rule) matches(method, host, urlPath string) bool {
+	if r.methods != nil && !r.methods[method] {
+		return false
+	}
+	if r.pathPrefix != "" && !strings.HasPrefix(urlPath, r.pathPrefix) {
+		return false
+	}
+	if r.host != "" {
+		if ok, _ := path.Match(r.host, host); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// dedups reports whether requests with this method are deduplicated.
+func (r *Rule) dedups(method string) bool {
+	if r.off {
+		return false
+	}
+	return method == http.MethodGet || method == http.MethodHead || r.optIn[method]
+}
+
+// rules is the ordered rule list plus the default rule.
+type rules struct {
+	list []*Rule
+	def  *Rule
+}
+
+func compileRules(c Config) *rules {
+	def := &Rule{
+		name:     "default",
+		off:      !c.Enabled,
+		ttl:      c.TTL,
+		keyer:    NewKeyer(&KeySpec{Headers: c.KeyHeaders, IgnoreParams: c.IgnoreParams, Body: true}),
+		statuses: statusSet(c.CacheableStatuses),
+	}
+	rs := &rules{def: def}
+	for i, rc := range c.Rules {
+		r := &Rule{
+			name:       rc.Name,
+			host:       strings.ToLower(rc.Host),
+			pathPrefix: rc.PathPrefix,
+			off:        !c.Enabled || rc.Dedup != nil && !*rc.Dedup,
+			ttl:        c.TTL,
+			statuses:   def.statuses,
+			setCookie:  rc.CacheSetCookie,
+			private:    rc.CachePrivate,
+		}
+		if r.name == "" {
+			r.name = "rules[" + strconv.Itoa(i) + "]"
+		}
+		if rc.TTL != nil {
+			r.ttl = *rc.TTL
+		}
+		if rc.CacheableStatuses != nil {
+			r.statuses = statusSet(rc.CacheableStatuses)
+		}
+		if len(rc.Methods) > 0 {
+			r.methods = make(map[string]bool, len(rc.Methods))
+			r.optIn = make(map[string]bool, len(rc.Methods))
+			for _, m := range rc.Methods {
+				r.methods[m] = true
+				if m != http.MethodGet && m != http.MethodHead {
+					r.optIn[m] = true
+				}
+			}
+		}
+		headers, ignore := c.KeyHeaders, c.IgnoreParams
+		if rc.KeyHeaders != nil {
+			headers = rc.KeyHeaders
+		}
+		if rc.IgnoreParams != nil {
+			ignore = rc.IgnoreParams
+		}
+		// The body is always keyed when a request has one: two POSTs with
+		// different bodies are different requests unless BodyFields says
+		// which parts matter.
+		r.keyer = NewKeyer(&KeySpec{
+			Headers:          headers,
+			IgnoreParams:     ignore,
+			ShareCredentials: rc.ShareCredentials,
+			Body:             true,
+			BodyFields:       rc.BodyFields,
+		})
+		rs.list = append(rs.list, r)
+	}
+	return rs
+}
+
+// match returns the first rule matching req, or the default rule.
+func (rs *rules) match(req *http.Request) *Rule {
+	if len(rs.list) == 0 {
+		return rs.def
+	}
+	host := strings.TrimSuffix(strings.ToLower(req.URL.Hostname()), ".")
+	for _, r := range rs.list {
+		if r.matches(req.Method, host, req.URL.Path) {
+			return r
+		}
+	}
+	return rs.def
+}
+
+// keyers returns every distinct keyer, for invalidation by URL: an entry's
+// URL key was computed by the keyer of the rule that stored it.
+func (rs *rules) keyers() []*Keyer {
+	out := []*Keyer{rs.def.keyer}
+	for _, r := range rs.list {
+		out = append(out, r.keyer)
+	}
+	return out
+}
+
+func statusSet(codes []int) map[int]bool {
+	m := make(map[int]bool, len(codes))
+	for _, c := range codes {
+		m[c] = true
+	}
+	return m
+}

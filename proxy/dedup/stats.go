@@ -1,0 +1,82 @@
+package dedup
+
+import "sync/atomic"
+
+// X-Cache values (see DESIGN.md, "The X-Cache contract").
+const (
+	CacheHit       = "HIT"
+	CacheCoalesced = "COALESCED"
+	CacheMiss      = "MISS"
+	CacheBypass    = "BYPASS"
+)
+
+// Response headers the engine sets.
+const (
+	HeaderCache    = "X-Cache"
+	HeaderCacheKey = "X-Cache-Key"
+)
+
+// counters are the engine's running totals.
+type counters struct {
+	hit, coalesced, miss, bypass atomic.Uint64
+	upstream                     atomic.Uint64 // requests actually sent upstream
+	bytesAvoided                 atomic.Uint64 // body bytes served without an upstream request
+	flights                      atomic.Int64  // flights fetching right now
+	waiters                      atomic.Int64  // requests waiting on a flight right now
+}
+
+func (c *counters) count(xcache string, avoided int) {
+	switch xcache {
+	case CacheHit:
+		c.hit.Add(1)
+	case CacheCoalesced:
+		c.coalesced.Add(1)
+	case CacheMiss:
+		c.miss.Add(1)
+	case CacheBypass:
+		c.bypass.Add(1)
+	}
+	if avoided > 0 {
+		c.bytesAvoided.Add(uint64(avoided))
+	}
+}
+
+// Stats is a snapshot of what deduplication saved, for /cache/stats.
+// by_source uses the names of the savings report of the CAPTCHA-dedup
+// seed: api (went upstream), dedup_cache (HIT), dedup_wait (COALESCED).
+type Stats struct {
+	Requests         uint64            `json:"requests"`
+	XCache           map[string]uint64 `json:"x_cache"`
+	BySource         map[string]uint64 `json:"by_source"`
+	UpstreamRequests uint64            `json:"upstream_requests"`
+	RequestsAvoided  uint64            `json:"upstream_requests_avoided"`
+	BytesAvoided     uint64            `json:"bytes_avoided"`
+	SavingsPct       float64           `json:"savings_pct"`
+	Flights          int64             `json:"flights_in_progress"`
+	Waiters          int64             `json:"flight_waiters"`
+	Store            StoreStats        `json:"store"`
+}
+
+func (c *counters) snapshot() Stats {
+	hit, co, miss, by := c.hit.Load(), c.coalesced.Load(), c.miss.Load(), c.bypass.Load()
+	s := Stats{
+		Requests:         hit + co + miss + by,
+		XCache:           map[string]uint64{CacheHit: hit, CacheCoalesced: co, CacheMiss: miss, CacheBypass: by},
+		BySource:         map[string]uint64{"api": miss + by, "dedup_cache": hit, "dedup_wait": co},
+		UpstreamRequests: c.upstream.Load(),
+		RequestsAvoided:  hit + co,
+		BytesAvoided:     c.bytesAvoided.Load(),
+		Flights:          c.flights.Load(),
+		Waiters:          c.waiters.Load(),
+	}
+	s.SavingsPct = savingsPct(hit+co, s.Requests)
+	return s
+}
+
+// savingsPct is (HIT + COALESCED) / all, in percent with one decimal.
+func savingsPct(saved, all uint64) float64 {
+	if all == 0 {
+		return 0
+	}
+	return float64(int64(float64(saved)*1000/float64(all)+0.5)) / 10
+}

@@ -1,0 +1,37 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrNotFound is returned by Store.Get for a key that is absent or expired.
+var ErrNotFound = errors.New("dedup: not in cache")
+
+// Store keeps cached responses under their canonical keys. Implementations
+// are safe for concurrent use and never return an entry past its TTL. The
+// engine treats every error other than ErrNotFound as "store unavailable":
+// the request still goes upstream.
+type Store interface {
+	// Get returns the entry stored under key, or ErrNotFound.
+	Get(ctx context.Context, key string) (*Entry, error)
+	// Set stores e under key for ttl. e must not be modified afterwards.
+	Set(ctx context.Context, key string, e *Entry, ttl time.Duration) error
+	// Delete removes key; removing an absent key is not an error.
+	Delete(ctx context.Context, key string) error
+	// DeleteURL removes every entry stored with this URL key (all methods,
+	// header variants and credentials of one URL) and returns how many.
+	DeleteURL(ctx context.Context, urlKey string) (int, error)
+	// Stats describes the store's contents.
+	Stats() StoreStats
+}
+
+// StoreStats is a snapshot of a store's size.
+type StoreStats struct {
+	Kind      string `json:"kind"`
+	Entries   int    `json:"entries"`
+	Bytes     int64  `json:"bytes"`
+	MaxBytes  int64  `json:"max_bytes"`
+	Evictions uint64 `json:"evictions"`
+}
