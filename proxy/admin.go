@@ -1,9 +1,21 @@
 package proxy
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
+
+// Cache is what the admin API needs from the dedup engine.
+type Cache interface {
+	Stats() dedup.Stats
+	InvalidateURL(ctx context.Context, rawURL string) (int, error)
+	InvalidateKey(ctx context.Context, key string) error
+}
 
 // AdminOptions are what the admin API shows.
 type AdminOptions struct {
@@ -11,6 +23,8 @@ type AdminOptions struct {
 	CAPEM []byte
 	// Health reports extra health details; nil means just "ok".
 	Health func() map[string]any
+	// Cache serves /cache/stats and /cache/invalidate; nil disables them.
+	Cache Cache
 }
 
 // NewAdmin returns the admin API. It is served on its own listener, never
@@ -31,7 +45,56 @@ func NewAdmin(o AdminOptions) http.Handler {
 		w.Header().Set("Content-Disposition", `attachment; filename="onceproxy-ca.pem"`)
 		_, _ = w.Write(o.CAPEM)
 	})
+	if o.Cache != nil {
+		mux.HandleFunc("GET /cache/stats", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]any{"instance": o.Cache.Stats()})
+		})
+		mux.HandleFunc("POST /cache/invalidate", func(w http.ResponseWriter, r *http.Request) {
+			invalidate(w, r, o.Cache)
+		})
+	}
 	return mux
+}
+
+// invalidate handles POST /cache/invalidate with {"url": "..."} (every
+// variant of the URL) or {"key": "v1:..."} (one X-Cache-Key).
+func invalidate(w http.ResponseWriter, r *http.Request, c Cache) {
+	var req struct {
+		URL string `json:"url"`
+		Key string `json:"key"`
+	}
+	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body must be JSON {\"url\": ...} or {\"key\": ...}: " + err.Error()})
+		return
+	}
+	switch {
+	case (req.URL == "") == (req.Key == ""):
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "give exactly one of \"url\" or \"key\""})
+	case req.URL != "":
+		n, err := c.InvalidateURL(r.Context(), req.URL)
+		if err != nil {
+			writeJSON(w, statusOf(err), map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"url": req.URL, "invalidated": n})
+	default:
+		if err := c.InvalidateKey(r.Context(), req.Key); err != nil {
+			writeJSON(w, statusOf(err), map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, map[string]any{"key": req.Key, "invalidated": true})
+	}
+}
+
+// statusOf: invalid input is the caller's fault; anything else (the store
+// is unreachable) is ours.
+func statusOf(err error) int {
+	if errors.Is(err, dedup.ErrInvalidURL) || errors.Is(err, dedup.ErrInvalidKey) {
+		return http.StatusBadRequest
+	}
+	return http.StatusServiceUnavailable
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

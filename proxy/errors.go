@@ -31,11 +31,20 @@ const (
 // runs only at the edge: inner layers return wrapped errors.
 func classify(err error) (int, errorKind) {
 	var (
-		netErr  net.Error
-		certErr *tls.CertificateVerificationError
-		unknown x509.UnknownAuthorityError
-		host    x509.HostnameError
+		withStatus interface{ HTTPStatus() int }
+		netErr     net.Error
+		certErr    *tls.CertificateVerificationError
+		unknown    x509.UnknownAuthorityError
+		host       x509.HostnameError
 	)
+	if errors.As(err, &withStatus) {
+		switch st := withStatus.HTTPStatus(); {
+		case st == http.StatusServiceUnavailable:
+			return st, kindUnavailable
+		case st >= 400 && st < 500:
+			return st, kindBadRequest
+		}
+	}
 	switch {
 	case errors.Is(err, context.Canceled):
 		return http.StatusBadGateway, kindClientGone
@@ -47,6 +56,28 @@ func classify(err error) (int, errorKind) {
 	default:
 		return http.StatusBadGateway, kindUpstream
 	}
+}
+
+// cacheLabeled is an error from the dedup stage that knows which X-Cache
+// outcome the failed request had; the error response carries it too.
+type cacheLabeled interface {
+	CacheHeaders() (xcache, key string)
+}
+
+// failureResponse is errorResponse for an error from forwarding: status by
+// classify, plus the X-Cache headers when the error carries them.
+func failureResponse(req *http.Request, err error) (*http.Response, int, errorKind) {
+	status, kind := classify(err)
+	resp := errorResponse(req, status, kind, err.Error())
+	var cl cacheLabeled
+	if errors.As(err, &cl) {
+		xcache, key := cl.CacheHeaders()
+		resp.Header.Set("X-Cache", xcache)
+		if key != "" {
+			resp.Header.Set("X-Cache-Key", key)
+		}
+	}
+	return resp, status, kind
 }
 
 // errorResponse builds the response for a failed request: status, a

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/elazarl/goproxy"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
 // clientInfo is what the proxy knows about the client behind a request. For
@@ -82,11 +84,12 @@ func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Requ
 		// A protocol switch is a live two-way stream: never deduplicated.
 		next = s.upstream
 	}
-	up, err := next.RoundTrip(req)
+	out := req.WithContext(dedup.WithPrincipal(req.Context(), client.user))
+	up, err := next.RoundTrip(out)
 	if err != nil {
-		status, kind := classify(err)
-		s.logger.Warn("upstream request failed", "url", req.URL.Redacted(), "status", status, "kind", kind, "err", err)
-		return req, errorResponse(req, status, kind, err.Error())
+		resp, status, kind := failureResponse(req, err)
+		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", status, "kind", kind, "err", err)
+		return req, resp
 	}
 	if up.StatusCode != http.StatusSwitchingProtocols {
 		removeHopHeaders(up.Header, false)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -35,6 +36,7 @@ type world struct {
 	caFile   string         // ca.pem path, for curl
 	up       *upstream.Forwarder
 	srv      *proxy.Server
+	engine   *dedup.Engine // nil unless worldOpts.dedup
 	proxyURL *url.URL
 	logs     *syncBuffer
 }
@@ -45,6 +47,9 @@ type worldOpts struct {
 	next     func(up http.RoundTripper) http.RoundTripper // wraps the upstream as Options.Next
 	// originCAs are trusted for origins (written to files for upstream.ca_files).
 	originCAs []*x509.Certificate
+	// dedup, when set, puts a dedup engine (memory store) in front of the
+	// upstream, as main.go does.
+	dedup *dedup.Config
 	// quiet discards logs (benchmarks: the buffer would grow without bound).
 	quiet bool
 }
@@ -79,6 +84,18 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	t.Cleanup(up.Close)
 
 	opts := proxy.Options{Logger: logger, Certs: ca, Upstream: up, AccessLog: true}
+	var engine *dedup.Engine
+	if o.dedup != nil {
+		cfg := o.dedup.WithDefaults()
+		store := dedup.NewMemoryStore(int64(cfg.Memory.MaxBytes))
+		t.Cleanup(store.Close)
+		engine, err = dedup.New(cfg, dedup.Options{Store: store, Next: up, Logger: logger})
+		if err != nil {
+			t.Fatalf("dedup.New: %v", err)
+		}
+		t.Cleanup(engine.Close)
+		opts.Next = engine
+	}
 	if o.next != nil {
 		opts.Next = o.next(up)
 	}
@@ -116,6 +133,7 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		caFile:   ca.CertPath(),
 		up:       up,
 		srv:      srv,
+		engine:   engine,
 		proxyURL: &url.URL{Scheme: "http", Host: ln.Addr().String()},
 		logs:     logs,
 	}
