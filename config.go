@@ -18,6 +18,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -39,6 +40,7 @@ type Config struct {
 	Admin    AdminConfig     `yaml:"admin"`
 	MITM     mitm.Config     `yaml:"mitm"`
 	Upstream upstream.Config `yaml:"upstream"`
+	Dedup    dedup.Config    `yaml:"dedup"`
 }
 
 // LogConfig is the `log:` section.
@@ -89,6 +91,7 @@ func (c *Config) withDefaults() {
 	c.Proxy = c.Proxy.WithDefaults()
 	c.MITM = c.MITM.WithDefaults()
 	c.Upstream = c.Upstream.WithDefaults()
+	c.Dedup = c.Dedup.WithDefaults()
 }
 
 // validate checks every section and returns all problems, one per line, each
@@ -120,6 +123,7 @@ func (c *Config) validate() error {
 	add("proxy", c.Proxy.Validate())
 	add("mitm", c.MITM.Validate())
 	add("upstream", c.Upstream.Validate())
+	add("dedup", c.Dedup.Validate())
 	if len(errs) == 0 {
 		return nil
 	}
@@ -224,28 +228,34 @@ func yamlName(f reflect.StructField) string {
 	return name
 }
 
-// envKeys maps every ONCEPROXY_* variable name to the configuration field it
-// sets: the yaml path upper-cased with '.' and '-' turned into '_'.
-func envKeys(cfg *Config) map[string]reflect.Value {
-	out := map[string]reflect.Value{}
-	var walk func(v reflect.Value, prefix string)
-	walk = func(v reflect.Value, prefix string) {
+// configKey is one settable configuration key.
+type configKey struct {
+	path  string // yaml path, "proxy.listen"
+	field reflect.Value
+}
+
+// envKeys maps every ONCEPROXY_* variable name to the configuration key it
+// sets: the yaml path upper-cased with '.' turned into '_'.
+func envKeys(cfg *Config) map[string]configKey {
+	out := map[string]configKey{}
+	var walk func(v reflect.Value, path string)
+	walk = func(v reflect.Value, path string) {
 		t := v.Type()
 		for i := 0; i < t.NumField(); i++ {
 			name := yamlName(t.Field(i))
 			if name == "" {
 				continue
 			}
-			key := prefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+			p := strings.TrimPrefix(path+"."+name, ".")
 			fv := v.Field(i)
 			if fv.Kind() == reflect.Struct && fv.Type().PkgPath() != "time" {
-				walk(fv, key+"_")
+				walk(fv, p)
 				continue
 			}
-			out[key] = fv
+			out[envPrefix+strings.ToUpper(strings.NewReplacer(".", "_", "-", "_").Replace(p))] = configKey{p, fv}
 		}
 	}
-	walk(reflect.ValueOf(cfg).Elem(), envPrefix)
+	walk(reflect.ValueOf(cfg).Elem(), "")
 	return out
 }
 
@@ -259,7 +269,8 @@ func applyEnv(cfg *Config, environ []string) error {
 		if !ok || !strings.HasPrefix(name, envPrefix) {
 			continue
 		}
-		field, known := keys[name]
+		k, known := keys[name]
+		field := k.field
 		if !known {
 			errs = append(errs, fmt.Errorf("%s: unknown variable (see README, Configuration)", name))
 			continue

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
 func writeConfig(t *testing.T, text string) string {
@@ -29,6 +31,10 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	var zero Config
 	zero.Log = LogConfig{Level: "info", Format: "text", Access: true}
 	zero.Admin = AdminConfig{Listen: "127.0.0.1:9090"}
+	// Fields whose zero value is a meaningful setting get their shipped
+	// value from the file alone.
+	zero.Dedup.Enabled = true
+	zero.Dedup.TTL = dedup.DefaultTTL
 	zero.withDefaults()
 	a, _ := yaml.Marshal(shipped)
 	b, _ := yaml.Marshal(&zero)
@@ -129,18 +135,9 @@ func TestREADMEDocumentsEveryKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range envNames(&Config{}) {
-		path := strings.ToLower(strings.TrimPrefix(name, envPrefix))
-		// The env name loses the '.' between levels; find the key by
-		// trying each '_' as the section separator.
-		found := false
-		for i := 0; i < len(path) && !found; i++ {
-			if path[i] == '_' {
-				found = strings.Contains(string(readme), "`"+path[:i]+"."+path[i+1:]+"`")
-			}
-		}
-		if !found {
-			t.Errorf("README.md does not document the key behind %s", name)
+	for name, k := range envKeys(&Config{}) {
+		if !strings.Contains(string(readme), "`"+k.path+"`") {
+			t.Errorf("README.md does not document %s (%s)", k.path, name)
 		}
 	}
 }
@@ -157,5 +154,37 @@ func TestCIRunsTheREADMETestCommand(t *testing.T) {
 		if !strings.Contains(string(b), cmd) {
 			t.Errorf("%s does not contain %q", f, cmd)
 		}
+	}
+}
+
+// TestConfigExamplesAreValid uncomments the rule examples shipped in
+// config.yaml and loads them: the examples must keep working.
+func TestConfigExamplesAreValid(t *testing.T) {
+	lines := strings.Split(string(shippedConfig), "\n")
+	var out []string
+	in := false
+	for _, l := range lines {
+		switch {
+		case strings.HasPrefix(l, "  # rules:"):
+			in = true
+			out = append(out, "  rules:")
+		case in && strings.HasPrefix(l, "  #   "):
+			out = append(out, "  "+strings.TrimPrefix(l, "  # "))
+		case in:
+			in = false
+			fallthrough
+		default:
+			if strings.HasPrefix(l, "  rules: []") {
+				continue
+			}
+			out = append(out, l)
+		}
+	}
+	cfg, err := loadConfig(writeConfig(t, strings.Join(out, "\n")), nil)
+	if err != nil {
+		t.Fatalf("uncommented examples do not load: %v", err)
+	}
+	if len(cfg.Dedup.Rules) < 5 || cfg.Dedup.Rules[0].Name != "captcha-submit" {
+		t.Fatalf("examples not found: %+v", cfg.Dedup.Rules)
 	}
 }

@@ -26,6 +26,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -84,10 +85,20 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	defer up.Close()
 	logger.Info("upstream", "egress", up.Describe())
 
+	store := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
+	defer store.Close()
+	engine, err := dedup.New(cfg.Dedup, dedup.Options{Store: store, Next: up, Logger: logger})
+	if err != nil {
+		return err
+	}
+	// Flights still running after the proxy drained are cut here.
+	defer engine.Close()
+
 	px, err := proxy.New(cfg.Proxy, proxy.Options{
 		Logger:    logger,
 		Certs:     ca,
 		Upstream:  up,
+		Next:      engine,
 		AccessLog: cfg.Log.Access,
 	})
 	if err != nil {
@@ -112,6 +123,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 			Handler: proxy.NewAdmin(proxy.AdminOptions{
 				CAPEM:  ca.CertPEM(),
 				Health: func() map[string]any { return map[string]any{"inflight": px.Inflight()} },
+				Cache:  engine,
 			}),
 			ReadHeaderTimeout: 5 * time.Second,
 			IdleTimeout:       time.Minute,
