@@ -1,0 +1,114 @@
+package dedup
+
+import (
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigValidate(t *testing.T) {
+	neg := -time.Second
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want []string
+	}{
+		{"defaults", Config{}, nil},
+		{"everything wrong", Config{
+			TTL:               -1,
+			CacheableStatuses: []int{200, 429, 503, 100, 999},
+			KeyHeaders:        []string{"Accept", "bad header"},
+			MaxBodyBytes:      10,
+			FlightTimeout:     -1,
+			Rules: []RuleConfig{
+				{Name: "r0", Host: "[", PathPrefix: "no-slash", Methods: []string{"post", "CONNECT"}, TTL: &neg, BodyFields: []string{""}},
+			},
+		}, []string{
+			"ttl:", "cacheable_statuses[1]: 429", "cacheable_statuses[2]: 503", "cacheable_statuses[3]: 100",
+			"cacheable_statuses[4]: 999", "key_headers[1]:", "max_body_bytes:", "flight_timeout:",
+			"rules[0](r0).host:", "rules[0](r0).path_prefix:", "rules[0](r0).methods[0]:", "rules[0](r0).methods[1]:",
+			"rules[0](r0).ttl:", "rules[0](r0).body_fields[0]:",
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			if tc.want == nil {
+				cfg = cfg.WithDefaults()
+			} else {
+				cfg.Memory.MaxBytes = 1 << 30
+				if cfg.MaxRequestBodyBytes == 0 {
+					cfg.MaxRequestBodyBytes = 1 << 20
+				}
+			}
+			err := cfg.Validate()
+			if tc.want == nil {
+				if err != nil {
+					t.Fatal(err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("no error")
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("missing %q in:\n%v", w, err)
+				}
+			}
+		})
+	}
+}
+
+func TestRuleMatching(t *testing.T) {
+	rs := compileRules(Config{Enabled: true, TTL: time.Minute, Rules: []RuleConfig{
+		{Name: "captcha", Host: "*2captcha.com", PathPrefix: "/in.php", Methods: []string{"POST"}},
+		{Name: "api", Host: "api.example.com"},
+		{Name: "any-checkout", PathPrefix: "/checkout", Dedup: ptr(false)},
+	}}.WithDefaults())
+	for _, tc := range []struct{ method, url, want string }{
+		{"POST", "https://2captcha.com/in.php", "captcha"},
+		{"POST", "https://api.2captcha.com/in.php?x=1", "captcha"},
+		{"GET", "https://2captcha.com/in.php", "default"},
+		{"GET", "https://API.Example.com:8443/v1", "api"},
+		{"GET", "https://api.example.com./v1", "api"},
+		{"GET", "https://www.example.com/checkout/pay", "any-checkout"},
+		{"GET", "https://api.example.com/checkout", "api"}, // first match wins
+		{"GET", "https://other.test/", "default"},
+	} {
+		u, _ := url.Parse(tc.url)
+		r := rs.match(&http.Request{Method: tc.method, URL: u})
+		if r.Name() != tc.want {
+			t.Errorf("%s %s matched %q, want %q", tc.method, tc.url, r.Name(), tc.want)
+		}
+	}
+	if rs.list[2].dedups("GET") || !rs.list[0].dedups("POST") || rs.def.dedups("POST") || !rs.def.dedups("HEAD") {
+		t.Error("dedups() wrong")
+	}
+}
+
+func TestAcceptsCoding(t *testing.T) {
+	for _, tc := range []struct {
+		ae     []string
+		coding string
+		want   bool
+	}{
+		{nil, "gzip", false},
+		{nil, "identity", true},
+		{[]string{"gzip"}, "gzip", true},
+		{[]string{"x-gzip"}, "gzip", true},
+		{[]string{"GZIP;q=0.5"}, "gzip", true},
+		{[]string{"gzip;q=0"}, "gzip", false},
+		{[]string{"br", "gzip"}, "gzip", true},
+		{[]string{"*"}, "zstd", true},
+		{[]string{"*;q=0"}, "identity", false},
+		{[]string{"identity;q=0", "gzip"}, "identity", false},
+		{[]string{"gzip"}, "identity", true},
+		{[]string{"deflate, br;q=1.0"}, "br", true},
+	} {
+		if got := acceptsCoding(tc.ae, tc.coding); got != tc.want {
+			t.Errorf("acceptsCoding(%q, %q) = %v", tc.ae, tc.coding, got)
+		}
+	}
+}

@@ -1,0 +1,82 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+)
+
+func entry(body int, urlKey string) *Entry {
+	return &Entry{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}}, Body: make([]byte, body), StoredAt: time.Now(), URLKey: urlKey}
+}
+
+// TestMemoryStoreByteBoundUnderChurn writes 8 MiB of distinct entries into
+// a 1 MiB store: it must never hold more than its bound.
+func TestMemoryStoreByteBoundUnderChurn(t *testing.T) {
+	const maxBytes = 1 << 20
+	s := NewMemoryStore(maxBytes)
+	defer s.Close()
+	ctx := context.Background()
+	for i := range 2048 {
+		if err := s.Set(ctx, fmt.Sprintf("k%d", i), entry(4096, "u"), time.Hour); err != nil {
+			t.Fatal(err)
+		}
+		if i%256 == 0 {
+			s.c.CleanUp()
+			if st := s.Stats(); st.Bytes > maxBytes {
+				t.Fatalf("after %d writes the store holds %d bytes > %d", i+1, st.Bytes, maxBytes)
+			}
+		}
+	}
+	s.c.CleanUp()
+	st := s.Stats()
+	if st.Bytes > maxBytes || st.Entries >= 2048 || st.Evictions == 0 {
+		t.Fatalf("bound not enforced: %+v", st)
+	}
+	t.Logf("after 8 MiB of writes: %+v", st)
+}
+
+func TestMemoryStoreTTL(t *testing.T) {
+	s := NewMemoryStore(1 << 20)
+	defer s.Close()
+	ctx := context.Background()
+	past := entry(10, "u")
+	past.ExpiresAt = time.Now().Add(-time.Second)
+	s.Set(ctx, "old", past, time.Hour)
+	if _, err := s.Get(ctx, "old"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("expired entry served: %v", err)
+	}
+	s.Set(ctx, "new", entry(10, "u"), time.Hour)
+	if _, err := s.Get(ctx, "new"); err != nil {
+		t.Fatal(err)
+	}
+	s.Set(ctx, "zero", entry(10, "u"), 0)
+	if _, err := s.Get(ctx, "zero"); !errors.Is(err, ErrNotFound) {
+		t.Fatal("ttl 0 stored")
+	}
+}
+
+func TestMemoryStoreDeleteURL(t *testing.T) {
+	s := NewMemoryStore(1 << 20)
+	defer s.Close()
+	ctx := context.Background()
+	for i := range 5 {
+		s.Set(ctx, fmt.Sprintf("a%d", i), entry(10, "u1:a"), time.Hour)
+	}
+	s.Set(ctx, "b", entry(10, "u1:b"), time.Hour)
+	if n, err := s.DeleteURL(ctx, "u1:a"); n != 5 || err != nil {
+		t.Fatalf("DeleteURL = %d, %v", n, err)
+	}
+	if _, err := s.Get(ctx, "b"); err != nil {
+		t.Fatal("other URL deleted")
+	}
+	if err := s.Delete(ctx, "b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, "b"); !errors.Is(err, ErrNotFound) {
+		t.Fatal("Delete did not delete")
+	}
+}
