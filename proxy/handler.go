@@ -14,7 +14,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
-	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
 // clientInfo is what the proxy knows about the client behind a request. For
@@ -23,6 +23,24 @@ import (
 type clientInfo struct {
 	user    string // proxy user from Proxy-Authorization; "" when none
 	connect string // CONNECT target host:port; "" for plain requests
+}
+
+// headerSession lets a client pick its sticky upstream session per request
+// without encoding it in the proxy user name. Never forwarded.
+const headerSession = "X-Onceproxy-Session"
+
+// info is what the stages behind the front door learn about the client.
+// It consumes the X-Onceproxy-Session header, which takes precedence over
+// a session in the user name.
+func (c *clientInfo) info(h http.Header) clientinfo.Info {
+	account, session := clientinfo.ParseUser(c.user)
+	if v := h.Get(headerSession); v != "" {
+		if clientinfo.ValidSessionID(v) {
+			session = v
+		}
+		h.Del(headerSession)
+	}
+	return clientinfo.Info{User: c.user, Account: account, Session: session}
 }
 
 func clientOf(req *http.Request, pctx *goproxy.ProxyCtx) *clientInfo {
@@ -84,7 +102,7 @@ func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Requ
 		// A protocol switch is a live two-way stream: never deduplicated.
 		next = s.upstream
 	}
-	out := req.WithContext(dedup.WithPrincipal(req.Context(), client.user))
+	out := req.WithContext(clientinfo.With(req.Context(), client.info(req.Header)))
 	up, err := next.RoundTrip(out)
 	if err != nil {
 		resp, status, kind := failureResponse(req, err)

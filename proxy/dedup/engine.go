@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sync/singleflight"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
 // Options are the parts an Engine is wired from.
@@ -75,18 +77,12 @@ func (e *Engine) Close() {
 	e.wg.Wait()
 }
 
-type principalKey struct{}
-
-// WithPrincipal records the authenticated proxy user of a request: unless a
-// rule shares credentials, requests of different users never share a
-// response.
-func WithPrincipal(ctx context.Context, user string) context.Context {
-	return context.WithValue(ctx, principalKey{}, user)
-}
-
+// principalOf is the identity a request's responses are scoped to: the
+// proxy account from clientinfo (session hints aside: two sticky sessions
+// of one account are one set of credentials). Unless a rule shares
+// credentials, requests of different accounts never share a response.
 func principalOf(ctx context.Context) string {
-	s, _ := ctx.Value(principalKey{}).(string)
-	return s
+	return clientinfo.From(ctx).Account
 }
 
 // Error is a failed request, labelled with the X-Cache outcome it would
@@ -396,7 +392,11 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		return &flightResult{err: err}
 	}
 
-	out := req.Clone(ctx)
+	// The upstream pool keeps a logical request on one session across
+	// retries and re-queues: tell it which request this is.
+	info := clientinfo.From(ctx)
+	info.Key = key
+	out := req.Clone(clientinfo.With(ctx, info))
 	if body != nil {
 		setBody(out, body)
 	}

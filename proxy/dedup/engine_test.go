@@ -18,6 +18,7 @@ import (
 	"github.com/andybalholm/brotli"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
 // countingTransport is the seam between the engine and the network: a real
@@ -275,8 +276,8 @@ func TestKeying(t *testing.T) {
 	if c2.xcache != CacheMiss || c1.key == c2.key {
 		t.Errorf("different Cookie shared")
 	}
-	u1 := f.do(WithPrincipal(context.Background(), "alice"), http.MethodGet, "/u", nil, "")
-	u2 := f.do(WithPrincipal(context.Background(), "bob"), http.MethodGet, "/u", nil, "")
+	u1 := f.do(clientinfo.With(context.Background(), clientinfo.Info{User: "alice", Account: "alice"}), http.MethodGet, "/u", nil, "")
+	u2 := f.do(clientinfo.With(context.Background(), clientinfo.Info{User: "bob", Account: "bob"}), http.MethodGet, "/u", nil, "")
 	if u2.xcache != CacheMiss || u1.key == u2.key {
 		t.Errorf("different proxy users shared")
 	}
