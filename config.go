@@ -19,6 +19,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -35,12 +36,13 @@ const envPrefix = "ONCEPROXY_"
 
 // Config is the whole configuration, one section per package.
 type Config struct {
-	Log      LogConfig       `yaml:"log"`
-	Proxy    proxy.Config    `yaml:"proxy"`
-	Admin    AdminConfig     `yaml:"admin"`
-	MITM     mitm.Config     `yaml:"mitm"`
-	Upstream upstream.Config `yaml:"upstream"`
-	Dedup    dedup.Config    `yaml:"dedup"`
+	Log      LogConfig         `yaml:"log"`
+	Proxy    proxy.Config      `yaml:"proxy"`
+	Admin    AdminConfig       `yaml:"admin"`
+	MITM     mitm.Config       `yaml:"mitm"`
+	Upstream upstream.Config   `yaml:"upstream"`
+	Dedup    dedup.Config      `yaml:"dedup"`
+	Redis    rediscache.Config `yaml:"redis"`
 }
 
 // LogConfig is the `log:` section.
@@ -80,6 +82,12 @@ func loadConfig(path string, environ []string) (*Config, error) {
 	if err := applyEnv(&cfg, environ); err != nil {
 		return nil, err
 	}
+	if !cfg.Redis.Enabled() {
+		// The conventional variable, for platforms that inject it.
+		if u := lookupEnv(environ, "REDIS_URL"); u != "" {
+			cfg.Redis.URL = u
+		}
+	}
 	cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
@@ -92,6 +100,7 @@ func (c *Config) withDefaults() {
 	c.MITM = c.MITM.WithDefaults()
 	c.Upstream = c.Upstream.WithDefaults()
 	c.Dedup = c.Dedup.WithDefaults()
+	c.Redis = c.Redis.WithDefaults()
 }
 
 // validate checks every section and returns all problems, one per line, each
@@ -124,6 +133,7 @@ func (c *Config) validate() error {
 	add("mitm", c.MITM.Validate())
 	add("upstream", c.Upstream.Validate())
 	add("dedup", c.Dedup.Validate())
+	add("redis", c.Redis.Validate())
 	if len(errs) == 0 {
 		return nil
 	}
@@ -289,6 +299,15 @@ func applyEnv(cfg *Config, environ []string) error {
 		return nil
 	}
 	return &configError{errs: errs}
+}
+
+func lookupEnv(environ []string, name string) string {
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
 }
 
 // envNames lists the override variables, for docs and tests.

@@ -27,6 +27,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -85,9 +86,22 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	defer up.Close()
 	logger.Info("upstream", "egress", up.Describe())
 
-	store := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
-	defer store.Close()
-	engine, err := dedup.New(cfg.Dedup, dedup.Options{Store: store, Next: up, Logger: logger})
+	local := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
+	defer local.Close()
+	dopts := dedup.Options{Store: local, Next: up, Logger: logger}
+	var shared *rediscache.Store
+	if cfg.Redis.Enabled() {
+		rediscache.RouteLogs(logger)
+		shared, err = rediscache.New(cfg.Redis, local, logger)
+		if err != nil {
+			return err
+		}
+		defer shared.Close()
+		dopts.Store, dopts.Fleet, dopts.Recorder = shared, shared, shared
+	} else {
+		logger.Info("no redis configured: cache and flights are this process's only")
+	}
+	engine, err := dedup.New(cfg.Dedup, dopts)
 	if err != nil {
 		return err
 	}
@@ -121,9 +135,16 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 		}
 		adminSrv = &http.Server{
 			Handler: proxy.NewAdmin(proxy.AdminOptions{
-				CAPEM:  ca.CertPEM(),
-				Health: func() map[string]any { return map[string]any{"inflight": px.Inflight()} },
-				Cache:  engine,
+				CAPEM: ca.CertPEM(),
+				Health: func() map[string]any {
+					h := map[string]any{"inflight": px.Inflight()}
+					if shared != nil {
+						h["redis_available"] = shared.Available()
+					}
+					return h
+				},
+				Cache:      engine,
+				FleetStats: fleetStats(shared),
 			}),
 			ReadHeaderTimeout: 5 * time.Second,
 			IdleTimeout:       time.Minute,
@@ -142,6 +163,9 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return px.Serve(proxyLn) })
+	if shared != nil {
+		g.Go(func() error { return shared.Run(gctx) })
+	}
 	if adminSrv != nil {
 		g.Go(func() error {
 			if err := adminSrv.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
@@ -164,4 +188,13 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	err = g.Wait()
 	logger.Info("stopped")
 	return err
+}
+
+// fleetStats adapts the shared store's statistics for the admin API; nil
+// without Redis.
+func fleetStats(s *rediscache.Store) func(context.Context) (any, error) {
+	if s == nil {
+		return nil
+	}
+	return func(ctx context.Context) (any, error) { return s.FleetStats(ctx) }
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -15,9 +16,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 )
 
 // testEnv returns a configuration, as environment overrides, that runs
@@ -220,4 +225,132 @@ func jsonField(line, key string) string {
 	}
 	v, _, _ := strings.Cut(rest, `"`)
 	return v
+}
+
+// TestFleetOfThree runs three complete onceproxy programs sharing one
+// redis-server: 300 concurrent identical requests spread over their proxy
+// ports reach a 200 ms origin once, and /cache/stats reports the fleet.
+func TestFleetOfThree(t *testing.T) {
+	const perInstance, instances = 100, 3
+	const n = perInstance * instances
+	rs := redistest.Start(t)
+	certs := filepath.Join(t.TempDir(), "certs")
+
+	var admins []string
+	var hits atomic.Int64
+	origin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		time.Sleep(200 * time.Millisecond)
+		// Answer once every client is waiting somewhere in the fleet.
+		deadline := time.Now().Add(50 * time.Second)
+		for waiting(t, admins) < n && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		fmt.Fprintf(w, "fleet answer %d", time.Now().UnixNano())
+	}))
+	defer origin.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	var proxies []string
+	for i := range instances {
+		env := append(testEnv(t, origin), "ONCEPROXY_REDIS_URL="+rs.URL, "ONCEPROXY_MITM_CA_DIR="+certs, "ONCEPROXY_LOG_ACCESS=false",
+			// 300 TLS handshakes on two cores under -race can delay a
+			// Redis dial or reply past the production 200/250ms, which would
+			// (correctly) trip the breaker and let instances fetch alone.
+			"ONCEPROXY_REDIS_TIMEOUT=3s", "ONCEPROXY_REDIS_DIAL_TIMEOUT=3s", "ONCEPROXY_REDIS_LEASE=15s")
+		ready := make(chan [2]string, 1)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, io.Discard,
+				func(p, a string) { ready <- [2]string{p, a} }); err != nil {
+				t.Errorf("instance %d: %v", i, err)
+			}
+		}()
+		addrs := <-ready
+		proxies = append(proxies, addrs[0])
+		admins = append(admins, addrs[1])
+	}
+	caPEM, err := os.ReadFile(filepath.Join(certs, "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := make(chan string, n)
+	for i := range n {
+		c := proxyClient(t, proxies[i%instances], caPEM)
+		c.Timeout = time.Minute // 300 TLS handshakes are slow under -race
+		go func() {
+			resp, err := c.Get(origin.URL + "/fleet")
+			if err != nil {
+				results <- "error: " + err.Error()
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			results <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+		}()
+	}
+	first := ""
+	for range n {
+		r := <-results
+		if !strings.HasPrefix(r, "200 fleet answer") {
+			t.Fatalf("client got %q", r)
+		}
+		if first == "" {
+			first = r
+		} else if r != first {
+			t.Fatalf("different bodies: %q vs %q", r, first)
+		}
+	}
+	if hits.Load() != 1 {
+		t.Fatalf("origin saw %d requests, want 1", hits.Load())
+	}
+	// The fleet statistics (flushed every second) count every instance.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st struct {
+			Fleet struct {
+				Today struct {
+					Requests int64 `json:"requests"`
+				} `json:"today"`
+			} `json:"fleet"`
+		}
+		getJSON(t, "http://"+admins[0]+"/cache/stats", &st)
+		if st.Fleet.Today.Requests == n {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fleet stats count %d requests, want %d", st.Fleet.Today.Requests, n)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// waiting sums flight_waiters over the instances' admin APIs.
+func waiting(t *testing.T, admins []string) int64 {
+	var total int64
+	for _, a := range admins {
+		var st struct {
+			Instance struct {
+				Waiters int64 `json:"flight_waiters"`
+			} `json:"instance"`
+		}
+		getJSON(t, "http://"+a+"/cache/stats", &st)
+		total += st.Instance.Waiters
+	}
+	return total
+}
+
+func getJSON(t *testing.T, u string, v any) {
+	resp, err := http.Get(u)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Error(err)
+	}
 }

@@ -25,6 +25,9 @@ type AdminOptions struct {
 	Health func() map[string]any
 	// Cache serves /cache/stats and /cache/invalidate; nil disables them.
 	Cache Cache
+	// FleetStats adds the whole fleet's savings to /cache/stats; nil when
+	// this instance runs alone.
+	FleetStats func(context.Context) (any, error)
 }
 
 // NewAdmin returns the admin API. It is served on its own listener, never
@@ -47,7 +50,15 @@ func NewAdmin(o AdminOptions) http.Handler {
 	})
 	if o.Cache != nil {
 		mux.HandleFunc("GET /cache/stats", func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, map[string]any{"instance": o.Cache.Stats()})
+			body := map[string]any{"instance": o.Cache.Stats()}
+			if o.FleetStats != nil {
+				if fs, err := o.FleetStats(r.Context()); err != nil {
+					body["fleet"] = map[string]any{"error": "fleet statistics unavailable: " + err.Error()}
+				} else {
+					body["fleet"] = fs
+				}
+			}
+			writeJSON(w, http.StatusOK, body)
 		})
 		mux.HandleFunc("POST /cache/invalidate", func(w http.ResponseWriter, r *http.Request) {
 			invalidate(w, r, o.Cache)

@@ -29,6 +29,10 @@ type Options struct {
 	Next http.RoundTripper
 	// Logger receives warnings. Required.
 	Logger *slog.Logger
+	// Fleet shares flights with other processes; nil: this process only.
+	Fleet Fleet
+	// Recorder also receives every outcome (fleet statistics); optional.
+	Recorder Recorder
 }
 
 // Engine deduplicates requests: it answers from the cache, makes identical
@@ -41,6 +45,8 @@ type Engine struct {
 	store Store
 	next  http.RoundTripper
 	log   *slog.Logger
+	fleet Fleet
+	rec   Recorder
 	sf    singleflight.Group
 	st    counters
 
@@ -62,7 +68,7 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if o.Store == nil || o.Next == nil || o.Logger == nil {
 		return nil, errors.New("dedup: Store, Next and Logger are required")
 	}
-	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger}
+	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder}
 	e.base, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -242,9 +248,15 @@ func (e *Engine) lookup(ctx context.Context, req *http.Request, key string) *Ent
 // flightResult is what a flight hands to everyone who waited on it.
 type flightResult struct {
 	entry  *Entry         // the buffered response; nil with err or stream
-	cached bool           // the leader found it in the cache after winning
 	stream *http.Response // too large to share: only the leader's client gets it
 	err    error
+	// fetchOwn: the response cannot be shared (too large, fetched by
+	// another process): every waiter fetches its own copy.
+	fetchOwn bool
+	// label is the leader's X-Cache: MISS when it went upstream, HIT when it
+	// found the response cached after winning, COALESCED when another
+	// process fetched it, BYPASS when it fetched without the shared layer.
+	label string
 }
 
 // coalesce makes req wait on the flight for key, starting it if none is
@@ -279,21 +291,20 @@ func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte
 func (e *Engine) answer(req *http.Request, key string, res *flightResult, leader bool) (*http.Response, error) {
 	xcache := CacheCoalesced
 	if leader {
-		xcache = CacheMiss
-		if res.cached {
-			xcache = CacheHit
-		}
+		xcache = res.label
 	}
 	switch {
+	case res.fetchOwn:
+		return e.bypass(req, key)
 	case res.err != nil:
-		e.st.count(xcache, 0)
+		e.count(xcache, 0)
 		return nil, &Error{Cache: xcache, Key: key, Err: res.err}
 	case res.stream != nil:
 		if !leader {
 			// The response was too large to share; fetch our own.
 			return e.bypass(req, key)
 		}
-		e.st.count(CacheBypass, 0)
+		e.count(CacheBypass, 0)
 		markCache(res.stream.Header, CacheBypass, key)
 		return res.stream, nil
 	}
@@ -321,8 +332,16 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http
 	} else if xcache == CacheCoalesced {
 		avoided = len(ent.Body)
 	}
-	e.st.count(xcache, avoided)
+	e.count(xcache, avoided)
 	return resp, true
+}
+
+// count records one response's outcome, here and for the fleet.
+func (e *Engine) count(xcache string, avoided int) {
+	e.st.count(xcache, avoided)
+	if e.rec != nil {
+		e.rec.Record(xcache, avoided)
+	}
 }
 
 func markCache(h http.Header, xcache, key string) {
@@ -336,7 +355,7 @@ func markCache(h http.Header, xcache, key string) {
 
 // bypass sends req upstream without deduplication and streams the answer.
 func (e *Engine) bypass(req *http.Request, key string) (*http.Response, error) {
-	e.st.count(CacheBypass, 0)
+	e.count(CacheBypass, 0)
 	e.st.upstream.Add(1)
 	resp, err := e.next.RoundTrip(req)
 	if err != nil {
@@ -369,7 +388,29 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	// Another flight may have filled the cache between our lookup and
 	// winning this one.
 	if ent := e.lookup(e.base, req, key); ent != nil {
-		return &flightResult{entry: ent, cached: true}
+		return &flightResult{entry: ent, label: CacheHit}
+	}
+	label := CacheMiss
+	var lease Lease
+	if e.fleet != nil {
+		var out *Outcome
+		var err error
+		lease, out, err = e.joinFleet(req.Context(), key)
+		switch {
+		case out != nil:
+			return fleetResult(out)
+		case errors.Is(err, ErrUnavailable):
+			label = CacheBypass
+		case err != nil:
+			// Waited past the deadline on a flight elsewhere: fetch
+			// ourselves rather than fail the clients.
+			e.log.Warn("gave up waiting on another instance's flight; fetching", "key", key, "err", err)
+		}
+	}
+	if lease != nil {
+		// A panic below must not leave the fleet waiting for a lease
+		// that nobody will finish.
+		defer lease.Release()
 	}
 
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(req.Context()))
@@ -385,11 +426,15 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		cancel(nil)
 	}
 	fail := func(err error) *flightResult {
-		if errors.Is(context.Cause(ctx), timeout) {
+		isTimeout := errors.Is(context.Cause(ctx), timeout)
+		if isTimeout {
 			err = fmt.Errorf("%w (%v)", timeout, err)
 		}
 		release()
-		return &flightResult{err: err}
+		if lease != nil {
+			e.finishLease(lease, key, Outcome{Err: err.Error(), Timeout: isTimeout || isTimeoutErr(err)}, 0)
+		}
+		return &flightResult{err: err, label: label}
 	}
 
 	// The upstream pool keeps a logical request on one session across
@@ -411,7 +456,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		size = 0
 	}
 	if size > limit {
-		return e.streamResult(resp, timer, release)
+		return e.streamResult(resp, timer, release, lease)
 	}
 	buf, rest, err := readLimited(resp.Body, limit, size)
 	if err != nil {
@@ -420,7 +465,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	}
 	if rest != nil {
 		resp.Body = rest
-		return e.streamResult(resp, timer, release)
+		return e.streamResult(resp, timer, release, lease)
 	}
 	resp.Body.Close()
 	release()
@@ -433,18 +478,72 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	ent.URLKey, _ = rule.keyer.URLKey(req.URL)
 	vary, varyAll := varyValues(resp.Header, req.Header)
 	ent.Vary = vary
-	if ttl := rule.ttl; ttl > 0 && !varyAll && cacheable(rule, resp) {
+	ttl := rule.ttl
+	if varyAll || !cacheable(rule, resp) {
+		ttl = 0
+	}
+	if ttl > 0 {
 		ent.ExpiresAt = now.Add(ttl)
+	}
+	switch {
+	case lease != nil:
+		// Finish stores the value (when ttl > 0) with the outcome.
+		e.finishLease(lease, key, Outcome{Entry: ent}, ttl)
+	case ttl > 0:
 		if err := e.store.Set(e.base, key, ent, ttl); err != nil {
 			e.log.Warn("cache store failed; response served uncached", "key", key, "err", err)
 		}
 	}
-	return &flightResult{entry: ent}
+	return &flightResult{entry: ent, label: label}
+}
+
+// joinFleet joins the fleet-wide flight for key. Waiting on another
+// process is bounded by the flight timeout plus a margin, so that a slow
+// but live leader normally answers before its waiters give up.
+func (e *Engine) joinFleet(ctx context.Context, key string) (Lease, *Outcome, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), e.cfg.FlightTimeout+5*time.Second)
+	defer cancel()
+	stop := context.AfterFunc(e.base, cancel)
+	defer stop()
+	return e.fleet.Join(ctx, key)
+}
+
+func (e *Engine) finishLease(lease Lease, key string, out Outcome, ttl time.Duration) {
+	ctx, cancel := context.WithTimeout(e.base, 5*time.Second)
+	defer cancel()
+	if err := lease.Finish(ctx, out, ttl); err != nil {
+		e.log.Warn("could not share a flight's outcome with the fleet", "key", key, "err", err)
+	}
+}
+
+// fleetResult turns another process's outcome into this process's flight
+// result: every local waiter, the local leader included, was coalesced.
+func fleetResult(out *Outcome) *flightResult {
+	label := CacheCoalesced
+	if out.Cached {
+		label = CacheHit
+	}
+	if out.Err == errTooLarge {
+		return &flightResult{fetchOwn: true}
+	}
+	if out.Entry == nil {
+		return &flightResult{err: &remoteError{msg: out.Err, timeout: out.Timeout}, label: label}
+	}
+	return &flightResult{entry: out.Entry, label: label}
+}
+
+func isTimeoutErr(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
 }
 
 // streamResult hands an oversized response to the leader's client. The
 // flight deadline stops applying; closing the body releases the fetch.
-func (e *Engine) streamResult(resp *http.Response, timer *time.Timer, release func()) *flightResult {
+// Waiters elsewhere in the fleet are told to fetch their own copy.
+func (e *Engine) streamResult(resp *http.Response, timer *time.Timer, release func(), lease Lease) *flightResult {
+	if lease != nil {
+		e.finishLease(lease, "", Outcome{Err: errTooLarge}, 0)
+	}
 	if !timer.Stop() {
 		resp.Body.Close()
 		release()
@@ -453,6 +552,10 @@ func (e *Engine) streamResult(resp *http.Response, timer *time.Timer, release fu
 	resp.Body = &releasingBody{ReadCloser: resp.Body, release: release}
 	return &flightResult{stream: resp}
 }
+
+// errTooLarge is the outcome shared with the fleet for a response too large
+// to share: its waiters fetch their own copy (BYPASS).
+const errTooLarge = "response larger than dedup.max_body_bytes: fetch your own"
 
 type releasingBody struct {
 	io.ReadCloser

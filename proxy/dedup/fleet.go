@@ -1,0 +1,70 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// ErrUnavailable means the shared (fleet) layer cannot be used right now:
+// Redis is down or its circuit breaker is open. The engine carries on with
+// this process's cache and flights alone and labels upstream fetches BYPASS.
+var ErrUnavailable = errors.New("dedup: shared layer unavailable")
+
+// Fleet coordinates flights between onceproxy processes that share a store,
+// so a duplicate landing on another process does not go upstream either.
+// It is consulted by a process's local flight leader only: the local
+// single-flight makes each process one contender.
+type Fleet interface {
+	// Join joins the fleet-wide flight for key. Exactly one of the results
+	// is set:
+	//   - lease: this process fetches, then calls lease.Finish;
+	//   - out: the flight this process waited on (or the cached value
+	//     found while joining) produced this outcome;
+	//   - err: no fleet answer (ErrUnavailable, or ctx ended): fetch alone.
+	Join(ctx context.Context, key string) (lease Lease, out *Outcome, err error)
+}
+
+// Lease is the right, and the duty, to fetch key for the whole fleet.
+type Lease interface {
+	// Finish publishes the outcome to the waiters of every process and
+	// releases the flight. A ttl > 0 also stores out.Entry as the cached
+	// value (in the local tier too). Finish must be called once; it never
+	// blocks longer than the store's timeouts.
+	Finish(ctx context.Context, out Outcome, ttl time.Duration) error
+	// Release gives up the flight without an outcome (a recovered panic):
+	// waiters elsewhere take over when they notice. A no-op after Finish.
+	Release()
+}
+
+// Outcome is what a flight produced, as shared between processes.
+type Outcome struct {
+	// Entry is the response; nil when the fetch failed without one.
+	Entry *Entry
+	// Err describes a fetch that produced no response (connection refused,
+	// timeout); the waiters answer 502, or 504 when Timeout is set.
+	Err     string
+	Timeout bool
+	// Cached is set when Join found the value already stored.
+	Cached bool
+}
+
+// remoteError is a failure reported by another process's flight.
+type remoteError struct {
+	msg     string
+	timeout bool
+}
+
+func (e *remoteError) Error() string { return e.msg + " (fetched by another onceproxy instance)" }
+func (e *remoteError) Timeout() bool { return e.timeout }
+
+// Recorder receives every request outcome, for fleet-wide statistics.
+type Recorder interface {
+	// Record counts one response with its X-Cache value; avoided is the
+	// body bytes it saved (HIT, COALESCED).
+	Record(xcache string, avoided int)
+}
+
+// KeyPrefix starts every key the engine makes ("v1:"): stores that split
+// the hash off for their own naming put it back with it.
+const KeyPrefix = keyVersion + ":"

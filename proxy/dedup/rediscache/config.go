@@ -1,0 +1,137 @@
+package rediscache
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+)
+
+// Config is the `redis:` section of config.yaml. With neither URL nor
+// Addrs set, onceproxy runs alone on its memory store.
+type Config struct {
+	// URL of a single Redis server: redis://[user:pass@]host:6379/0 or
+	// rediss:// for TLS. The conventional REDIS_URL variable fills it.
+	URL string `yaml:"url"`
+	// Addrs are Cluster seed nodes, or Sentinel addresses with MasterName.
+	Addrs []string `yaml:"addrs"`
+	// MasterName selects Sentinel: the name of the monitored master.
+	MasterName string `yaml:"master_name"`
+	// Username and Password authenticate with Addrs (URL carries its own).
+	Username string `yaml:"username"`
+	Password string `yaml:"password"`
+	// KeyPrefix starts every key and channel name. Default "onceproxy:".
+	KeyPrefix string `yaml:"key_prefix"`
+	// DialTimeout bounds connecting to Redis. Default 200ms: a proxy must
+	// not stall its clients on a Redis that is gone.
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	// Timeout bounds each command. Default 250ms.
+	Timeout time.Duration `yaml:"timeout"`
+	// PoolSize is the connection pool size; 0 = go-redis default (10 per CPU).
+	PoolSize int `yaml:"pool_size"`
+	// BreakerFailures consecutive failed commands open the circuit breaker.
+	// Default 3.
+	BreakerFailures int `yaml:"breaker_failures"`
+	// BreakerInterval is how long Redis is skipped once the breaker opens
+	// (memory store and local flights only) before one probe. Default 5s.
+	BreakerInterval time.Duration `yaml:"breaker_interval"`
+	// Lease is the lifetime of a flight's lock; the leader renews it every
+	// third of it, so a crashed leader is replaced within one Lease.
+	// Default 5s.
+	Lease time.Duration `yaml:"lease"`
+	// PollInterval is the waiters' safety net when a completion message is
+	// lost. Default 100ms.
+	PollInterval time.Duration `yaml:"poll_interval"`
+	// FailureTTL keeps a failed or uncacheable flight's outcome for waiters
+	// that poll. Default 5s.
+	FailureTTL time.Duration `yaml:"failure_ttl"`
+	// MaxValueBytes caps a stored value (after compression); bigger
+	// responses are kept in the local tier only. Default 2MiB.
+	MaxValueBytes bytesize.Size `yaml:"max_value_bytes"`
+	// LocalTTL caps how long a value read from Redis is kept in this
+	// process's memory tier (never past its Redis TTL). Default 2s.
+	LocalTTL time.Duration `yaml:"local_ttl"`
+	// StatsFlush is how often this instance adds its counters to the
+	// fleet-wide per-day statistics. Default 1s.
+	StatsFlush time.Duration `yaml:"stats_flush"`
+}
+
+// Enabled reports whether a Redis server is configured.
+func (c Config) Enabled() bool { return c.URL != "" || len(c.Addrs) > 0 }
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.KeyPrefix == "" {
+		c.KeyPrefix = "onceproxy:"
+	}
+	set := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	set(&c.DialTimeout, 200*time.Millisecond)
+	set(&c.Timeout, 250*time.Millisecond)
+	set(&c.BreakerInterval, 5*time.Second)
+	set(&c.Lease, 5*time.Second)
+	set(&c.PollInterval, 100*time.Millisecond)
+	set(&c.FailureTTL, 5*time.Second)
+	set(&c.LocalTTL, 2*time.Second)
+	set(&c.StatsFlush, time.Second)
+	if c.BreakerFailures == 0 {
+		c.BreakerFailures = 3
+	}
+	if c.MaxValueBytes == 0 {
+		c.MaxValueBytes = 2 * bytesize.MiB
+	}
+	return c
+}
+
+// Validate reports every problem in c, each prefixed with its yaml key.
+func (c Config) Validate() error {
+	var errs []error
+	if c.URL != "" && len(c.Addrs) > 0 {
+		errs = append(errs, errors.New("url: set either url or addrs, not both"))
+	}
+	if c.URL != "" {
+		if _, err := redis.ParseURL(c.URL); err != nil {
+			errs = append(errs, fmt.Errorf("url: %w", err))
+		}
+	}
+	for i, a := range c.Addrs {
+		if _, _, err := net.SplitHostPort(a); err != nil {
+			errs = append(errs, fmt.Errorf("addrs[%d]: %q is not host:port", i, a))
+		}
+	}
+	if c.MasterName != "" && len(c.Addrs) == 0 {
+		errs = append(errs, errors.New("master_name: needs the Sentinel addresses in addrs"))
+	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{
+		{"dial_timeout", c.DialTimeout}, {"timeout", c.Timeout}, {"breaker_interval", c.BreakerInterval},
+		{"lease", c.Lease}, {"poll_interval", c.PollInterval}, {"failure_ttl", c.FailureTTL},
+		{"local_ttl", c.LocalTTL}, {"stats_flush", c.StatsFlush},
+	} {
+		if d.v <= 0 {
+			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", d.key, d.v))
+		}
+	}
+	if c.Lease > 0 && c.Lease < 3*c.Timeout {
+		errs = append(errs, fmt.Errorf("lease: must be at least 3 × timeout (%s) so renewals land in time, got %s", 3*c.Timeout, c.Lease))
+	}
+	if c.BreakerFailures < 1 {
+		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.BreakerFailures))
+	}
+	if c.PoolSize < 0 {
+		errs = append(errs, fmt.Errorf("pool_size: must not be negative, got %d", c.PoolSize))
+	}
+	if c.MaxValueBytes < 1024 {
+		errs = append(errs, fmt.Errorf("max_value_bytes: must be at least 1KiB, got %s", c.MaxValueBytes))
+	}
+	return errors.Join(errs...)
+}

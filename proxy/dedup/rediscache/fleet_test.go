@@ -1,0 +1,493 @@
+package rediscache
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// instance is one onceproxy process as far as dedup goes: its own memory
+// tier, Redis client, engine and events loop.
+type instance struct {
+	name   string
+	store  *Store
+	engine *dedup.Engine
+	stop   func()
+}
+
+type fleetFixture struct {
+	t      *testing.T
+	redis  *redistest.Server
+	origin *httptest.Server
+	hits   atomic.Int64
+	insts  []*instance
+	logs   *lockedBuf
+}
+
+type lockedBuf struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (l *lockedBuf) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b = append(l.b, p...)
+	return len(p), nil
+}
+
+func (l *lockedBuf) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return string(l.b)
+}
+
+// newFleet starts n instances sharing one private redis-server, all in
+// front of one origin served by h.
+func newFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
+	t.Helper()
+	f := &fleetFixture{t: t, redis: redistest.Start(t), logs: &lockedBuf{}}
+	f.origin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.hits.Add(1)
+		h(w, r)
+	}))
+	t.Cleanup(f.origin.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", f.logs.String())
+		}
+	})
+	for i := range n {
+		f.insts = append(f.insts, f.start(fmt.Sprintf("i%d", i), rc, dc))
+	}
+	return f
+}
+
+func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance {
+	t := f.t
+	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", name)
+	rc.URL = f.redis.URL
+	if rc.BreakerInterval == 0 {
+		rc.BreakerInterval = 500 * time.Millisecond
+	}
+	dc.Enabled = true
+	if dc.TTL == 0 {
+		dc.TTL = time.Minute
+	}
+	dc = dc.WithDefaults()
+	local := dedup.NewMemoryStore(int64(dc.Memory.MaxBytes))
+	st, err := New(rc, local, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &http.Transport{}
+	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: st, Next: tr, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); st.Run(ctx) }()
+	inst := &instance{name: name, store: st, engine: eng}
+	var once sync.Once
+	inst.stop = func() {
+		once.Do(func() {
+			eng.Close()
+			cancel()
+			<-done
+			st.Close()
+			local.Close()
+			tr.CloseIdleConnections()
+		})
+	}
+	t.Cleanup(inst.stop)
+	return inst
+}
+
+type got struct {
+	status int
+	xcache string
+	key    string
+	body   string
+	err    error
+}
+
+func (i *instance) get(url string) got {
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	resp, err := i.engine.RoundTrip(req)
+	if err != nil {
+		g := got{err: err}
+		if de, ok := err.(*dedup.Error); ok {
+			g.xcache = de.Cache
+		}
+		return g
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return got{resp.StatusCode, resp.Header.Get(dedup.HeaderCache), resp.Header.Get(dedup.HeaderCacheKey), string(b), err}
+}
+
+func (f *fleetFixture) waiters() int64 {
+	var n int64
+	for _, i := range f.insts {
+		n += i.engine.Stats().Waiters
+	}
+	return n
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestFleetStampede: 300 concurrent identical requests spread over three
+// instances sharing one Redis reach the origin once.
+func TestFleetStampede(t *testing.T) {
+	const n = 300
+	var f *fleetFixture
+	f = newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(200 * time.Millisecond)
+		waitFor(t, "every client waiting", func() bool { return f.waiters() == n })
+		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
+	})
+	res := make(chan got, n)
+	for i := range n {
+		inst := f.insts[i%3]
+		go func() { res <- inst.get(f.origin.URL + "/stampede") }()
+	}
+	counts := map[string]int{}
+	var body string
+	for range n {
+		g := <-res
+		if g.err != nil || g.status != 200 {
+			t.Fatalf("client got %+v", g)
+		}
+		if body == "" {
+			body = g.body
+		} else if g.body != body {
+			t.Fatalf("different bodies: %q vs %q", g.body, body)
+		}
+		counts[g.xcache]++
+	}
+	if f.hits.Load() != 1 {
+		t.Fatalf("origin saw %d requests, want 1", f.hits.Load())
+	}
+	if counts[dedup.CacheMiss] != 1 || counts[dedup.CacheCoalesced] != n-1 {
+		t.Fatalf("X-Cache counts %v", counts)
+	}
+}
+
+// TestHitOnAnotherInstance: a page fetched through A is a HIT on B and C.
+func TestHitOnAnotherInstance(t *testing.T) {
+	f := newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, "<p>%s</p>%s", r.URL.Path, make([]byte, 4096)) // compressible
+	})
+	a := f.insts[0].get(f.origin.URL + "/shared")
+	if a.xcache != dedup.CacheMiss {
+		t.Fatalf("A: %+v", a)
+	}
+	for _, inst := range f.insts[1:] {
+		if g := inst.get(f.origin.URL + "/shared"); g.xcache != dedup.CacheHit || g.body != a.body {
+			t.Fatalf("%s: %s, body equal %v", inst.name, g.xcache, g.body == a.body)
+		}
+	}
+	if f.hits.Load() != 1 {
+		t.Fatalf("origin hits %d", f.hits.Load())
+	}
+}
+
+// TestLeaderCrashTakeover: the leading instance loses Redis mid-flight (as
+// if killed): its lease lapses, a waiter on another instance takes over,
+// and every client still gets an answer.
+func TestLeaderCrashTakeover(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 4)
+	f := newFleet(t, 2, Config{Lease: 900 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(w, "answer")
+	})
+	a, b := f.insts[0], f.insts[1]
+	resA := make(chan got, 1)
+	go func() { resA <- a.get(f.origin.URL + "/crash") }()
+	<-arrived // A leads and is fetching
+	const n = 5
+	resB := make(chan got, n)
+	for range n {
+		go func() { resB <- b.get(f.origin.URL + "/crash") }()
+	}
+	waitFor(t, "B's clients waiting", func() bool { return b.engine.Stats().Waiters == n })
+	// "Kill" A as far as the fleet can tell: its Redis connections die, so
+	// it neither renews its lease nor publishes an outcome.
+	a.store.rdb.Close()
+	select {
+	case <-arrived: // B took over after the lease lapsed
+	case <-time.After(10 * time.Second):
+		t.Fatal("no instance took over the crashed leader's flight")
+	}
+	close(release)
+	for range n {
+		if g := <-resB; g.err != nil || g.status != 200 || g.body != "answer" {
+			t.Fatalf("B client: %+v", g)
+		}
+	}
+	if g := <-resA; g.err != nil || g.status != 200 {
+		t.Fatalf("A client: %+v", g)
+	}
+}
+
+// TestFailedFlightAcrossFleet: a 500 reaches the waiters of that flight on
+// every instance; nothing is cached; the next request gets a fresh flight.
+func TestFailedFlightAcrossFleet(t *testing.T) {
+	var calls atomic.Int64
+	var f *fleetFixture
+	const n = 6
+	f = newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			waitFor(t, "waiters", func() bool { return f.waiters() == n })
+			http.Error(w, "origin broke", http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, "recovered")
+	})
+	res := make(chan got, n)
+	for i := range n {
+		inst := f.insts[i%2]
+		go func() { res <- inst.get(f.origin.URL + "/flaky") }()
+	}
+	for range n {
+		if g := <-res; g.status != 500 {
+			t.Fatalf("waiter: %+v", g)
+		}
+	}
+	if f.hits.Load() != 1 {
+		t.Fatalf("failed flight stampeded: %d origin hits", f.hits.Load())
+	}
+	if g := f.insts[1].get(f.origin.URL + "/flaky"); g.status != 200 || g.body != "recovered" {
+		t.Fatalf("next request: %+v", g)
+	}
+}
+
+// TestConnectionErrorSharedAcrossFleet: a transport failure is shared too.
+func TestConnectionErrorSharedAcrossFleet(t *testing.T) {
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	dead := f.origin.URL
+	f.origin.Close()
+	if g := f.insts[0].get(dead + "/x"); g.err == nil {
+		t.Fatalf("got %+v", g)
+	}
+}
+
+// TestInvalidationReachesTheFleet: invalidating on A drops B's local copy.
+func TestInvalidationReachesTheFleet(t *testing.T) {
+	f := newFleet(t, 2, Config{LocalTTL: time.Minute}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "v%d", time.Now().UnixNano())
+	})
+	a, b := f.insts[0], f.insts[1]
+	u := f.origin.URL + "/inv?x=1"
+	key := a.get(u).key
+	if g := b.get(u); g.xcache != dedup.CacheHit {
+		t.Fatalf("B: %s", g.xcache)
+	}
+	n, err := a.engine.InvalidateURL(context.Background(), u)
+	if err != nil || n != 1 {
+		t.Fatalf("InvalidateURL = %d, %v", n, err)
+	}
+	waitFor(t, "B's local tier to drop the URL", func() bool {
+		_, err := b.store.local.Get(context.Background(), key)
+		return err != nil
+	})
+	if g := b.get(u); g.xcache != dedup.CacheMiss {
+		t.Fatalf("after invalidation B got %s", g.xcache)
+	}
+	// By key too (B's fetch above stored it again).
+	if g := a.get(u); g.xcache != dedup.CacheHit {
+		t.Fatalf("A: %s", g.xcache)
+	}
+	if err := a.engine.InvalidateKey(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "key invalidated on B", func() bool {
+		_, err := b.store.local.Get(context.Background(), key)
+		return err != nil
+	})
+	if g := b.get(u); g.xcache != dedup.CacheMiss {
+		t.Fatalf("after key invalidation B got %s", g.xcache)
+	}
+}
+
+
+// TestOlderFormatIsIgnored: a value in another format version is a miss
+// and gets replaced, never misread.
+func TestOlderFormatIsIgnored(t *testing.T) {
+	f := newFleet(t, 1, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "fresh")
+	})
+	inst := f.insts[0]
+	u := f.origin.URL + "/old"
+	key := inst.get(u).key // MISS, stored
+	inst.store.local.Delete(context.Background(), key)
+	old := encode(&dedup.Entry{Status: 200, Body: []byte("stale v0"), ExpiresAt: time.Now().Add(time.Hour)})
+	old[len(magic)] = 0 // an older format version
+	rc := f.redis.Client()
+	if err := rc.Set(context.Background(), inst.store.valueKey(tagOf(key)), old, time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if g := inst.get(u); g.body != "fresh" || g.xcache != dedup.CacheMiss {
+		t.Fatalf("old value misread: %+v", g)
+	}
+	if g := inst.get(u); g.body != "fresh" || g.xcache != dedup.CacheHit {
+		t.Fatalf("replacement not stored: %+v", g)
+	}
+}
+
+// TestRedisOutageDuringLoad: Redis killed under steady load costs savings,
+// never requests; after a restart shared HITs resume within the breaker
+// interval; nothing leaks.
+func TestRedisOutageDuringLoad(t *testing.T) {
+	// Registered first, so it runs after every other cleanup of the test.
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
+	f := newFleet(t, 2, Config{BreakerInterval: 400 * time.Millisecond, BreakerFailures: 2}, dedup.Config{TTL: 30 * time.Second},
+		func(w http.ResponseWriter, r *http.Request) {
+			time.Sleep(2 * time.Millisecond)
+			fmt.Fprintf(w, "page %s", r.URL.RequestURI())
+		})
+	a, b := f.insts[0], f.insts[1]
+
+	var (
+		mu     sync.Mutex
+		counts = map[string]int{}
+		errs   []string
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				inst := f.insts[(w+i)%2]
+				g := inst.get(fmt.Sprintf("%s/load/%d", f.origin.URL, i%50))
+				mu.Lock()
+				if g.err != nil || g.status != 200 {
+					errs = append(errs, fmt.Sprintf("%+v", g))
+				}
+				counts[g.xcache]++
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(300 * time.Millisecond)
+	f.redis.Kill()
+	waitFor(t, "breaker open on both instances", func() bool { return !a.store.Available() && !b.store.Available() })
+	mu.Lock()
+	bypassBefore := counts[dedup.CacheBypass]
+	mu.Unlock()
+	time.Sleep(300 * time.Millisecond) // load while Redis is down
+	mu.Lock()
+	bypassDuring := counts[dedup.CacheBypass] - bypassBefore
+	mu.Unlock()
+	f.redis.Restart()
+	restarted := time.Now()
+	// Shared HITs resume: a URL fetched on A is a HIT on B.
+	waitFor(t, "shared HITs to resume", func() bool {
+		u := fmt.Sprintf("%s/after/%d", f.origin.URL, time.Now().UnixNano())
+		if g := a.get(u); g.xcache != dedup.CacheMiss {
+			return false
+		}
+		return b.get(u).xcache == dedup.CacheHit
+	})
+	resumed := time.Since(restarted)
+	close(stop)
+	wg.Wait()
+	if len(errs) > 0 {
+		t.Fatalf("%d client requests failed during the outage, first: %s", len(errs), errs[0])
+	}
+	if bypassDuring == 0 {
+		t.Fatalf("no BYPASS while Redis was down: %v", counts)
+	}
+	t.Logf("X-Cache during the run: %v; shared HITs resumed %s after the restart", counts, resumed)
+	if resumed > 3*time.Second {
+		t.Fatalf("shared layer took %s to come back (breaker interval 400ms)", resumed)
+	}
+}
+
+// TestRedisDownAtStart: the proxy starts and serves without Redis, then
+// joins the fleet when Redis appears.
+func TestRedisDownAtStart(t *testing.T) {
+	srv := redistest.Start(t)
+	srv.Kill()
+	local := dedup.NewMemoryStore(1 << 20)
+	defer local.Close()
+	st, err := New(Config{URL: srv.URL, BreakerInterval: 200 * time.Millisecond}, local, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("New with Redis down: %v", err)
+	}
+	defer st.Close()
+	for range 5 {
+		if _, _, err := st.Join(context.Background(), "v1:ab"); err == nil {
+			t.Fatal("Join succeeded without Redis")
+		}
+	}
+	if st.Available() {
+		t.Fatal("breaker still closed after repeated failures")
+	}
+	srv.Restart()
+	waitFor(t, "recovery", func() bool {
+		lease, _, err := st.Join(context.Background(), "v1:cd")
+		if lease != nil {
+			lease.Release()
+		}
+		return err == nil
+	})
+}
+
+// TestFleetStatsAddUp: per-day counters in Redis sum every instance.
+func TestFleetStatsAddUp(t *testing.T) {
+	f := newFleet(t, 2, Config{StatsFlush: 20 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "0123456789")
+	})
+	a, b := f.insts[0], f.insts[1]
+	a.get(f.origin.URL + "/s") // MISS
+	b.get(f.origin.URL + "/s") // HIT (10 bytes avoided)
+	b.get(f.origin.URL + "/s") // HIT
+	a.get(f.origin.URL + "/t") // MISS
+	var fs FleetStats
+	waitFor(t, "stats flushed", func() bool {
+		var err error
+		fs, err = a.store.FleetStats(context.Background())
+		return err == nil && fs.Today.Requests == 4
+	})
+	d := fs.Today
+	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
+		t.Fatalf("today: %+v", d)
+	}
+	if fs.Last7Days.Requests != 4 || len(fs.Days) != statsDays {
+		t.Fatalf("7 days: %+v", fs.Last7Days)
+	}
+}

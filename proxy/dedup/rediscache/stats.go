@@ -1,0 +1,167 @@
+package rediscache
+
+import (
+	"context"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// statsDays is how long per-day counters are kept.
+const statsDays = 7
+
+// statsBuf accumulates this instance's counts between flushes: one Redis
+// round trip per second instead of one per request.
+type statsBuf struct {
+	hit, coalesced, miss, bypass, avoided atomic.Int64
+}
+
+// Record implements dedup.Recorder.
+func (s *Store) Record(xcache string, avoided int) {
+	switch xcache {
+	case dedup.CacheHit:
+		s.stats.hit.Add(1)
+	case dedup.CacheCoalesced:
+		s.stats.coalesced.Add(1)
+	case dedup.CacheMiss:
+		s.stats.miss.Add(1)
+	case dedup.CacheBypass:
+		s.stats.bypass.Add(1)
+	}
+	s.stats.avoided.Add(int64(avoided))
+}
+
+func (s *Store) dayKey(t time.Time) string {
+	return s.prefix + "stats:" + t.UTC().Format("2006-01-02")
+}
+
+func (s *Store) flushStats(ctx context.Context) {
+	t := time.NewTicker(s.cfg.StatsFlush)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			// Last flush on shutdown, briefly: counts of the final second.
+			fctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+			s.flushOnce(fctx)
+			cancel()
+			return
+		case <-t.C:
+			s.flushOnce(ctx)
+		}
+	}
+}
+
+// flushOnce adds the buffered counts to today's hash. Counts that could not
+// be written are put back for the next flush.
+func (s *Store) flushOnce(ctx context.Context) {
+	fields := []struct {
+		name string
+		v    *atomic.Int64
+	}{
+		{"hit", &s.stats.hit}, {"coalesced", &s.stats.coalesced},
+		{"miss", &s.stats.miss}, {"bypass", &s.stats.bypass}, {"bytes_avoided", &s.stats.avoided},
+	}
+	taken := make([]int64, len(fields))
+	nonzero := false
+	for i, f := range fields {
+		taken[i] = f.v.Swap(0)
+		nonzero = nonzero || taken[i] != 0
+	}
+	if !nonzero {
+		return
+	}
+	key := s.dayKey(time.Now())
+	err := s.exec(ctx, func(ctx context.Context) error {
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, f := range fields {
+				if taken[i] != 0 {
+					p.HIncrBy(ctx, key, f.name, taken[i])
+				}
+			}
+			p.Expire(ctx, key, (statsDays+1)*24*time.Hour)
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		for i, f := range fields {
+			f.v.Add(taken[i])
+		}
+	}
+}
+
+// DayStats is one day of fleet-wide counters.
+type DayStats struct {
+	Date         string           `json:"date"`
+	Requests     int64            `json:"requests"`
+	XCache       map[string]int64 `json:"x_cache"`
+	BySource     map[string]int64 `json:"by_source"`
+	BytesAvoided int64            `json:"bytes_avoided"`
+	SavingsPct   float64          `json:"savings_pct"`
+}
+
+// FleetStats is the whole fleet's savings, from every instance's flushes.
+type FleetStats struct {
+	Available bool       `json:"redis_available"`
+	Today     DayStats   `json:"today"`
+	Last7Days DayStats   `json:"last_7_days"`
+	Days      []DayStats `json:"days"`
+}
+
+// FleetStats reads the last seven days of counters.
+func (s *Store) FleetStats(ctx context.Context) (FleetStats, error) {
+	now := time.Now()
+	cmds := make([]*redis.MapStringStringCmd, statsDays)
+	err := s.exec(ctx, func(ctx context.Context) error {
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := range statsDays {
+				cmds[i] = p.HGetAll(ctx, s.dayKey(now.AddDate(0, 0, -i)))
+			}
+			return nil
+		})
+		return err
+	})
+	fs := FleetStats{Available: s.Available()}
+	if err != nil {
+		return fs, err
+	}
+	sum := map[string]int64{}
+	for i, c := range cmds {
+		d := dayStats(now.AddDate(0, 0, -i).UTC().Format("2006-01-02"), c.Val())
+		if i == 0 {
+			fs.Today = d
+		}
+		fs.Days = append(fs.Days, d)
+		for k, v := range c.Val() {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			sum[k] += n
+		}
+	}
+	raw := map[string]string{}
+	for k, v := range sum {
+		raw[k] = strconv.FormatInt(v, 10)
+	}
+	fs.Last7Days = dayStats("last_7_days", raw)
+	return fs, nil
+}
+
+func dayStats(date string, raw map[string]string) DayStats {
+	n := func(k string) int64 { v, _ := strconv.ParseInt(raw[k], 10, 64); return v }
+	hit, co, miss, by := n("hit"), n("coalesced"), n("miss"), n("bypass")
+	d := DayStats{
+		Date:         date,
+		Requests:     hit + co + miss + by,
+		XCache:       map[string]int64{dedup.CacheHit: hit, dedup.CacheCoalesced: co, dedup.CacheMiss: miss, dedup.CacheBypass: by},
+		BySource:     map[string]int64{"api": miss + by, "dedup_cache": hit, "dedup_wait": co},
+		BytesAvoided: n("bytes_avoided"),
+	}
+	if d.Requests > 0 {
+		d.SavingsPct = float64(int64(float64(hit+co)*1000/float64(d.Requests)+0.5)) / 10
+	}
+	return d
+}
