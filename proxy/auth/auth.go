@@ -1,0 +1,183 @@
+// Package auth is the proxy's user store: who may use the HTTP and SOCKS5
+// ports. Passwords are bcrypt hashes in the configuration or plain values
+// read from the environment (so they need not sit in a file), compared in
+// constant time. The account is what is checked; provider-style session
+// hints in the user name ("acme-session-abc") pass through to the pipeline.
+package auth
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+)
+
+// Config is the `auth:` section of config.yaml.
+type Config struct {
+	// Users who may use the proxy. None: the ports are open, which is only
+	// accepted for loopback listeners unless AllowUnauthenticated is set.
+	Users []UserConfig `yaml:"users"`
+	// Realm is sent in Proxy-Authenticate challenges. Default "onceproxy".
+	Realm string `yaml:"realm"`
+	// AllowUnauthenticated accepts running without users on a non-loopback
+	// listener (a container whose port is published on the host's loopback,
+	// a private network you control). Default false.
+	AllowUnauthenticated bool `yaml:"allow_unauthenticated"`
+}
+
+// UserConfig is one entry of auth.users: exactly one of PasswordBcrypt and
+// PasswordEnv.
+type UserConfig struct {
+	// Name is the account name clients send (session hints may follow it:
+	// name-session-ID).
+	Name string `yaml:"name"`
+	// PasswordBcrypt is a bcrypt hash ("$2a$10$..."; make one with
+	// `htpasswd -bnBC 10 "" secret | tr -d ':'`).
+	PasswordBcrypt string `yaml:"password_bcrypt"`
+	// PasswordEnv names an environment variable holding the password.
+	PasswordEnv string `yaml:"password_env"`
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Realm == "" {
+		c.Realm = "onceproxy"
+	}
+	return c
+}
+
+// Validate reports every problem in c, each prefixed with its yaml key.
+// getenv reads PasswordEnv variables (os.Getenv in production).
+func (c Config) Validate(getenv func(string) string) error {
+	var errs []error
+	seen := map[string]bool{}
+	for i, u := range c.Users {
+		key := fmt.Sprintf("users[%d]", i)
+		switch {
+		case u.Name == "":
+			errs = append(errs, fmt.Errorf("%s.name: empty", key))
+		case seen[u.Name]:
+			errs = append(errs, fmt.Errorf("%s.name: %q listed twice", key, u.Name))
+		default:
+			if acct, sess := clientinfo.ParseUser(u.Name); acct != u.Name || sess != "" {
+				errs = append(errs, fmt.Errorf("%s.name: %q contains a session hint (-session-/-sessid-); name the account only", key, u.Name))
+			}
+			for _, r := range u.Name {
+				if r == ':' || r <= ' ' || r == 0x7f {
+					errs = append(errs, fmt.Errorf("%s.name: %q: no ':', spaces or control characters", key, u.Name))
+					break
+				}
+			}
+		}
+		seen[u.Name] = true
+		switch {
+		case (u.PasswordBcrypt == "") == (u.PasswordEnv == ""):
+			errs = append(errs, fmt.Errorf("%s: set exactly one of password_bcrypt and password_env", key))
+		case u.PasswordBcrypt != "":
+			if _, err := bcrypt.Cost([]byte(u.PasswordBcrypt)); err != nil {
+				errs = append(errs, fmt.Errorf("%s.password_bcrypt: not a bcrypt hash: %v", key, err))
+			}
+		case getenv(u.PasswordEnv) == "":
+			errs = append(errs, fmt.Errorf("%s.password_env: %s is unset or empty", key, u.PasswordEnv))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Users is a compiled user store. Its zero value has no users.
+type Users struct {
+	users map[string]user
+	// verified remembers credentials that passed bcrypt recently: bcrypt
+	// costs tens of milliseconds on purpose, and every CONNECT carries the
+	// password again. Only successes are remembered; failures stay slow.
+	verified *otter.Cache[[32]byte, struct{}]
+	// slow bounds concurrent bcrypt checks so a flood of wrong passwords
+	// cannot take every CPU.
+	slow chan struct{}
+	// dummy is compared against for unknown users when bcrypt users exist,
+	// so a bad user name takes as long as a bad password.
+	dummy []byte
+}
+
+type user struct {
+	hash   []byte   // bcrypt
+	plain  [32]byte // sha256 of an env password
+	isHash bool
+}
+
+// New compiles c. getenv reads PasswordEnv variables.
+func New(c Config, getenv func(string) string) (*Users, error) {
+	if err := c.Validate(getenv); err != nil {
+		return nil, fmt.Errorf("auth: %w", err)
+	}
+	u := &Users{users: make(map[string]user, len(c.Users)), slow: make(chan struct{}, runtime.GOMAXPROCS(0))}
+	for _, uc := range c.Users {
+		if uc.PasswordBcrypt != "" {
+			u.users[uc.Name] = user{hash: []byte(uc.PasswordBcrypt), isHash: true}
+			if u.dummy == nil {
+				cost, _ := bcrypt.Cost([]byte(uc.PasswordBcrypt))
+				u.dummy, _ = bcrypt.GenerateFromPassword([]byte("no such user"), cost)
+			}
+		} else {
+			u.users[uc.Name] = user{plain: sha256.Sum256([]byte(getenv(uc.PasswordEnv)))}
+		}
+	}
+	u.verified = otter.Must(&otter.Options[[32]byte, struct{}]{
+		MaximumSize:      10000,
+		ExpiryCalculator: otter.ExpiryWriting[[32]byte, struct{}](10 * time.Minute),
+	})
+	return u, nil
+}
+
+// Enabled reports whether any user is configured (credentials required).
+func (u *Users) Enabled() bool { return u != nil && len(u.users) > 0 }
+
+// Verify reports whether user (with any session hint) and password are
+// valid. It implements the proxy's UserStore.
+func (u *Users) Verify(name, password string) bool {
+	if !u.Enabled() {
+		return false
+	}
+	account, _ := clientinfo.ParseUser(name)
+	rec, ok := u.users[account]
+	if !ok && u.dummy != nil {
+		rec = user{hash: u.dummy, isHash: true}
+	}
+	if !rec.isHash {
+		// Hash both sides so the comparison time does not depend on the
+		// password length either. An unknown user compares against a
+		// zero digest and fails in the same time.
+		got := sha256.Sum256([]byte(password))
+		return subtle.ConstantTimeCompare(got[:], rec.plain[:]) == 1 && ok
+	}
+	memo := sha256.Sum256([]byte(account + "\x00" + password))
+	if _, hit := u.verified.GetIfPresent(memo); hit {
+		return true
+	}
+	u.slow <- struct{}{}
+	err := bcrypt.CompareHashAndPassword(rec.hash, []byte(password))
+	<-u.slow
+	if err != nil || !ok {
+		return false
+	}
+	u.verified.Set(memo, struct{}{})
+	return true
+}
+
+// Close stops the cache's background work.
+func (u *Users) Close() {
+	if u != nil && u.verified != nil {
+		u.verified.StopAllGoroutines()
+	}
+}
+
+// Getenv is os.Getenv, the production reader for PasswordEnv.
+func Getenv(name string) string { return os.Getenv(name) }

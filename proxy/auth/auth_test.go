@@ -1,0 +1,80 @@
+package auth
+
+import (
+	"strings"
+	"testing"
+
+	"golang.org/x/crypto/bcrypt"
+)
+
+func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+func TestVerify(t *testing.T) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
+	u, err := New(Config{Users: []UserConfig{
+		{Name: "alice", PasswordBcrypt: string(hash)},
+		{Name: "fleet", PasswordEnv: "FLEET_PW"},
+	}}, env(map[string]string{"FLEET_PW": "envpass"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	for _, tc := range []struct {
+		user, pass string
+		want       bool
+	}{
+		{"alice", "s3cret", true},
+		{"alice", "s3cret", true}, // memoized
+		{"alice-session-abc", "s3cret", true},
+		{"alice", "wrong", false},
+		{"alice", "", false},
+		{"fleet", "envpass", true},
+		{"fleet-sessid-x1-cc-DE", "envpass", false}, // "fleet-cc-DE" is not an account
+		{"fleet-sessid-x1", "envpass", true},
+		{"fleet", "envpas", false},
+		{"mallory", "s3cret", false},
+		{"", "", false},
+	} {
+		if got := u.Verify(tc.user, tc.pass); got != tc.want {
+			t.Errorf("Verify(%q, %q) = %v, want %v", tc.user, tc.pass, got, tc.want)
+		}
+	}
+	if !u.Enabled() {
+		t.Error("Enabled() = false with users")
+	}
+	var none *Users
+	if none.Enabled() || none.Verify("a", "b") {
+		t.Error("nil store lets someone in")
+	}
+}
+
+func TestValidate(t *testing.T) {
+	err := Config{Users: []UserConfig{
+		{Name: "", PasswordEnv: "X"},
+		{Name: "a", PasswordBcrypt: "h", PasswordEnv: "X"},
+		{Name: "a", PasswordBcrypt: "not-bcrypt"},
+		{Name: "b-session-x", PasswordEnv: "SET"},
+		{Name: "c:d", PasswordEnv: "UNSET"},
+	}}.Validate(env(map[string]string{"SET": "1", "X": "1"}))
+	for _, want := range []string{
+		"users[0].name: empty", "users[1]: set exactly one", `users[2].name: "a" listed twice`,
+		"users[2].password_bcrypt: not a bcrypt hash", "users[3].name:", "users[4].name:", "users[4].password_env: UNSET is unset",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("missing %q in %v", want, err)
+		}
+	}
+}
+
+func BenchmarkVerifyMemoized(b *testing.B) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("pw"), 10)
+	u, _ := New(Config{Users: []UserConfig{{Name: "a", PasswordBcrypt: string(hash)}}}, env(nil))
+	defer u.Close()
+	u.Verify("a", "pw")
+	b.ReportAllocs()
+	for b.Loop() {
+		if !u.Verify("a-session-s1", "pw") {
+			b.Fatal("rejected")
+		}
+	}
+}
