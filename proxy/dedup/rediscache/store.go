@@ -355,3 +355,24 @@ func (s *Store) Stats() dedup.StoreStats {
 	st.Kind = "redis+memory"
 	return st
 }
+
+// windowScript is a fixed-window counter: the first hit of a window sets
+// its expiry.
+var windowScript = redis.NewScript(`
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return n
+`)
+
+// IncrWindow counts one hit on key for the fleet-wide rate limiter and
+// returns the new count; the key expires after ttl. It fails fast with
+// dedup.ErrUnavailable while the breaker is open.
+func (s *Store) IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error) {
+	var n int64
+	err := s.exec(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = windowScript.Run(ctx, s.rdb, []string{s.prefix + key}, ttl.Milliseconds()).Int64()
+		return err
+	})
+	return n, err
+}

@@ -1,0 +1,223 @@
+// Package ratelimit keeps one client from flooding the proxy: a fixed
+// window of N requests per client (proxy account, else client IP), counted
+// in this process or, when Redis is configured, across the fleet. It also
+// offers Polite, a per-target-host pace for upstream requests.
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"net/netip"
+	"path"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/maypok86/otter/v2"
+)
+
+// Config is the `rate_limit:` section of config.yaml.
+type Config struct {
+	// Requests allowed per client per window; 0 turns client limits off.
+	Requests int `yaml:"requests"`
+	// Window is the fixed window. Default 1m.
+	Window time.Duration `yaml:"window"`
+	// FailClosed refuses requests (503) when the shared counter (Redis) is
+	// unreachable. Default false: fail open, let them through.
+	FailClosed bool `yaml:"fail_closed"`
+	// TrustForwardedFor takes the client IP from X-Forwarded-For (first
+	// address) or X-Real-IP. Only behind a balancer you control: anyone can
+	// send those headers.
+	TrustForwardedFor bool `yaml:"trust_forwarded_for"`
+	// ExcludeHosts are target hosts whose requests are not counted
+	// (globs, "*.internal.example").
+	ExcludeHosts []string `yaml:"exclude_hosts"`
+	// PerHostRPS paces requests going upstream to one target host (all
+	// clients together): politeness toward the sites you scrape. 0 = off.
+	PerHostRPS float64 `yaml:"per_host_rps"`
+	// PerHostBurst is the burst allowed above PerHostRPS. Default 1.
+	PerHostBurst int `yaml:"per_host_burst"`
+}
+
+// WithDefaults returns c with zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.Window == 0 {
+		c.Window = time.Minute
+	}
+	if c.PerHostBurst == 0 {
+		c.PerHostBurst = 1
+	}
+	return c
+}
+
+// Validate reports every problem in c, each prefixed with its yaml key.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Requests < 0 {
+		errs = append(errs, fmt.Errorf("requests: must not be negative, got %d", c.Requests))
+	}
+	if c.Window < time.Second {
+		errs = append(errs, fmt.Errorf("window: must be at least 1s, got %s", c.Window))
+	}
+	for i, h := range c.ExcludeHosts {
+		if _, err := path.Match(h, "x"); err != nil || h == "" {
+			errs = append(errs, fmt.Errorf("exclude_hosts[%d]: %q is not a host glob", i, h))
+		}
+	}
+	if c.PerHostRPS < 0 || math.IsNaN(c.PerHostRPS) || math.IsInf(c.PerHostRPS, 0) {
+		errs = append(errs, fmt.Errorf("per_host_rps: must be a non-negative number, got %v", c.PerHostRPS))
+	}
+	if c.PerHostBurst < 1 {
+		errs = append(errs, fmt.Errorf("per_host_burst: must be at least 1, got %d", c.PerHostBurst))
+	}
+	return errors.Join(errs...)
+}
+
+// Counter counts hits in a fixed window: it increments key and returns the
+// new count, the key expiring after ttl. The memory counter is in this
+// package; the fleet one is rediscache.Store.
+type Counter interface {
+	IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error)
+}
+
+// Limiter decides per request. Its zero value allows everything.
+type Limiter struct {
+	cfg      Config
+	counter  Counter
+	rejected atomic.Uint64
+	failed   atomic.Uint64
+	now      func() time.Time
+}
+
+// New returns a limiter counting in counter (nil: in this process).
+func New(cfg Config, counter Counter) (*Limiter, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("rate_limit: %w", err)
+	}
+	if counter == nil {
+		counter = NewMemoryCounter()
+	}
+	return &Limiter{cfg: cfg, counter: counter, now: time.Now}, nil
+}
+
+// Decision is the verdict on one request.
+type Decision struct {
+	Allowed    bool
+	Limit      int
+	Remaining  int
+	RetryAfter time.Duration // until the window resets, when refused
+	// Unavailable: the shared counter could not be reached (the request
+	// was let through, unless FailClosed).
+	Unavailable bool
+}
+
+// Enabled reports whether client limits are on.
+func (l *Limiter) Enabled() bool { return l != nil && l.cfg.Requests > 0 }
+
+// Allow counts one request by client to host.
+func (l *Limiter) Allow(ctx context.Context, client, host string) Decision {
+	if !l.Enabled() || l.excluded(host) {
+		return Decision{Allowed: true}
+	}
+	now := l.now()
+	w := l.cfg.Window
+	start := now.Truncate(w)
+	key := "rl:" + client + ":" + strconv.FormatInt(start.Unix(), 10)
+	n, err := l.counter.IncrWindow(ctx, key, w+time.Second)
+	reset := start.Add(w).Sub(now)
+	if err != nil {
+		l.failed.Add(1)
+		if l.cfg.FailClosed {
+			return Decision{Allowed: false, Limit: l.cfg.Requests, RetryAfter: reset, Unavailable: true}
+		}
+		return Decision{Allowed: true, Limit: l.cfg.Requests, Unavailable: true}
+	}
+	d := Decision{Limit: l.cfg.Requests, Remaining: max(l.cfg.Requests-int(n), 0)}
+	if n <= int64(l.cfg.Requests) {
+		d.Allowed = true
+		return d
+	}
+	l.rejected.Add(1)
+	d.RetryAfter = reset
+	return d
+}
+
+func (l *Limiter) excluded(host string) bool {
+	for _, g := range l.cfg.ExcludeHosts {
+		if ok, _ := path.Match(g, host); ok {
+			return true
+		}
+	}
+	return false
+}
+
+// Rejected is how many requests were refused since start.
+func (l *Limiter) Rejected() uint64 {
+	if l == nil {
+		return 0
+	}
+	return l.rejected.Load()
+}
+
+// ClientKey names the client a request is counted against: its proxy
+// account when it authenticated, else its IP (from X-Forwarded-For or
+// X-Real-IP when trusted).
+func (l *Limiter) ClientKey(account, remoteAddr string, h http.Header) string {
+	if account != "" {
+		return "user:" + account
+	}
+	if l != nil && l.cfg.TrustForwardedFor {
+		if xff := h.Get("X-Forwarded-For"); xff != "" {
+			first, _, _ := strings.Cut(xff, ",")
+			if ip, err := netip.ParseAddr(strings.TrimSpace(first)); err == nil {
+				return "ip:" + ip.Unmap().String()
+			}
+		}
+		if ip, err := netip.ParseAddr(strings.TrimSpace(h.Get("X-Real-IP"))); err == nil {
+			return "ip:" + ip.Unmap().String()
+		}
+	}
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		host = remoteAddr
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return "ip:" + ip.Unmap().String()
+	}
+	return "ip:" + host
+}
+
+// MemoryCounter is a Counter in this process, bounded in size.
+type MemoryCounter struct {
+	c *otter.Cache[string, *atomic.Int64]
+}
+
+// NewMemoryCounter returns an empty counter.
+func NewMemoryCounter() *MemoryCounter {
+	return &MemoryCounter{c: otter.Must(&otter.Options[string, *atomic.Int64]{
+		// One entry per active client and window: 100k clients is a lot
+		// of scrapers, and an evicted count only forgives a few requests.
+		MaximumSize: 100_000,
+		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, *atomic.Int64]) time.Duration {
+			return 2 * time.Minute
+		}),
+	})}
+}
+
+// IncrWindow implements Counter.
+func (m *MemoryCounter) IncrWindow(_ context.Context, key string, ttl time.Duration) (int64, error) {
+	v, _ := m.c.ComputeIfAbsent(key, func() (*atomic.Int64, bool) { return new(atomic.Int64), false })
+	if ttl > 0 {
+		m.c.SetExpiresAfter(key, ttl)
+	}
+	return v.Add(1), nil
+}
+
+// Close stops the counter's background work.
+func (m *MemoryCounter) Close() { m.c.StopAllGoroutines() }
