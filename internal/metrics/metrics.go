@@ -1,0 +1,154 @@
+// Package metrics is onceproxy's Prometheus instrumentation. Hot-path
+// events (a request answered, a client refused) are counted here as they
+// happen; totals that a component already keeps (cache size, flights,
+// certificate mints, upstream sessions) are read from it at scrape time, so
+// nothing is counted twice. A nil *Metrics is valid and records nothing.
+package metrics
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+const namespace = "onceproxy"
+
+// Metrics holds the registry and the event-driven collectors.
+type Metrics struct {
+	reg          *prometheus.Registry
+	requests     *prometheus.CounterVec
+	duration     *prometheus.HistogramVec
+	rateLimited  prometheus.Counter
+	ssrfRefused  prometheus.Counter
+	authFailures prometheus.Counter
+	tunnels      prometheus.Counter
+}
+
+// New returns metrics on a fresh registry (Go runtime and process
+// collectors included).
+func New() *Metrics {
+	m := &Metrics{
+		reg: prometheus.NewRegistry(),
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Namespace: namespace, Name: "requests_total",
+			Help: "Requests answered, by X-Cache result (HIT, COALESCED, MISS, BYPASS, or none for answers the dedup layer never saw) and status class.",
+		}, []string{"x_cache", "code"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Namespace: namespace, Name: "request_duration_seconds",
+			Help:    "Time from the request reaching the proxy to the end of its response body, by X-Cache result.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"x_cache"}),
+		rateLimited: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "rate_limited_total",
+			Help: "Requests refused with 429 by the per-client rate limit.",
+		}),
+		ssrfRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "ssrf_refused_total",
+			Help: "Requests and tunnels refused because the target is a private, loopback, link-local or otherwise non-public address.",
+		}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "auth_failures_total",
+			Help: "Proxy requests refused with 407 (missing or wrong credentials).",
+		}),
+		tunnels: prometheus.NewCounter(prometheus.CounterOpts{
+			Namespace: namespace, Name: "tunnels_total",
+			Help: "Blind tunnels opened (bypass hosts, non-HTTP protocols).",
+		}),
+	}
+	m.reg.MustRegister(m.requests, m.duration, m.rateLimited, m.ssrfRefused, m.authFailures, m.tunnels,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Request records one answered request.
+func (m *Metrics) Request(xcache string, status int, d time.Duration) {
+	if m == nil {
+		return
+	}
+	if xcache == "" {
+		xcache = "none"
+	}
+	m.requests.WithLabelValues(xcache, strconv.Itoa(status/100)+"xx").Inc()
+	m.duration.WithLabelValues(xcache).Observe(d.Seconds())
+}
+
+// RateLimited counts a 429 from the client rate limit.
+func (m *Metrics) RateLimited() {
+	if m != nil {
+		m.rateLimited.Inc()
+	}
+}
+
+// SSRFRefused counts a refused private target.
+func (m *Metrics) SSRFRefused() {
+	if m != nil {
+		m.ssrfRefused.Inc()
+	}
+}
+
+// AuthFailed counts a 407.
+func (m *Metrics) AuthFailed() {
+	if m != nil {
+		m.authFailures.Inc()
+	}
+}
+
+// Tunnel counts a blind tunnel.
+func (m *Metrics) Tunnel() {
+	if m != nil {
+		m.tunnels.Inc()
+	}
+}
+
+// Register adds a collector (one reading a component's own totals).
+func (m *Metrics) Register(c prometheus.Collector) {
+	if m != nil {
+		m.reg.MustRegister(c)
+	}
+}
+
+// Gauge registers a gauge read from f at scrape time.
+func (m *Metrics) Gauge(name, help string, f func() float64) {
+	m.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: namespace, Name: name, Help: help}, f))
+}
+
+// Counter registers a counter read from f at scrape time.
+func (m *Metrics) Counter(name, help string, f func() float64) {
+	m.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, f))
+}
+
+// Handler serves the registry in the Prometheus text format.
+func (m *Metrics) Handler() http.Handler {
+	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+}
+
+// Vec is a collector of labelled values read at scrape time (upstream
+// sessions: one sample per session).
+type Vec struct {
+	desc    *prometheus.Desc
+	kind    prometheus.ValueType
+	collect func(emit func(value float64, labels ...string))
+}
+
+// NewVec describes a labelled metric whose samples collect emits.
+func NewVec(name, help string, counter bool, labels []string, collect func(emit func(value float64, labels ...string))) *Vec {
+	kind := prometheus.GaugeValue
+	if counter {
+		kind = prometheus.CounterValue
+	}
+	return &Vec{desc: prometheus.NewDesc(namespace+"_"+name, help, labels, nil), kind: kind, collect: collect}
+}
+
+// Describe implements prometheus.Collector.
+func (v *Vec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
+
+// Collect implements prometheus.Collector.
+func (v *Vec) Collect(ch chan<- prometheus.Metric) {
+	v.collect(func(value float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(v.desc, v.kind, value, labels...)
+	})
+}
