@@ -34,7 +34,7 @@ type world struct {
 	ca       *mitm.Authority
 	caPool   *x509.CertPool // trusts only onceproxy's CA
 	caFile   string         // ca.pem path, for curl
-	up       *upstream.Forwarder
+	up       *upstream.Pool
 	srv      *proxy.Server
 	engine   *dedup.Engine // nil unless worldOpts.dedup
 	proxyURL *url.URL

@@ -4,8 +4,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/url"
 	"os"
+	"path"
+	"slices"
 	"strings"
 	"time"
 )
@@ -13,11 +16,13 @@ import (
 // Config is the `upstream:` section of config.yaml. Zero values mean the
 // documented defaults (see WithDefaults).
 type Config struct {
-	// URL of one upstream proxy that every request leaves through:
-	// http://user:pass@host:port (HTTP CONNECT / absolute-form) or
-	// socks5://user:pass@host:port. Empty means direct.
+	// URL of one static upstream proxy, kept from the single-upstream days:
+	// http://user:pass@host:port or socks5://user:pass@host:port becomes a
+	// session with id "default" (sticky, weight 5). Empty, with no sessions
+	// and no provider, means direct.
 	URL string `yaml:"url"`
-	// DialTimeout bounds one TCP connect, to the origin or to the upstream proxy. Default 10s.
+	// DialTimeout bounds one TCP connect, to the origin or to the upstream
+	// proxy, including the CONNECT / SOCKS5 handshake. Default 10s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// TLSHandshakeTimeout bounds the TLS handshake with an origin. Default 10s.
 	TLSHandshakeTimeout time.Duration `yaml:"tls_handshake_timeout"`
@@ -29,18 +34,164 @@ type Config struct {
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// IdleConnTimeout closes pooled keep-alive connections unused this long. Default 90s.
 	IdleConnTimeout time.Duration `yaml:"idle_conn_timeout"`
-	// MaxIdleConnsPerHost caps pooled keep-alive connections per origin. Default 32.
+	// MaxIdleConnsPerHost caps pooled keep-alive connections per origin and
+	// session. Default 32.
 	MaxIdleConnsPerHost int `yaml:"max_idle_conns_per_host"`
 	// CAFiles are PEM files of extra certificate authorities trusted for
-	// origins, on top of the system roots (a private origin, a test origin).
+	// origins (and the provider API), on top of the system roots.
 	CAFiles []string `yaml:"ca_files"`
 	// InsecureSkipVerifyHosts lists origin host names (exact, or "*.example.com")
 	// whose certificates are NOT verified. Every entry is logged as a warning
 	// at start-up. Empty by default; never use it for hosts you don't own.
 	InsecureSkipVerifyHosts []string `yaml:"insecure_skip_verify_hosts"`
+
+	// Sessions are upstream proxy sessions listed by hand: a provider's
+	// sticky sessions whose credentials you know, or plain proxies. Default
+	// none.
+	Sessions []SessionConfig `yaml:"sessions"`
+	// Provider lists (and rotates) sessions through a rotating-proxy
+	// provider's API. Off when provider.api is empty (the default).
+	Provider ProviderConfig `yaml:"provider"`
+	// Health probes every session actively. Off when health.url is empty
+	// (the default); passive marks from real traffic always apply.
+	Health HealthConfig `yaml:"health"`
+	// Retry bounds the retries of one request on a new exit IP.
+	Retry RetryConfig `yaml:"retry"`
+	// WhenExhausted says what happens when every session is cooling down:
+	// "fail" (default) answers 503 with the reason; "direct" sends the
+	// request from this host's own address, logged as an error.
+	WhenExhausted string `yaml:"when_exhausted"`
+	// Rules refine session choice, ban detection and retries per target;
+	// the first rule that matches a request wins. Default none.
+	Rules []RuleConfig `yaml:"rules"`
 }
 
-// WithDefaults returns c with zero fields set to their defaults.
+// SessionConfig is one entry of upstream.sessions.
+type SessionConfig struct {
+	// ID names the session in X-Onceproxy-Upstream, logs and the admin
+	// API, and is the id used with the provider's rotate API. Required:
+	// 1-64 characters of letters, digits, '_', '-' and '.'.
+	ID string `yaml:"id"`
+	// URL is the gateway with this session's credentials:
+	// http://USER:PASS@HOST:PORT or socks5://USER:PASS@HOST:PORT. Required.
+	URL string `yaml:"url"`
+	// Rotation is how the provider changes this session's exit IP:
+	// "sticky" (default: only when rotated), "timed" (every interval) or
+	// "per_request" (every new connection, so every request gets its own
+	// connection).
+	Rotation string `yaml:"rotation"`
+	// Interval is the rotation period of a "timed" session. Required for
+	// timed, not allowed otherwise.
+	Interval time.Duration `yaml:"interval"`
+	// Weight 1-10 is the session's share of traffic and its starting
+	// health weight. Default 5.
+	Weight int `yaml:"weight"`
+}
+
+// ProviderConfig is upstream.provider: a RoProxy-style session API.
+type ProviderConfig struct {
+	// API is the base URL of the provider API (https://backend.example);
+	// sessions are listed with GET {api}/api/session and rotated with
+	// POST {api}/api/session/{id}/rotate. Empty (default) turns it off.
+	API string `yaml:"api"`
+	// APIKey is sent as "Authorization: Bearer APIKEY". Prefer APIKeyEnv
+	// so the key need not sit in the file. Default empty.
+	APIKey string `yaml:"api_key"`
+	// APIKeyEnv names an environment variable holding the API key.
+	// Default empty.
+	APIKeyEnv string `yaml:"api_key_env"`
+	// Protocol picks the gateway port of listed sessions: "http"
+	// (default: http_port) or "socks5" (socks5_port).
+	Protocol string `yaml:"protocol"`
+	// Refresh is how often the session list is fetched again. Default 5m.
+	Refresh time.Duration `yaml:"refresh"`
+	// Timeout bounds one API call. Default 10s.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// HealthConfig is upstream.health: active probes through every session.
+type HealthConfig struct {
+	// URL is fetched (GET) through every session; "" (default) turns
+	// active checks off. An answer that is a bare IP address, or JSON with
+	// "ip" or "origin" (ipify, httpbin), also tells the session's exit IP.
+	URL string `yaml:"url"`
+	// Interval between two rounds of probes. Default 30s.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout bounds one probe. Default 10s.
+	Timeout time.Duration `yaml:"timeout"`
+}
+
+// RetryConfig is upstream.retry.
+type RetryConfig struct {
+	// MaxAttempts is the most times one request is sent, the first
+	// included (1 = never retry). Default 3.
+	MaxAttempts int `yaml:"max_attempts"`
+	// Methods may be retried after a 429, a ban, a 5xx or a connection
+	// error. Default [GET, HEAD]. A request that provably never left (the
+	// gateway refused the connection) is retried whatever its method.
+	Methods []string `yaml:"methods"`
+}
+
+// RuleConfig is one entry of upstream.rules.
+type RuleConfig struct {
+	// Name labels the rule in logs and is its rate bucket for
+	// sticky: account_rule. Default "rules[N]".
+	Name string `yaml:"name"`
+	// Host is a glob matched against the request's host name without port
+	// ("*.example.com", "api.example.com"). Empty matches every host.
+	Host string `yaml:"host"`
+	// PathPrefix restricts the rule to paths starting with it. Empty
+	// matches every path.
+	PathPrefix string `yaml:"path_prefix"`
+	// Sticky keeps requests on one session per bucket: "none" (default),
+	// "host" (per target host), "account" (per proxy account) or
+	// "account_rule" (per proxy account and this rule, the rate bucket of
+	// APIs that count requests per token and per IP).
+	Sticky string `yaml:"sticky"`
+	// BanStatuses are response statuses that mean "this exit IP is banned"
+	// on top of 429 (e.g. [403]). Default none.
+	BanStatuses []int `yaml:"ban_statuses"`
+	// BanBody is a substring that means "banned" when found in the first
+	// 64 KiB of a response body (decoded when gzip, deflate, br or zstd).
+	// The body still reaches the client intact. Default none.
+	BanBody string `yaml:"ban_body"`
+	// RetryMethods overrides retry.methods for this rule. Default: inherit.
+	RetryMethods []string `yaml:"retry_methods"`
+}
+
+// Rotation modes.
+const (
+	RotationSticky     = "sticky"
+	RotationTimed      = "timed"
+	RotationPerRequest = "per_request"
+)
+
+// Sticky buckets of a rule.
+const (
+	StickyNone        = "none"
+	StickyHost        = "host"
+	StickyAccount     = "account"
+	StickyAccountRule = "account_rule"
+)
+
+// WhenExhausted values.
+const (
+	ExhaustedFail   = "fail"
+	ExhaustedDirect = "direct"
+)
+
+// defaultSessionID is the id of the session made from Config.URL.
+const defaultSessionID = "default"
+
+// Weight bounds and the default weight of a session.
+const (
+	minWeight     = 1
+	maxWeight     = 10
+	defaultWeight = 5
+)
+
+// WithDefaults returns c with zero fields set to their defaults. Slices are
+// copied before being filled in, so the caller's config is never modified.
 func (c Config) WithDefaults() Config {
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -55,12 +206,50 @@ func (c Config) WithDefaults() Config {
 	if c.MaxIdleConnsPerHost == 0 {
 		c.MaxIdleConnsPerHost = 32
 	}
+	c.Sessions = slices.Clone(c.Sessions)
+	for i := range c.Sessions {
+		s := &c.Sessions[i]
+		if s.Rotation == "" {
+			s.Rotation = RotationSticky
+		}
+		if s.Weight == 0 {
+			s.Weight = defaultWeight
+		}
+	}
+	if c.Provider.Protocol == "" {
+		c.Provider.Protocol = "http"
+	}
+	def(&c.Provider.Refresh, 5*time.Minute)
+	def(&c.Provider.Timeout, 10*time.Second)
+	def(&c.Health.Interval, 30*time.Second)
+	def(&c.Health.Timeout, 10*time.Second)
+	if c.Retry.MaxAttempts == 0 {
+		c.Retry.MaxAttempts = 3
+	}
+	if c.Retry.Methods == nil {
+		c.Retry.Methods = []string{http.MethodGet, http.MethodHead}
+	}
+	if c.WhenExhausted == "" {
+		c.WhenExhausted = ExhaustedFail
+	}
+	c.Rules = slices.Clone(c.Rules)
+	for i := range c.Rules {
+		if c.Rules[i].Sticky == "" {
+			c.Rules[i].Sticky = StickyNone
+		}
+	}
 	return c
 }
 
-// Validate reports every problem in c, each prefixed with its yaml key.
+// Validate reports every problem in c, each prefixed with its key path
+// relative to upstream. ("sessions[2].url: ..."). Zero values are checked
+// as the defaults they stand for.
 func (c Config) Validate() error {
+	c = c.WithDefaults()
 	var errs []error
+	add := func(key string, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: %s", key, fmt.Sprintf(format, args...)))
+	}
 	if c.URL != "" {
 		if _, err := parseProxyURL(c.URL); err != nil {
 			errs = append(errs, fmt.Errorf("url: %w", err))
@@ -75,13 +264,17 @@ func (c Config) Validate() error {
 		{"response_header_timeout", c.ResponseHeaderTimeout},
 		{"idle_timeout", c.IdleTimeout},
 		{"idle_conn_timeout", c.IdleConnTimeout},
+		{"provider.refresh", c.Provider.Refresh},
+		{"provider.timeout", c.Provider.Timeout},
+		{"health.interval", c.Health.Interval},
+		{"health.timeout", c.Health.Timeout},
 	} {
 		if d.v < 0 {
-			errs = append(errs, fmt.Errorf("%s: must not be negative, got %s", d.key, d.v))
+			add(d.key, "must not be negative, got %s", d.v)
 		}
 	}
 	if c.MaxIdleConnsPerHost < 0 {
-		errs = append(errs, fmt.Errorf("max_idle_conns_per_host: must not be negative, got %d", c.MaxIdleConnsPerHost))
+		add("max_idle_conns_per_host", "must not be negative, got %d", c.MaxIdleConnsPerHost)
 	}
 	for i, f := range c.CAFiles {
 		if _, err := os.Stat(f); err != nil {
@@ -90,10 +283,154 @@ func (c Config) Validate() error {
 	}
 	for i, h := range c.InsecureSkipVerifyHosts {
 		if h == "" || strings.ContainsAny(h, "/: ") || strings.Contains(strings.TrimPrefix(h, "*."), "*") {
-			errs = append(errs, fmt.Errorf("insecure_skip_verify_hosts[%d]: %q is not a host name or *.domain pattern", i, h))
+			add(fmt.Sprintf("insecure_skip_verify_hosts[%d]", i), "%q is not a host name or *.domain pattern", h)
 		}
 	}
+
+	seen := map[string]string{}
+	if c.URL != "" {
+		seen[defaultSessionID] = "url"
+	}
+	for i, s := range c.Sessions {
+		key := fmt.Sprintf("sessions[%d]", i)
+		switch {
+		case !validID(s.ID):
+			add(key+".id", "must be 1-64 characters of letters, digits, '_', '-' or '.', got %q", s.ID)
+		case seen[s.ID] != "":
+			add(key+".id", "%q is already used by %s", s.ID, seen[s.ID])
+		default:
+			seen[s.ID] = key
+		}
+		if s.URL == "" {
+			add(key+".url", "required")
+		} else if _, err := parseProxyURL(s.URL); err != nil {
+			errs = append(errs, fmt.Errorf("%s.url: %w", key, err))
+		}
+		errs = append(errs, validateRotation(key, s.Rotation, s.Interval)...)
+		if s.Weight < minWeight || s.Weight > maxWeight {
+			add(key+".weight", "must be %d-%d, got %d", minWeight, maxWeight, s.Weight)
+		}
+	}
+
+	if p := c.Provider; p.API != "" {
+		if u, err := url.Parse(p.API); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			add("provider.api", "must be an http(s) URL with a host and no credentials, got %q", redact(p.API))
+		}
+		switch {
+		case p.APIKey != "" && p.APIKeyEnv != "":
+			add("provider.api_key", "set api_key or api_key_env, not both")
+		case p.APIKey == "" && p.APIKeyEnv == "":
+			add("provider.api_key", "required when provider.api is set (or name a variable in provider.api_key_env)")
+		case p.APIKeyEnv != "" && os.Getenv(p.APIKeyEnv) == "":
+			add("provider.api_key_env", "environment variable %s is unset or empty", p.APIKeyEnv)
+		}
+		if p.Refresh == 0 {
+			add("provider.refresh", "must be positive")
+		}
+		if p.Timeout == 0 {
+			add("provider.timeout", "must be positive")
+		}
+	}
+	if p := c.Provider.Protocol; p != "http" && p != "socks5" {
+		add("provider.protocol", "must be http or socks5, got %q", p)
+	}
+
+	if c.Health.URL != "" {
+		if u, err := url.Parse(c.Health.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			add("health.url", "must be an absolute http(s) URL, got %q", c.Health.URL)
+		}
+		if c.Health.Interval == 0 {
+			add("health.interval", "must be positive")
+		}
+		if c.Health.Timeout == 0 {
+			add("health.timeout", "must be positive")
+		}
+	}
+
+	if c.Retry.MaxAttempts < 1 || c.Retry.MaxAttempts > 10 {
+		add("retry.max_attempts", "must be 1-10, got %d", c.Retry.MaxAttempts)
+	}
+	errs = append(errs, validateMethods("retry.methods", c.Retry.Methods)...)
+
+	switch c.WhenExhausted {
+	case ExhaustedFail, ExhaustedDirect:
+	default:
+		add("when_exhausted", "must be %q or %q, got %q", ExhaustedFail, ExhaustedDirect, c.WhenExhausted)
+	}
+
+	for i, r := range c.Rules {
+		key := fmt.Sprintf("rules[%d]", i)
+		if r.Host != "" {
+			if _, err := path.Match(r.Host, ""); err != nil || strings.ContainsAny(r.Host, "/: ") {
+				add(key+".host", "%q is not a host glob", r.Host)
+			}
+		}
+		if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
+			add(key+".path_prefix", "must start with '/', got %q", r.PathPrefix)
+		}
+		switch r.Sticky {
+		case StickyNone, StickyHost, StickyAccount, StickyAccountRule:
+		default:
+			add(key+".sticky", "must be none, host, account or account_rule, got %q", r.Sticky)
+		}
+		for j, st := range r.BanStatuses {
+			if st < 100 || st > 599 {
+				add(fmt.Sprintf("%s.ban_statuses[%d]", key, j), "%d is not an HTTP status", st)
+			}
+		}
+		errs = append(errs, validateMethods(key+".retry_methods", r.RetryMethods)...)
+	}
 	return errors.Join(errs...)
+}
+
+func validateRotation(key, rotation string, interval time.Duration) []error {
+	var errs []error
+	switch rotation {
+	case RotationSticky, RotationPerRequest:
+		if interval != 0 {
+			errs = append(errs, fmt.Errorf("%s.interval: only for rotation: timed", key))
+		}
+	case RotationTimed:
+		if interval <= 0 {
+			errs = append(errs, fmt.Errorf("%s.interval: required (positive) for rotation: timed", key))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("%s.rotation: must be sticky, timed or per_request, got %q", key, rotation))
+	}
+	return errs
+}
+
+func validateMethods(key string, methods []string) []error {
+	var errs []error
+	for i, m := range methods {
+		if m == "" || strings.ToUpper(m) != m || strings.ContainsAny(m, " \t/:") {
+			errs = append(errs, fmt.Errorf("%s[%d]: %q is not an upper-case HTTP method", key, i, m))
+		}
+	}
+	return errs
+}
+
+// validID reports whether id is 1-64 characters of [A-Za-z0-9_.-]: safe in
+// a header, a log line and a URL path segment.
+func validID(id string) bool {
+	if id == "" || len(id) > 64 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// apiKey returns the provider API key from the file or the environment.
+func (p ProviderConfig) apiKey() string {
+	if p.APIKeyEnv != "" {
+		return os.Getenv(p.APIKeyEnv)
+	}
+	return p.APIKey
 }
 
 // parseProxyURL checks an upstream proxy URL: scheme http or socks5 (socks5h
@@ -102,6 +439,12 @@ func (c Config) Validate() error {
 func parseProxyURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
+		// *url.Error repeats the whole URL, password included: keep only
+		// its reason.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
 		return nil, fmt.Errorf("parse %q: %w", redact(raw), err)
 	}
 	switch u.Scheme {
@@ -124,6 +467,7 @@ func parseProxyURL(raw string) (*url.URL, error) {
 	if u.Scheme == "socks5h" {
 		u.Scheme = "socks5"
 	}
+	u.Path = ""
 	return u, nil
 }
 

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -57,8 +56,8 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		resp.Body.Close()
 		conn.Close()
 		return nil, &DialError{
-			Op:  "CONNECT " + addr + " through upstream proxy",
-			Err: fmt.Errorf("%s %s", resp.Status, trimLine(msg)),
+			Op:  "CONNECT " + addr + " through upstream proxy " + proxyURL.Host,
+			Err: &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)},
 		}
 	}
 	if !stop() {

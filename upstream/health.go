@@ -1,0 +1,188 @@
+package upstream
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// outcome is what one use of a session says about it.
+type outcome uint8
+
+const (
+	// outcomeNone says nothing about the session: the client or the flight
+	// gave up, or the origin's certificate is bad whatever the exit IP.
+	outcomeNone outcome = iota
+	outcomeOK
+	// outcomeRateLimited is a 429, from the origin or the gateway.
+	outcomeRateLimited
+	// outcomeBanned is a ban signal of a rule (status or body).
+	outcomeBanned
+	// outcomeConnError is a failure to reach the origin through the
+	// session: dial, CONNECT/SOCKS refusal, timeout, reset.
+	outcomeConnError
+	// outcomeServerError is a 5xx: most likely the origin's trouble, not
+	// the exit IP's, hence the mild penalty.
+	outcomeServerError
+)
+
+var outcomeNames = [...]string{"none", "ok", "rate_limited", "banned", "connection_error", "server_error"}
+
+func (o outcome) String() string { return outcomeNames[o] }
+
+// failure reports whether o counts against the session.
+func (o outcome) failure() bool { return o >= outcomeRateLimited }
+
+// penalty is what one failure costs a session. The numbers follow the
+// ProxyPool design the issue cites: a 429 says "this IP, right now" (short
+// cooldown), a connection error says "this gateway/session is broken"
+// (long cooldown), a 5xx is usually the origin's (no cooldown).
+type penalty struct {
+	weight   int
+	cooldown time.Duration
+}
+
+var penalties = [...]penalty{
+	outcomeRateLimited: {weight: 2, cooldown: 60 * time.Second},
+	outcomeBanned:      {weight: 2, cooldown: 60 * time.Second},
+	outcomeConnError:   {weight: 3, cooldown: 300 * time.Second},
+	outcomeServerError: {weight: 1, cooldown: 0},
+}
+
+const (
+	// escalateAfter consecutive failures of any kind put a session out for
+	// escalatedCooldown: it keeps failing, stop spending requests on it.
+	escalateAfter     = 3
+	escalatedCooldown = 10 * time.Minute
+	// maxRetryAfter caps how long an origin's Retry-After can bench a
+	// session: a bogus "Retry-After: 31536000" must not lose it for a year.
+	maxRetryAfter = time.Hour
+)
+
+// health is the passive and active health state of one session. Marks take
+// mu (one small lock per session, never held across I/O); selection, the
+// hot path, reads only the atomic mirrors.
+type health struct {
+	mu         sync.Mutex // guards the fields up to lastAt
+	weight     int
+	failures   int // consecutive
+	coolUntil  time.Time
+	coolReason outcome
+	last       outcome
+	lastErr    string
+	lastAt     time.Time
+
+	// Mirrors for lock-free reads, written under mu.
+	aWeight    atomic.Int32
+	aCoolUntil atomic.Int64 // unix nanoseconds; 0 = not cooling
+
+	requests atomic.Int64 // uses with an outcome
+	failed   atomic.Int64 // of which failures
+}
+
+func (h *health) init(weight int) {
+	h.mu.Lock()
+	h.weight = weight
+	h.aWeight.Store(int32(weight))
+	h.mu.Unlock()
+}
+
+// copyFrom carries the state of a session replaced by a refresh (same id,
+// new credentials) over to its successor: a new password does not make a
+// rate-limited IP fresh.
+func (h *health) copyFrom(o *health) {
+	o.mu.Lock()
+	weight, failures, until, reason, last, lastErr, lastAt := o.weight, o.failures, o.coolUntil, o.coolReason, o.last, o.lastErr, o.lastAt
+	o.mu.Unlock()
+	h.mu.Lock()
+	h.weight, h.failures, h.coolUntil, h.coolReason, h.last, h.lastErr, h.lastAt = weight, failures, until, reason, last, lastErr, lastAt
+	h.publish()
+	h.mu.Unlock()
+	h.requests.Store(o.requests.Load())
+	h.failed.Store(o.failed.Load())
+}
+
+// publish copies weight and cooldown to the atomic mirrors. Caller holds mu.
+func (h *health) publish() {
+	h.aWeight.Store(int32(h.weight))
+	if h.coolUntil.IsZero() {
+		h.aCoolUntil.Store(0)
+	} else {
+		h.aCoolUntil.Store(h.coolUntil.UnixNano())
+	}
+}
+
+// mark records one outcome at now. retryAfter (from a 429 or ban) makes the
+// cooldown at least that long. A cooldown is never shortened by a later,
+// milder failure; a success ends it (the session demonstrably works).
+func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg string) {
+	if o == outcomeNone {
+		return
+	}
+	h.requests.Add(1)
+	if o.failure() {
+		h.failed.Add(1)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.last, h.lastAt, h.lastErr = o, now, errMsg
+	if o == outcomeOK {
+		h.weight = min(h.weight+1, maxWeight)
+		h.failures = 0
+		h.coolUntil, h.coolReason = time.Time{}, outcomeNone
+		h.publish()
+		return
+	}
+	p := penalties[o]
+	h.weight = max(h.weight-p.weight, minWeight)
+	h.failures++
+	cool := p.cooldown
+	if retryAfter > cool {
+		cool = min(retryAfter, maxRetryAfter)
+	}
+	reason := o
+	if h.failures >= escalateAfter && escalatedCooldown > cool {
+		cool = escalatedCooldown
+	}
+	if cool > 0 {
+		if until := now.Add(cool); until.After(h.coolUntil) {
+			h.coolUntil, h.coolReason = until, reason
+		}
+	}
+	h.publish()
+}
+
+// available reports whether the session may be chosen at now (unix nanos).
+func (h *health) available(now int64) bool {
+	u := h.aCoolUntil.Load()
+	return u == 0 || u <= now
+}
+
+// currentWeight is the health weight, 1-10.
+func (h *health) currentWeight() int { return int(h.aWeight.Load()) }
+
+// coolingForOrigin reports whether the session sits out a 429 or a ban. An
+// active probe of another URL cannot tell that the origin forgave the IP,
+// so such sessions are not probed (a probe success would end the cooldown).
+func (h *health) coolingForOrigin(now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return now.Before(h.coolUntil) && (h.coolReason == outcomeRateLimited || h.coolReason == outcomeBanned)
+}
+
+// healthSnapshot is a consistent copy for the admin API.
+type healthSnapshot struct {
+	weight     int
+	failures   int
+	coolUntil  time.Time
+	coolReason outcome
+	last       outcome
+	lastErr    string
+	lastAt     time.Time
+}
+
+func (h *health) snapshot() healthSnapshot {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return healthSnapshot{h.weight, h.failures, h.coolUntil, h.coolReason, h.last, h.lastErr, h.lastAt}
+}

@@ -1,0 +1,145 @@
+package upstream
+
+import (
+	"bytes"
+	"compress/gzip"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMarkArithmetic walks a session through sequences of outcomes on an
+// injected clock and checks weight, consecutive failures and cooldown.
+func TestMarkArithmetic(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	type step struct {
+		at         time.Duration // after t0
+		o          outcome
+		retryAfter time.Duration
+	}
+	for _, tc := range []struct {
+		name     string
+		start    int
+		steps    []step
+		weight   int
+		failures int
+		cooling  time.Duration // cooldown end after t0; 0 = none
+		reason   outcome
+	}{
+		{"success raises", 5, []step{{0, outcomeOK, 0}}, 6, 0, 0, outcomeNone},
+		{"success caps at 10", 10, []step{{0, outcomeOK, 0}}, 10, 0, 0, outcomeNone},
+		{"429: -2, 60s", 5, []step{{0, outcomeRateLimited, 0}}, 3, 1, 60 * time.Second, outcomeRateLimited},
+		{"ban: -2, 60s", 5, []step{{0, outcomeBanned, 0}}, 3, 1, 60 * time.Second, outcomeBanned},
+		{"429 with Retry-After 120", 5, []step{{0, outcomeRateLimited, 120 * time.Second}}, 3, 1, 120 * time.Second, outcomeRateLimited},
+		{"Retry-After shorter than 60s", 5, []step{{0, outcomeRateLimited, 5 * time.Second}}, 3, 1, 60 * time.Second, outcomeRateLimited},
+		{"Retry-After capped at 1h", 5, []step{{0, outcomeRateLimited, 48 * time.Hour}}, 3, 1, time.Hour, outcomeRateLimited},
+		{"connection error: -3, 300s", 5, []step{{0, outcomeConnError, 0}}, 2, 1, 300 * time.Second, outcomeConnError},
+		{"5xx: -1, no cooldown", 5, []step{{0, outcomeServerError, 0}}, 4, 1, 0, outcomeNone},
+		{"weight floor is 1", 5, []step{{0, outcomeConnError, 0}, {time.Second, outcomeConnError, 0}}, 1, 2, 301 * time.Second, outcomeConnError},
+		{"3 consecutive failures: 10 min", 5, []step{
+			{0, outcomeServerError, 0}, {time.Second, outcomeServerError, 0}, {2 * time.Second, outcomeServerError, 0},
+		}, 2, 3, 2*time.Second + 10*time.Minute, outcomeServerError},
+		{"success clears failures and cooldown", 5, []step{
+			{0, outcomeRateLimited, 0}, {time.Second, outcomeOK, 0},
+		}, 4, 0, 0, outcomeNone},
+		{"success breaks the streak", 5, []step{
+			{0, outcomeServerError, 0}, {1, outcomeServerError, 0}, {2, outcomeOK, 0}, {3, outcomeServerError, 0},
+		}, 3, 1, 0, outcomeNone},
+		{"a milder failure never shortens a cooldown", 5, []step{
+			{0, outcomeConnError, 0}, {10 * time.Second, outcomeRateLimited, 0},
+		}, 1, 2, 300 * time.Second, outcomeConnError},
+		{"a longer one extends it", 5, []step{
+			{0, outcomeRateLimited, 0}, {10 * time.Second, outcomeConnError, 0},
+		}, 1, 2, 310 * time.Second, outcomeConnError},
+		{"none changes nothing", 5, []step{{0, outcomeNone, 0}}, 5, 0, 0, outcomeNone},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var h health
+			h.init(tc.start)
+			for _, st := range tc.steps {
+				h.mark(st.o, t0.Add(st.at), st.retryAfter, "")
+			}
+			s := h.snapshot()
+			if s.weight != tc.weight || s.failures != tc.failures {
+				t.Errorf("weight %d failures %d, want %d and %d", s.weight, s.failures, tc.weight, tc.failures)
+			}
+			if int(h.aWeight.Load()) != s.weight {
+				t.Errorf("atomic weight %d != %d", h.aWeight.Load(), s.weight)
+			}
+			var wantUntil time.Time
+			if tc.cooling > 0 {
+				wantUntil = t0.Add(tc.cooling)
+			}
+			if !s.coolUntil.Equal(wantUntil) || s.coolReason != tc.reason {
+				t.Errorf("cooldown until %v (%s), want %v (%s)", s.coolUntil, s.coolReason, wantUntil, tc.reason)
+			}
+			if tc.cooling > 0 {
+				end := t0.Add(tc.cooling)
+				if h.available(end.Add(-time.Nanosecond).UnixNano()) || !h.available(end.UnixNano()) {
+					t.Errorf("available() does not flip at the end of the cooldown")
+				}
+			} else if !h.available(t0.UnixNano()) {
+				t.Errorf("not available without a cooldown")
+			}
+		})
+	}
+}
+
+func TestCoolingForOriginSkipsProbes(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	var h health
+	h.init(5)
+	h.mark(outcomeConnError, t0, 0, "")
+	if h.coolingForOrigin(t0) {
+		t.Error("a connection-error cooldown must be probed (a probe can end it)")
+	}
+	h.mark(outcomeRateLimited, t0, 400*time.Second, "")
+	if !h.coolingForOrigin(t0) {
+		t.Error("a 429 cooldown must not be probed")
+	}
+	if h.coolingForOrigin(t0.Add(time.Hour)) {
+		t.Error("an ended cooldown is not cooling")
+	}
+}
+
+func TestRetryAfter(t *testing.T) {
+	now := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	for _, tc := range []struct {
+		in   string
+		want time.Duration
+	}{
+		{"", 0},
+		{"120", 120 * time.Second},
+		{" 7 ", 7 * time.Second},
+		{"0", 0},
+		{"-5", 0},
+		{"999999999", time.Hour},
+		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
+		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
+		{"soon", 0},
+	} {
+		if got := retryAfter(tc.in, now); got != tc.want {
+			t.Errorf("retryAfter(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestDecodePrefixOfTruncatedBodies(t *testing.T) {
+	page := "<html>" + strings.Repeat("x", 1000) + "Access denied: captcha-wall" + strings.Repeat("y", 300_000) + "</html>"
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	zw.Write([]byte(page))
+	zw.Close()
+	// Only a prefix of the compressed stream, as scanBody reads it.
+	prefix := gz.Bytes()[:min(gz.Len(), 300)]
+	if !bytes.Contains(decodePrefix(prefix, "gzip"), []byte("captcha-wall")) {
+		t.Error("needle not found in a truncated gzip prefix")
+	}
+	if !bytes.Contains(decodePrefix([]byte(page[:2000]), ""), []byte("captcha-wall")) {
+		t.Error("needle not found in identity body")
+	}
+	if bytes.Contains(decodePrefix([]byte("garbage"), "gzip"), []byte("captcha")) {
+		t.Error("corrupt gzip produced text")
+	}
+}

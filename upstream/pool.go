@@ -1,0 +1,567 @@
+// Package upstream is how onceproxy reaches origins: through a pool of
+// upstream proxy sessions (a rotating-proxy provider's sticky, timed and
+// per-request sessions, or plain proxies), or directly when none is
+// configured. It exposes the standard seams: an http.RoundTripper for
+// requests and a DialContext for blind tunnels.
+//
+// The pool chooses a session per request (client hint, a rule's sticky
+// bucket, the request's own binding, else weighted random; see select.go),
+// marks every outcome against the session (health.go), rotates a session's
+// exit IP through the provider API after a 429 or a ban, and retries the
+// request on a new exit IP, all inside one RoundTrip: behind the dedup
+// engine, every waiter of a flight sees only the final answer.
+//
+// The outgoing side never reads the process's own HTTP_PROXY / HTTPS_PROXY
+// variables: a proxy that chains through whatever its environment says is a
+// proxy whose egress nobody configured.
+package upstream
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+)
+
+const (
+	// HeaderUpstream names the session that answered ("direct" without
+	// one). Set on every response the pool returns; never credentials.
+	HeaderUpstream = "X-Onceproxy-Upstream"
+	// headerSession is the client's session hint. The front door consumes
+	// it; the pool strips it again so it can never reach an origin.
+	headerSession = "X-Onceproxy-Session"
+	// directName is the X-Onceproxy-Upstream value of direct requests.
+	directName = "direct"
+)
+
+// Pool sends requests to origins and opens tunnels to them through its
+// upstream sessions, or directly when it has none configured. Create it
+// with New, run its background loops with Run, release it with Close.
+type Pool struct {
+	cfg     Config
+	log     *slog.Logger
+	kit     *connKit
+	direct  *http.Transport
+	rules   []*rule
+	defRule *rule
+	// now is the clock of marks and cooldowns; tests replace it.
+	now func() time.Time
+
+	isDirect bool // nothing configured: every request goes direct
+	static   []*session
+	provider *providerClient // nil without provider.api
+
+	sessions atomic.Pointer[sessionSet]
+	bindings bindings
+
+	refreshMu sync.Mutex // serializes refreshes; guards retired and prov
+	retired   []*session // replaced by a refresh; idle connections closed again later
+	prov      ProviderStatus
+
+	exhausted atomic.Bool // inside an "every session is cooling" episode (logged once)
+}
+
+// Option adjusts a Pool at construction.
+type Option func(*options)
+
+type options struct {
+	control func(ctx context.Context, network, address string, c syscall.RawConn) error
+}
+
+// WithDialControl sets the net.Dialer ControlContext of connections the
+// pool opens directly to origins (not to gateways or the provider API,
+// which are the operator's own addresses): the SSRF guard's dial-time check
+// of the resolved address.
+func WithDialControl(f func(ctx context.Context, network, address string, c syscall.RawConn) error) Option {
+	return func(o *options) { o.control = f }
+}
+
+// New builds a Pool from cfg (defaults applied here). It starts no
+// goroutine. With a provider configured it fetches the session list once,
+// bounded by provider.timeout; if that fails the failure is logged and the
+// pool serves its static sessions (or answers 503 "no upstream sessions
+// yet") until a refresh by Run succeeds.
+func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
+	}
+	tlsConf, err := originTLSConfig(cfg, logger)
+	if err != nil {
+		return nil, fmt.Errorf("upstream: %w", err)
+	}
+	kit := &connKit{cfg: cfg, tls: tlsConf,
+		dialer: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
+		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
+	}
+	p := &Pool{
+		cfg: cfg,
+		log: logger,
+		kit: kit,
+		now: time.Now,
+	}
+	p.rules, p.defRule = compileRules(cfg)
+	p.direct = kit.transport(kit.dialDirect, nil, true, cfg.IdleConnTimeout)
+
+	var specs []sessionSpec
+	if cfg.URL != "" {
+		u, _ := parseProxyURL(cfg.URL) // validated above
+		specs = append(specs, sessionSpec{id: defaultSessionID, source: sourceConfig, proxyURL: u,
+			rotation: RotationSticky, weight: defaultWeight})
+	}
+	for _, sc := range cfg.Sessions {
+		u, _ := parseProxyURL(sc.URL)
+		specs = append(specs, sessionSpec{id: sc.ID, source: sourceConfig, proxyURL: u,
+			rotation: sc.Rotation, interval: sc.Interval, weight: sc.Weight})
+	}
+	for _, spec := range specs {
+		s, err := kit.newSession(spec)
+		if err != nil {
+			return nil, fmt.Errorf("upstream: %w", err)
+		}
+		p.static = append(p.static, s)
+	}
+	sortSessions(p.static)
+	p.sessions.Store(newSessionSet(p.static))
+
+	if cfg.Provider.API != "" {
+		p.provider = newProviderClient(cfg.Provider, tlsConf, kit.dialer)
+		p.prov.API = p.provider.base
+		ctx, cancel := context.WithTimeout(context.Background(), cfg.Provider.Timeout)
+		err := p.refresh(ctx)
+		cancel()
+		if err != nil {
+			if len(p.static) > 0 {
+				logger.Error("upstream provider API failed at start-up; serving the configured sessions until a refresh succeeds",
+					"static_sessions", len(p.static), "err", err, "next_try", p.retryDelay(1))
+			} else {
+				logger.Error("upstream provider API failed at start-up and it is the only source of sessions: "+
+					"requests get 503 until a refresh succeeds", "err", err, "next_try", p.retryDelay(1))
+			}
+		}
+	}
+	p.isDirect = cfg.URL == "" && len(cfg.Sessions) == 0 && cfg.Provider.API == ""
+	if !p.isDirect && cfg.WhenExhausted == ExhaustedDirect {
+		logger.Warn("upstream.when_exhausted=direct: when every session is cooling down, requests leave from this host's own IP")
+	}
+	return p, nil
+}
+
+// RoundTrip sends req through a session and returns the final answer: a
+// 429, a ban or a 5xx is retried (up to retry.max_attempts, for the rule's
+// retry methods) on a new exit IP before anything is returned. It
+// implements http.RoundTripper.
+func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
+	if p.isDirect {
+		return p.sendDirect(req)
+	}
+	ctx := req.Context()
+	info := clientinfo.From(ctx)
+	host := req.URL.Hostname()
+	r := p.match(host, req.URL.Path)
+	pr := r.pickRequest(info.Account, info.Session, host, info.Key)
+	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	var (
+		tried   []*session
+		rotated *session // a tried session whose exit IP changed since its failure
+	)
+	for attempt := 1; ; attempt++ {
+		now := p.now()
+		set := p.sessions.Load()
+		s := p.pick(set, &pr, now, tried)
+		if s == nil && rotated != nil {
+			// Nothing else is available, but this session has a new exit
+			// IP that has not been rate-limited: its cooldown was for the
+			// old one.
+			s, rotated = rotated, nil
+		}
+		if s == nil {
+			// Later attempts get here only if the session seen available
+			// a moment ago went into cooldown meanwhile.
+			return p.whenExhausted(req, set, now)
+		}
+		p.endExhaustion()
+		out, err := outgoing(req, attempt)
+		if err != nil {
+			return nil, fmt.Errorf("upstream: replay request body: %w", err)
+		}
+		gen := s.gen.Load()
+		resp, err := s.transportFor(out).RoundTrip(out)
+		v := p.classify(ctx, r, out, resp, err)
+		s.h.mark(v.kind, p.now(), v.retryAfter, s.scrub(v.msg))
+		if v.kind == outcomeOK || v.kind == outcomeNone {
+			if v.kind == outcomeOK && pr.key != 0 {
+				p.bindings.put(pr.key, s.id, now.UnixNano())
+			}
+			return p.answer(s, resp, err)
+		}
+		retry := attempt < p.cfg.Retry.MaxAttempts && replayable && (r.retries(req.Method) || v.neverSent)
+		next := "another session"
+		if retry && (v.kind == outcomeRateLimited || v.kind == outcomeBanned) && p.rotateAfterFailure(ctx, s, gen) {
+			rotated = s
+			next = "another session or its new exit IP"
+		}
+		tried = append(tried, s)
+		if retry && rotated == nil && p.pick(p.sessions.Load(), &pr, p.now(), tried) == nil {
+			// Nowhere else to go: the answer we have is the final one.
+			// Without an answer (every session failed to connect), say
+			// why no session can take the request.
+			if err != nil {
+				if ex := p.exhaustedError(p.sessions.Load(), p.now()); ex.Sessions > 0 && allCooling(p.sessions.Load(), p.now()) {
+					ex.Cause = fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
+					return nil, ex
+				}
+			}
+			retry = false
+		}
+		if !retry {
+			return p.answer(s, resp, err)
+		}
+		p.log.Info("upstream attempt failed; retrying", "session", s.id, "outcome", v.kind.String(),
+			"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path, "next", next)
+		discard(resp)
+	}
+}
+
+// answer finishes a request on session s: the response carries the
+// session's id, an error names it.
+func (p *Pool) answer(s *session, resp *http.Response, err error) (*http.Response, error) {
+	if err != nil {
+		return nil, fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
+	}
+	setUpstreamHeader(resp, s.id)
+	return resp, nil
+}
+
+// scrubbed wraps an error so that its text never carries the session's
+// password while errors.Is/As still see the original.
+type scrubbed struct {
+	err error
+	s   *session
+}
+
+func (e scrubbed) Error() string { return e.s.scrub(e.err.Error()) }
+func (e scrubbed) Unwrap() error { return e.err }
+
+func setUpstreamHeader(resp *http.Response, name string) {
+	if resp.Header == nil {
+		resp.Header = make(http.Header)
+	}
+	resp.Header.Set(HeaderUpstream, name)
+}
+
+// outgoing is the request of one attempt: without the session hint header,
+// and with a fresh body for a retry.
+func outgoing(req *http.Request, attempt int) (*http.Request, error) {
+	out := req
+	if _, ok := req.Header[headerSession]; ok {
+		out = req.Clone(req.Context())
+		out.Header.Del(headerSession)
+	}
+	if attempt > 1 && req.Body != nil && req.Body != http.NoBody {
+		if out == req {
+			out = req.WithContext(req.Context()) // shallow copy
+		}
+		body, err := req.GetBody()
+		if err != nil {
+			return nil, err
+		}
+		out.Body = body
+	}
+	return out, nil
+}
+
+// discard drops a response we will not return, reading a little of it so
+// its connection can be reused.
+func discard(resp *http.Response) {
+	if resp == nil || resp.Body == nil {
+		return
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, 8<<10)
+	resp.Body.Close()
+}
+
+func (p *Pool) sendDirect(req *http.Request) (*http.Response, error) {
+	out, err := outgoing(req, 1)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.direct.RoundTrip(out)
+	if err != nil {
+		return nil, err
+	}
+	setUpstreamHeader(resp, directName)
+	return resp, nil
+}
+
+// whenExhausted answers a request no session can take.
+func (p *Pool) whenExhausted(req *http.Request, set *sessionSet, now time.Time) (*http.Response, error) {
+	err := p.exhaustedError(set, now)
+	if p.cfg.WhenExhausted == ExhaustedDirect {
+		if !p.exhausted.Swap(true) {
+			p.log.Error("ALL upstream sessions unavailable: sending requests DIRECT from this host's own IP "+
+				"(upstream.when_exhausted=direct)", "reason", err.Reason)
+		}
+		return p.sendDirect(req)
+	}
+	if !p.exhausted.Swap(true) {
+		p.log.Warn("all upstream sessions unavailable: answering 503 until one is ready", "reason", err.Reason)
+	}
+	return nil, err
+}
+
+// allCooling reports whether every session of set is in cooldown at now.
+func allCooling(set *sessionSet, now time.Time) bool {
+	n := now.UnixNano()
+	for _, s := range set.list {
+		if s.h.available(n) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *Pool) endExhaustion() {
+	if p.exhausted.Load() && p.exhausted.Swap(false) {
+		p.log.Info("upstream sessions available again")
+	}
+}
+
+func (p *Pool) exhaustedError(set *sessionSet, now time.Time) *ExhaustedError {
+	if len(set.list) == 0 {
+		p.refreshMu.Lock()
+		last := p.prov.LastError
+		p.refreshMu.Unlock()
+		if last == "" {
+			last = "provider API has not answered yet"
+		}
+		return &ExhaustedError{Reason: "no upstream sessions yet: " + last}
+	}
+	var next time.Duration
+	for _, s := range set.list {
+		if u := s.h.aCoolUntil.Load(); u != 0 {
+			if d := time.Duration(u - now.UnixNano()); d > 0 && (next == 0 || d < next) {
+				next = d
+			}
+		}
+	}
+	next = next.Round(time.Second)
+	n := len(set.list)
+	reason := fmt.Sprintf("all %d upstream sessions are cooling down (next ready in %s)", n, next)
+	if n == 1 {
+		reason = fmt.Sprintf("the only upstream session (%s) is cooling down (ready in %s)", set.list[0].id, next)
+	}
+	return &ExhaustedError{Sessions: n, NextReady: next, Reason: reason}
+}
+
+// DialContext opens a byte tunnel to addr ("host:port") through a session,
+// for traffic the proxy does not interpret (bypass hosts, non-HTTP
+// protocols). A session that cannot open it is marked and the next one is
+// tried: nothing was sent yet.
+func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	if p.isDirect {
+		return p.kit.dialDirect(ctx, network, addr)
+	}
+	info := clientinfo.From(ctx)
+	host, _, _ := net.SplitHostPort(addr)
+	r := p.match(host, "")
+	pr := r.pickRequest(info.Account, info.Session, host, info.Key)
+	var (
+		tried   []*session
+		lastErr error
+	)
+	for attempt := 1; attempt <= p.cfg.Retry.MaxAttempts; attempt++ {
+		now := p.now()
+		set := p.sessions.Load()
+		s := p.pick(set, &pr, now, tried)
+		if s == nil {
+			if lastErr != nil {
+				return nil, lastErr
+			}
+			if p.cfg.WhenExhausted == ExhaustedDirect {
+				if !p.exhausted.Swap(true) {
+					p.log.Error("ALL upstream sessions unavailable: opening tunnels DIRECT from this host's own IP "+
+						"(upstream.when_exhausted=direct)", "reason", p.exhaustedError(set, now).Reason)
+				}
+				return p.kit.dialDirect(ctx, network, addr)
+			}
+			return nil, p.exhaustedError(set, now)
+		}
+		p.endExhaustion()
+		c, err := s.tunnel(ctx, addr)
+		if err == nil {
+			s.h.mark(outcomeOK, p.now(), 0, "")
+			if p.log.Enabled(ctx, slog.LevelDebug) {
+				p.log.Debug("tunnel through upstream session", "session", s.id, "target", addr)
+			}
+			return c, nil
+		}
+		v := classifyErr(ctx, err)
+		s.h.mark(v.kind, p.now(), 0, s.scrub(v.msg))
+		lastErr = fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
+		if v.kind == outcomeNone {
+			return nil, lastErr
+		}
+		tried = append(tried, s)
+	}
+	return nil, lastErr
+}
+
+// Describe names the egress for logs, without credentials.
+func (p *Pool) Describe() string {
+	if p.isDirect {
+		return directName
+	}
+	set := p.sessions.Load()
+	ids := make([]string, 0, len(set.list))
+	for _, s := range set.list {
+		ids = append(ids, s.id)
+	}
+	if len(ids) > 8 {
+		ids = append(ids[:8], "…")
+	}
+	d := fmt.Sprintf("%d upstream sessions [%s]", len(set.list), strings.Join(ids, " "))
+	if len(set.list) == 1 && len(p.static) == 1 && p.provider == nil {
+		d = "upstream session " + set.list[0].id + " via " + set.list[0].proxyURL.Redacted()
+	}
+	if p.provider != nil {
+		d += ", provider " + p.provider.base
+	}
+	return d + ", when_exhausted=" + p.cfg.WhenExhausted
+}
+
+// Close drops pooled idle connections. Call it after Run has returned.
+func (p *Pool) Close() {
+	p.direct.CloseIdleConnections()
+	for _, s := range p.sessions.Load().list {
+		s.closeIdle()
+	}
+	p.refreshMu.Lock()
+	for _, s := range p.retired {
+		s.closeIdle()
+	}
+	p.retired = nil
+	p.refreshMu.Unlock()
+}
+
+// TimedRotationMin returns the shortest rotation interval of the current
+// timed sessions, and false when there is none. A cached response older
+// than this may have been fetched from an exit IP the session no longer has.
+func (p *Pool) TimedRotationMin() (time.Duration, bool) {
+	var m time.Duration
+	for _, s := range p.sessions.Load().list {
+		if s.rotation == RotationTimed && (m == 0 || s.interval < m) {
+			m = s.interval
+		}
+	}
+	return m, m > 0
+}
+
+// Run runs the background work until ctx ends: the provider refresh loop,
+// the active health checks and the recycling of timed sessions'
+// connections. It returns nil once every goroutine it started has ended.
+func (p *Pool) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	if p.provider != nil {
+		wg.Go(func() { p.refreshLoop(ctx) })
+	}
+	if p.cfg.Health.URL != "" && !p.isDirect {
+		wg.Go(func() { p.healthLoop(ctx) })
+	}
+	if !p.isDirect {
+		wg.Go(func() { p.recycleLoop(ctx) })
+	}
+	<-ctx.Done()
+	wg.Wait()
+	return nil
+}
+
+// rotateAfterFailure rotates s through the provider after a 429 or a ban
+// seen by an attempt that started at rotation generation gen. Many flights
+// may hit the same wall at once: one rotation serves them all (the others
+// find the generation moved). It reports whether s now has a new exit IP.
+func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) bool {
+	if s.perRequest {
+		// Its next connection leaves from a new IP anyway.
+		return true
+	}
+	if p.provider == nil || s.notAtProvider.Load() {
+		return false
+	}
+	select {
+	case s.rotateSem <- struct{}{}:
+	case <-ctx.Done():
+		return false
+	}
+	defer func() { <-s.rotateSem }()
+	if s.gen.Load() != gen {
+		return true // rotated since this attempt started
+	}
+	if err := p.rotateLocked(ctx, s, "after a 429 or ban"); err != nil {
+		if errors.Is(err, errProviderNotFound) && s.source == sourceConfig {
+			// A configured plain proxy next to a provider: stop asking.
+			s.notAtProvider.Store(true)
+		}
+		p.log.Warn("upstream session rotation failed", "session", s.id, "err", err)
+		return false
+	}
+	return true
+}
+
+// rotateLocked calls the provider's rotate API for s. Caller holds s.rotateSem.
+func (p *Pool) rotateLocked(ctx context.Context, s *session, why string) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.Provider.Timeout)
+	defer cancel()
+	ip, err := p.provider.rotate(ctx, s.id)
+	if err != nil {
+		return err
+	}
+	s.setExitIP(ip)
+	s.gen.Add(1)
+	s.rotations.Add(1)
+	// Pooled connections lead to the old exit IP.
+	s.closeIdle()
+	p.log.Info("upstream session rotated", "session", s.id, "why", why, "exit_ip", ip)
+	return nil
+}
+
+// Rotate asks the provider for a new exit IP for session id (the admin
+// API's POST /upstream/sessions/{id}/rotate). Errors carry HTTPStatus: 404
+// for an unknown id, 409 without a provider API, 502 when the API failed.
+func (p *Pool) Rotate(ctx context.Context, id string) error {
+	s := p.sessions.Load().byID[id]
+	if s == nil {
+		return &StatusError{Status: http.StatusNotFound, Err: fmt.Errorf("upstream: no session %q", id)}
+	}
+	if p.provider == nil {
+		return &StatusError{Status: http.StatusConflict, Err: fmt.Errorf("upstream: session %q cannot be rotated: no provider API configured (upstream.provider.api)", id)}
+	}
+	select {
+	case s.rotateSem <- struct{}{}:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { <-s.rotateSem }()
+	if err := p.rotateLocked(ctx, s, "admin request"); err != nil {
+		st := http.StatusBadGateway
+		if errors.Is(err, errProviderNotFound) {
+			st = http.StatusNotFound
+		}
+		return &StatusError{Status: st, Err: fmt.Errorf("upstream: rotate session %q: %w", id, err)}
+	}
+	return nil
+}

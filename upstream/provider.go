@@ -1,0 +1,246 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The provider API, RoProxy-style. Both calls authenticate with
+// "Authorization: Bearer API_KEY".
+//
+// GET {api}/api/session answers 200 with
+//
+//	{"sessions": [
+//	  {"id": "s1", "username": "USER", "password": "PASS",
+//	   "gateway_host": "gw.example", "http_port": 8000, "socks5_port": 1080,
+//	   "rotation": "sticky", "interval_seconds": 0, "exit_ip": "203.0.113.7",
+//	   "weight": 5}
+//	]}
+//
+// id, username, gateway_host and the port of the configured protocol are
+// required; rotation is sticky, timed (interval_seconds > 0) or
+// per_request (default sticky); exit_ip and weight (1-10, default 5) are
+// optional. Unknown fields are ignored. A list that does not parse, has an
+// invalid entry or no session at all is rejected whole: the pool keeps the
+// list it had.
+//
+// POST {api}/api/session/{id}/rotate moves the session to a new exit IP and
+// answers 2xx, ideally with the session object above (its exit_ip is then
+// known); 404 means the provider does not know the id.
+
+// wireSession is one session as the provider API sends it.
+type wireSession struct {
+	ID              string  `json:"id"`
+	Username        string  `json:"username"`
+	Password        string  `json:"password"`
+	GatewayHost     string  `json:"gateway_host"`
+	HTTPPort        int     `json:"http_port"`
+	SOCKS5Port      int     `json:"socks5_port"`
+	Rotation        string  `json:"rotation"`
+	IntervalSeconds float64 `json:"interval_seconds"`
+	ExitIP          string  `json:"exit_ip"`
+	Weight          int     `json:"weight"`
+}
+
+type wireList struct {
+	Sessions []wireSession `json:"sessions"`
+}
+
+// maxAPIBody bounds what we read of one API answer.
+const maxAPIBody = 4 << 20
+
+// providerClient talks to the provider API. It never goes through an
+// upstream session, nor through the process's HTTP_PROXY.
+type providerClient struct {
+	base     string // API base URL without trailing slash
+	key      string
+	protocol string // "http" or "socks5": which gateway port sessions use
+	client   *http.Client
+}
+
+func newProviderClient(cfg ProviderConfig, tlsConf *tls.Config, dialer *net.Dialer) *providerClient {
+	return &providerClient{
+		base:     strings.TrimRight(cfg.API, "/"),
+		key:      cfg.apiKey(),
+		protocol: cfg.Protocol,
+		client: &http.Client{
+			Timeout: cfg.Timeout,
+			Transport: &http.Transport{
+				Proxy:               nil,
+				DialContext:         dialer.DialContext,
+				TLSClientConfig:     tlsConf,
+				TLSHandshakeTimeout: cfg.Timeout,
+				// A call every few minutes: no connection worth keeping,
+				// and none left behind (with its goroutines) after Close.
+				DisableKeepAlives: true,
+			},
+			CheckRedirect: func(*http.Request, []*http.Request) error {
+				// A redirect would carry the bearer token elsewhere.
+				return http.ErrUseLastResponse
+			},
+		},
+	}
+}
+
+// errProviderNotFound is the provider's 404 for a session id.
+var errProviderNotFound = errors.New("provider does not know this session")
+
+// do sends one API call and returns the body of a 2xx answer.
+func (c *providerClient) do(ctx context.Context, method, path string) ([]byte, error) {
+	op := method + " " + c.base + path
+	req, err := http.NewRequestWithContext(ctx, method, c.base+path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("provider API %s: %w", op, err)
+	}
+	req.Header.Set("Authorization", "Bearer "+c.key)
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "onceproxy")
+	resp, err := c.client.Do(req)
+	if err != nil {
+		return nil, c.scrub(fmt.Errorf("provider API %s: %w", op, err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAPIBody+1))
+	if err != nil {
+		return nil, c.scrub(fmt.Errorf("provider API %s: read answer: %w", op, err))
+	}
+	if len(body) > maxAPIBody {
+		return nil, fmt.Errorf("provider API %s: answer larger than %d bytes", op, maxAPIBody)
+	}
+	switch {
+	case resp.StatusCode == http.StatusNotFound:
+		return nil, fmt.Errorf("provider API %s: %s: %w", op, resp.Status, errProviderNotFound)
+	case resp.StatusCode < 200 || resp.StatusCode > 299:
+		return nil, c.scrub(fmt.Errorf("provider API %s: %s: %s", op, resp.Status, snippet(body)))
+	}
+	return body, nil
+}
+
+// list fetches and checks the session list.
+func (c *providerClient) list(ctx context.Context) ([]sessionSpec, error) {
+	body, err := c.do(ctx, http.MethodGet, "/api/session")
+	if err != nil {
+		return nil, err
+	}
+	var wl wireList
+	if err := json.Unmarshal(body, &wl); err != nil {
+		return nil, c.scrub(fmt.Errorf("provider API GET %s/api/session: answer is not the session list JSON (%v): %s", c.base, err, snippet(body)))
+	}
+	if len(wl.Sessions) == 0 {
+		return nil, c.scrub(fmt.Errorf("provider API GET %s/api/session: no sessions in the answer: %s", c.base, snippet(body)))
+	}
+	specs := make([]sessionSpec, 0, len(wl.Sessions))
+	var errs []error
+	seen := map[string]bool{}
+	for i, ws := range wl.Sessions {
+		spec, err := c.spec(ws)
+		if err == nil && seen[spec.id] {
+			err = fmt.Errorf("duplicate id %q", spec.id)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("sessions[%d]: %w", i, err))
+			continue
+		}
+		seen[spec.id] = true
+		specs = append(specs, spec)
+	}
+	if len(errs) > 0 {
+		return nil, c.scrub(fmt.Errorf("provider API GET %s/api/session: invalid session list: %w", c.base, errors.Join(errs...)))
+	}
+	return specs, nil
+}
+
+// spec turns one wire session into a sessionSpec for the configured protocol.
+func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
+	if !validID(ws.ID) {
+		return sessionSpec{}, fmt.Errorf("id %q is not 1-64 characters of letters, digits, '_', '-' or '.'", ws.ID)
+	}
+	if ws.Username == "" {
+		return sessionSpec{}, fmt.Errorf("session %s: no username", ws.ID)
+	}
+	if ws.GatewayHost == "" || strings.ContainsAny(ws.GatewayHost, "/@ ") {
+		return sessionSpec{}, fmt.Errorf("session %s: bad gateway_host %q", ws.ID, ws.GatewayHost)
+	}
+	port := ws.HTTPPort
+	if c.protocol == "socks5" {
+		port = ws.SOCKS5Port
+	}
+	if port < 1 || port > 65535 {
+		return sessionSpec{}, fmt.Errorf("session %s: no valid %s port", ws.ID, c.protocol)
+	}
+	rotation := ws.Rotation
+	if rotation == "" {
+		rotation = RotationSticky
+	}
+	interval := time.Duration(ws.IntervalSeconds * float64(time.Second))
+	if errs := validateRotation("session "+ws.ID, rotation, interval); len(errs) > 0 {
+		return sessionSpec{}, errs[0]
+	}
+	weight := ws.Weight
+	if weight == 0 {
+		weight = defaultWeight
+	}
+	if weight < minWeight || weight > maxWeight {
+		return sessionSpec{}, fmt.Errorf("session %s: weight must be %d-%d, got %d", ws.ID, minWeight, maxWeight, weight)
+	}
+	return sessionSpec{
+		id:     ws.ID,
+		source: sourceProvider,
+		proxyURL: &url.URL{
+			Scheme: c.protocol,
+			User:   url.UserPassword(ws.Username, ws.Password),
+			Host:   net.JoinHostPort(ws.GatewayHost, strconv.Itoa(port)),
+		},
+		rotation: rotation,
+		interval: interval,
+		weight:   weight,
+		exitIP:   ws.ExitIP,
+	}, nil
+}
+
+// rotate asks the provider for a new exit IP for session id and returns it
+// ("" when the answer does not say).
+func (c *providerClient) rotate(ctx context.Context, id string) (string, error) {
+	body, err := c.do(ctx, http.MethodPost, "/api/session/"+url.PathEscape(id)+"/rotate")
+	if err != nil {
+		return "", err
+	}
+	var ws wireSession
+	if json.Unmarshal(body, &ws) != nil {
+		return "", nil // rotated; the new IP is just not known
+	}
+	return ws.ExitIP, nil
+}
+
+// scrub makes sure the API key never reaches a log line or an error a
+// client or the admin API can see, whatever a library or the provider
+// echoes back.
+func (c *providerClient) scrub(err error) error {
+	if err == nil || c.key == "" || !strings.Contains(err.Error(), c.key) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), c.key, "<api-key>"))
+}
+
+// snippet is the start of an answer body, on one line, for error messages.
+func snippet(b []byte) string {
+	const n = 120
+	s := strings.Join(strings.Fields(string(b)), " ")
+	if len(s) > n {
+		s = s[:n] + "…"
+	}
+	if s == "" {
+		return "(empty body)"
+	}
+	return strconv.Quote(s)
+}

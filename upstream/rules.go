@@ -1,0 +1,267 @@
+package upstream
+
+import (
+	"bytes"
+	"compress/flate"
+	"compress/gzip"
+	"compress/zlib"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"path"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/andybalholm/brotli"
+)
+
+// rule is a compiled upstream.rules entry; the pool's default rule (no
+// host, no path, no ban signals) applies when none matches.
+type rule struct {
+	name         string
+	host         string // lower-case glob; "" any
+	pathPrefix   string
+	sticky       string
+	banStatuses  []int
+	banBody      []byte
+	retryMethods []string
+}
+
+func compileRules(cfg Config) (rules []*rule, def *rule) {
+	for i, rc := range cfg.Rules {
+		name := rc.Name
+		if name == "" {
+			name = fmt.Sprintf("rules[%d]", i)
+		}
+		r := &rule{
+			name:         name,
+			host:         strings.ToLower(rc.Host),
+			pathPrefix:   rc.PathPrefix,
+			sticky:       rc.Sticky,
+			banStatuses:  slices.Clone(rc.BanStatuses),
+			retryMethods: slices.Clone(rc.RetryMethods),
+		}
+		if rc.BanBody != "" {
+			r.banBody = []byte(rc.BanBody)
+		}
+		if r.retryMethods == nil {
+			r.retryMethods = cfg.Retry.Methods
+		}
+		rules = append(rules, r)
+	}
+	return rules, &rule{name: "default", sticky: StickyNone, retryMethods: cfg.Retry.Methods}
+}
+
+func (r *rule) matches(host, urlPath string) bool {
+	if r.pathPrefix != "" && !strings.HasPrefix(urlPath, r.pathPrefix) {
+		return false
+	}
+	if r.host != "" {
+		if ok, _ := path.Match(r.host, host); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// match returns the first rule matching host (no port) and path.
+func (p *Pool) match(host, urlPath string) *rule {
+	if len(p.rules) == 0 {
+		return p.defRule
+	}
+	host = strings.ToLower(strings.TrimSuffix(host, "."))
+	for _, r := range p.rules {
+		if r.matches(host, urlPath) {
+			return r
+		}
+	}
+	return p.defRule
+}
+
+func (r *rule) retries(method string) bool { return slices.Contains(r.retryMethods, method) }
+
+// pickRequest prepares selection for a request of the client described by
+// hint/account to host under rule r.
+func (r *rule) pickRequest(account, hint, host, key string) pickReq {
+	var pr pickReq
+	if hint != "" {
+		pr.hint = hint
+		pr.hintHash = hashStrings("hint", account, hint)
+	}
+	switch r.sticky {
+	case StickyHost:
+		pr.bucket, pr.bucketH = true, hashStrings("host", strings.ToLower(host))
+	case StickyAccount:
+		if account != "" {
+			pr.bucket, pr.bucketH = true, hashStrings("account", account)
+		}
+	case StickyAccountRule:
+		if account != "" {
+			pr.bucket, pr.bucketH = true, hashStrings("account_rule", account, r.name)
+		}
+	}
+	if key != "" {
+		pr.key = hashStrings("key", key) | 1 // never 0: 0 means "no key"
+	}
+	return pr
+}
+
+// verdict is the classification of one attempt.
+type verdict struct {
+	kind       outcome
+	retryAfter time.Duration
+	// neverSent: the request provably did not reach the origin (the
+	// gateway refused or the tunnel failed), so any method may be retried.
+	neverSent bool
+	msg       string
+}
+
+// banScanLimit bounds how much of a body is read to look for a ban_body
+// substring: bans are short pages, and a rule must not make us buffer a
+// 2 GB download.
+const banScanLimit = 64 << 10
+
+// classify turns an attempt's result into a verdict. It may replace
+// resp.Body (after looking for a ban signal) with a reader that gives the
+// client the body intact.
+func (p *Pool) classify(ctx context.Context, r *rule, req *http.Request, resp *http.Response, err error) verdict {
+	if err != nil {
+		return classifyErr(ctx, err)
+	}
+	st := resp.StatusCode
+	switch {
+	case st == http.StatusTooManyRequests:
+		return verdict{kind: outcomeRateLimited, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: resp.Status}
+	case slices.Contains(r.banStatuses, st):
+		return verdict{kind: outcomeBanned, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: "ban status " + resp.Status}
+	case st >= 500:
+		return verdict{kind: outcomeServerError, msg: resp.Status}
+	}
+	if r.banBody != nil && bodyMayBan(req, resp) {
+		found, err := scanBody(resp, r.banBody)
+		if err != nil {
+			return classifyErr(ctx, fmt.Errorf("read response body: %w", err))
+		}
+		if found {
+			return verdict{kind: outcomeBanned, msg: fmt.Sprintf("ban body %q in a %s answer", r.banBody, resp.Status)}
+		}
+	}
+	return verdict{kind: outcomeOK}
+}
+
+// bodyMayBan reports whether resp has a body worth scanning. Never a 101:
+// its Body is the live connection of a WebSocket, which goproxy splices and
+// a read-ahead would both block on and break.
+func bodyMayBan(req *http.Request, resp *http.Response) bool {
+	st := resp.StatusCode
+	return req.Method != http.MethodHead && st >= 200 && st != http.StatusNoContent && st != http.StatusNotModified &&
+		resp.Body != nil && resp.Body != http.NoBody
+}
+
+func classifyErr(ctx context.Context, err error) verdict {
+	var (
+		de   *DialError
+		gs   *gatewayStatusError
+		cert *tls.CertificateVerificationError
+		ua   x509.UnknownAuthorityError
+		hn   x509.HostnameError
+	)
+	switch {
+	case ctx.Err() != nil || errors.Is(err, context.Canceled):
+		// The client or the flight gave up: says nothing about the
+		// session, and must never be counted against it.
+		return verdict{kind: outcomeNone, msg: err.Error()}
+	case errors.As(err, &cert), errors.As(err, &ua), errors.As(err, &hn):
+		// The origin's certificate is what it is from every exit IP.
+		return verdict{kind: outcomeNone, msg: err.Error()}
+	case errors.As(err, &gs) && gs.StatusCode == http.StatusTooManyRequests:
+		return verdict{kind: outcomeRateLimited, neverSent: true, msg: err.Error()}
+	case errors.As(err, &de):
+		return verdict{kind: outcomeConnError, neverSent: true, msg: err.Error()}
+	default:
+		return verdict{kind: outcomeConnError, msg: err.Error()}
+	}
+}
+
+// retryAfter parses a Retry-After value (seconds or an HTTP date).
+func retryAfter(v string, now time.Time) time.Duration {
+	if v == "" {
+		return 0
+	}
+	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
+		if n <= 0 {
+			return 0
+		}
+		return min(time.Duration(n)*time.Second, maxRetryAfter)
+	}
+	if t, err := http.ParseTime(v); err == nil && t.After(now) {
+		return min(t.Sub(now), maxRetryAfter)
+	}
+	return 0
+}
+
+// scanBody reads up to banScanLimit bytes of resp's body, looks for needle
+// in them (decoded if the body is compressed), and puts the bytes back in
+// front of the rest of the body.
+func scanBody(resp *http.Response, needle []byte) (bool, error) {
+	buf := make([]byte, banScanLimit)
+	n, err := io.ReadFull(resp.Body, buf)
+	buf = buf[:n]
+	switch {
+	case err == nil:
+		resp.Body = &prefixedBody{r: io.MultiReader(bytes.NewReader(buf), resp.Body), c: resp.Body}
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		resp.Body = &prefixedBody{r: bytes.NewReader(buf), c: resp.Body}
+	default:
+		resp.Body.Close()
+		return false, err
+	}
+	return bytes.Contains(decodePrefix(buf, resp.Header.Get("Content-Encoding")), needle), nil
+}
+
+// decodePrefix decodes as much of a possibly truncated compressed body as
+// it can; unknown codings are searched as they are.
+func decodePrefix(b []byte, coding string) []byte {
+	var r io.Reader
+	switch strings.ToLower(strings.TrimSpace(coding)) {
+	case "", "identity":
+		return b
+	case "gzip", "x-gzip":
+		zr, err := gzip.NewReader(bytes.NewReader(b))
+		if err != nil {
+			return b
+		}
+		r = zr
+	case "deflate":
+		// "deflate" is zlib-wrapped by the spec, raw DEFLATE in practice
+		// as often as not.
+		if zr, err := zlib.NewReader(bytes.NewReader(b)); err == nil {
+			r = zr
+		} else {
+			r = flate.NewReader(bytes.NewReader(b))
+		}
+	case "br":
+		r = brotli.NewReader(bytes.NewReader(b))
+	default:
+		return b
+	}
+	// A truncated stream ends in an error after the bytes it could decode:
+	// keep those. Bound the output: a decompression bomb must not blow up.
+	out, _ := io.ReadAll(io.LimitReader(r, 4*banScanLimit))
+	return out
+}
+
+// prefixedBody is a response body whose first bytes were read ahead.
+type prefixedBody struct {
+	r io.Reader
+	c io.Closer
+}
+
+func (b *prefixedBody) Read(p []byte) (int, error) { return b.r.Read(p) }
+func (b *prefixedBody) Close() error               { return b.c.Close() }

@@ -1,0 +1,265 @@
+package upstream
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	xproxy "golang.org/x/net/proxy"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
+)
+
+// Session sources, shown in the admin API.
+const (
+	sourceConfig   = "config"
+	sourceProvider = "provider"
+)
+
+// sessionSpec describes a session before it has connections: from the
+// config or from one entry of the provider's list.
+type sessionSpec struct {
+	id       string
+	source   string
+	proxyURL *url.URL // with credentials
+	rotation string
+	interval time.Duration
+	weight   int
+	exitIP   string // as the provider reported it; "" unknown
+}
+
+// same reports whether a refresh can keep the existing session for spec.
+func (s *session) same(spec sessionSpec) bool {
+	return s.proxyURL.String() == spec.proxyURL.String() && s.rotation == spec.rotation &&
+		s.interval == spec.interval && s.baseWeight == spec.weight
+}
+
+// session is one upstream proxy session: a gateway URL with its own
+// credentials and its own connections. Sessions never share a connection:
+// each has its own http.Transports, so the idle pool of one can never hand
+// a connection (an exit IP) to another.
+type session struct {
+	id         string
+	source     string
+	proxyURL   *url.URL
+	rotation   string
+	interval   time.Duration
+	baseWeight int
+	perRequest bool
+	idHash     uint64
+
+	// tlsTr carries https requests; its DialContext opens a tunnel to the
+	// origin through the gateway (CONNECT or SOCKS5) with our own deadline
+	// handling. plainTr carries http requests: through an HTTP gateway in
+	// absolute form (what gateways expect for plain HTTP), through a SOCKS5
+	// gateway the same tunnel as tlsTr (plainTr == tlsTr).
+	tlsTr, plainTr *http.Transport
+	// tunnel opens a byte tunnel to addr through the gateway.
+	tunnel func(ctx context.Context, addr string) (net.Conn, error)
+
+	h         health
+	exitIP    atomic.Pointer[string]
+	gen       atomic.Uint64 // bumped by every rotation: a new exit IP
+	rotations atomic.Int64
+	rotateSem chan struct{} // one provider rotation of this session at a time
+	// notAtProvider: the provider answered 404 for this configured
+	// session; it is not one of its sessions and is never rotated again.
+	notAtProvider atomic.Bool
+	recycleAt     atomic.Int64 // timed: unix nanos of the next idle-connection recycle
+}
+
+// transportFor picks the transport for req's scheme.
+func (s *session) transportFor(req *http.Request) *http.Transport {
+	if req.URL.Scheme == "http" {
+		return s.plainTr
+	}
+	return s.tlsTr
+}
+
+func (s *session) setExitIP(ip string) {
+	if ip != "" {
+		s.exitIP.Store(&ip)
+	}
+}
+
+func (s *session) currentExitIP() string {
+	if p := s.exitIP.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// closeIdle drops the session's pooled connections: after a rotation they
+// lead to the old exit IP.
+func (s *session) closeIdle() {
+	s.tlsTr.CloseIdleConnections()
+	if s.plainTr != s.tlsTr {
+		s.plainTr.CloseIdleConnections()
+	}
+}
+
+// scrub removes the session's password from a message: errors of net/http
+// and x/net/proxy do not contain it today, and this keeps it that way.
+func (s *session) scrub(msg string) string {
+	if s.proxyURL.User == nil {
+		return msg
+	}
+	pass, ok := s.proxyURL.User.Password()
+	if !ok || len(pass) < 3 {
+		return msg
+	}
+	msg = strings.ReplaceAll(msg, pass, "xxxxx")
+	if esc := url.QueryEscape(pass); esc != pass {
+		msg = strings.ReplaceAll(msg, esc, "xxxxx")
+	}
+	return msg
+}
+
+// connKit is what every transport of the pool is built from.
+type connKit struct {
+	cfg    Config
+	tls    *tls.Config
+	dialer *net.Dialer // gateways and the provider API: the operator's own addresses
+	// direct dials origins from this host; its Control (the SSRF guard)
+	// sees the resolved address of every connection.
+	direct *net.Dialer
+}
+
+func (k *connKit) idle(c net.Conn) net.Conn { return idleconn.Wrap(c, k.cfg.IdleTimeout) }
+
+// dialDirect connects to addr from this host.
+func (k *connKit) dialDirect(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := k.direct.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, &DialError{Op: "dial " + addr, Err: err}
+	}
+	return k.idle(c), nil
+}
+
+// transport builds one http.Transport. keepAlive false makes every request
+// open its own connection (per_request sessions: a new exit IP each time).
+func (k *connKit) transport(dial func(ctx context.Context, network, addr string) (net.Conn, error), proxy *url.URL, keepAlive bool, idleConnTimeout time.Duration) *http.Transport {
+	t := &http.Transport{
+		// Where requests go is fixed by our configuration, never by
+		// ProxyFromEnvironment.
+		Proxy:       nil,
+		DialContext: dial,
+		// A clone each: net/http writes the HTTP/2 ALPN settings into
+		// the config of the transport that first uses it.
+		TLSClientConfig:       k.tls.Clone(),
+		ForceAttemptHTTP2:     true,
+		TLSHandshakeTimeout:   k.cfg.TLSHandshakeTimeout,
+		ResponseHeaderTimeout: k.cfg.ResponseHeaderTimeout,
+		ExpectContinueTimeout: time.Second,
+		IdleConnTimeout:       idleConnTimeout,
+		MaxIdleConns:          k.cfg.MaxIdleConnsPerHost * 64,
+		MaxIdleConnsPerHost:   k.cfg.MaxIdleConnsPerHost,
+		DisableKeepAlives:     !keepAlive,
+		// The client's Accept-Encoding goes upstream untouched and the
+		// origin's compressed bytes come back untouched: transparent
+		// decompression would make us pay for (and cache) the wrong bytes.
+		DisableCompression: true,
+	}
+	if proxy != nil {
+		t.Proxy = http.ProxyURL(proxy)
+	}
+	return t
+}
+
+// newSession builds a session and its transports from spec.
+func (k *connKit) newSession(spec sessionSpec) (*session, error) {
+	s := &session{
+		id:         spec.id,
+		source:     spec.source,
+		proxyURL:   spec.proxyURL,
+		rotation:   spec.rotation,
+		interval:   spec.interval,
+		baseWeight: spec.weight,
+		perRequest: spec.rotation == RotationPerRequest,
+		idHash:     mix64(hashStrings(spec.id)),
+		rotateSem:  make(chan struct{}, 1),
+	}
+	s.h.init(spec.weight)
+	s.setExitIP(spec.exitIP)
+	keepAlive := !s.perRequest
+	idleTimeout := k.cfg.IdleConnTimeout
+	if s.rotation == RotationTimed && s.interval < idleTimeout {
+		// A connection kept longer than the rotation interval may still
+		// leave from the previous exit IP.
+		idleTimeout = s.interval
+	}
+	pu := spec.proxyURL
+	switch pu.Scheme {
+	case "http":
+		s.tunnel = func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := connectThrough(ctx, k.dialer, pu, addr)
+			if err != nil {
+				return nil, err
+			}
+			return k.idle(c), nil
+		}
+		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return s.tunnel(ctx, addr)
+		}, nil, keepAlive, idleTimeout)
+		// Absolute-form requests: the transport dials the gateway itself
+		// and sends the credentials as Proxy-Authorization.
+		s.plainTr = k.transport(func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := k.dialer.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, &DialError{Op: "dial upstream proxy " + pu.Host, Err: err}
+			}
+			return k.idle(c), nil
+		}, pu, keepAlive, idleTimeout)
+	case "socks5":
+		d, err := xproxy.FromURL(pu, k.dialer)
+		if err != nil {
+			return nil, fmt.Errorf("socks5 dialer for session %s: %w", spec.id, err)
+		}
+		cd, ok := d.(xproxy.ContextDialer)
+		if !ok {
+			return nil, errors.New("socks5 dialer does not support contexts")
+		}
+		timeout := k.cfg.DialTimeout
+		s.tunnel = func(ctx context.Context, addr string) (net.Conn, error) {
+			// The transport dials on a context without deadline; a
+			// gateway that accepts and then says nothing must not hold
+			// the request until the flight gives up.
+			ctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			c, err := cd.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return nil, &DialError{Op: "socks5 connect " + addr + " through session " + spec.id + " (" + pu.Host + ")", Err: err}
+			}
+			return k.idle(c), nil
+		}
+		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return s.tunnel(ctx, addr)
+		}, nil, keepAlive, idleTimeout)
+		s.plainTr = s.tlsTr
+	default:
+		return nil, fmt.Errorf("session %s: unsupported scheme %q", spec.id, pu.Scheme)
+	}
+	return s, nil
+}
+
+// sessionSet is an immutable snapshot of the pool's sessions, replaced
+// whole when the provider's list changes: selection reads it without locks.
+type sessionSet struct {
+	list []*session // sorted by id
+	byID map[string]*session
+}
+
+func newSessionSet(list []*session) *sessionSet {
+	set := &sessionSet{list: list, byID: make(map[string]*session, len(list))}
+	for _, s := range list {
+		set.byID[s.id] = s
+	}
+	return set
+}
