@@ -46,6 +46,10 @@ type Options struct {
 	Next http.RoundTripper
 	// AccessLog enables one log line per request and per tunnel.
 	AccessLog bool
+	// Users verifies proxy users (RFC 1929 on the SOCKS5 port). nil means
+	// no user store is configured: SOCKS5 clients are then let in only if
+	// socks5.allow_no_auth is set.
+	Users UserStore
 }
 
 // Server is the HTTP proxy. Create it with New, run it with Serve, stop it
@@ -57,8 +61,10 @@ type Server struct {
 	upstream   Upstream
 	next       http.RoundTripper
 	accessLog  bool
+	users      UserStore
 	mitmAction *goproxy.ConnectAction
 	srv        *http.Server
+	socks      *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
 
 	ln       atomic.Pointer[connListener]
 	inflight atomic.Int64 // requests between the handler and the end of their response body
@@ -81,6 +87,8 @@ func New(cfg Config, o Options) (*Server, error) {
 		upstream:  o.Upstream,
 		next:      o.Next,
 		accessLog: o.AccessLog,
+		users:     o.Users,
+		socks:     newSOCKSDoor(),
 	}
 	if s.next == nil {
 		s.next = o.Upstream
@@ -141,12 +149,14 @@ func (s *Server) Serve(ln net.Listener) error {
 	return err
 }
 
-// Shutdown stops accepting clients, lets in-flight requests finish until ctx
-// ends, then cuts every remaining connection (idle keep-alives, MITM
-// sessions, tunnels, WebSockets).
+// Shutdown stops accepting clients (HTTP and SOCKS5), lets in-flight
+// requests finish until ctx ends, then cuts every remaining connection (idle
+// keep-alives, MITM sessions, tunnels, WebSockets, SOCKS5 clients).
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.draining.Store(true)
-	err := s.srv.Shutdown(ctx) // closes the listener; waits for plain requests
+	s.socks.stopAccepting()
+	// Closes the HTTP listener and the SOCKS5 bridge; waits for plain requests.
+	err := s.srv.Shutdown(ctx)
 	// Requests inside hijacked connections (MITM) are invisible to
 	// http.Server: wait for them ourselves.
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -161,6 +171,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if cl := s.ln.Load(); cl != nil {
 		cl.closeAll()
 	}
+	s.socks.cut(s.logger)
 	if left > 0 {
 		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left)
 		if err == nil {

@@ -39,6 +39,8 @@ type world struct {
 	engine   *dedup.Engine // nil unless worldOpts.dedup
 	proxyURL *url.URL
 	logs     *syncBuffer
+	// socksAddr is the SOCKS5 port (host:port) when worldOpts.socks5 is set.
+	socksAddr string
 }
 
 type worldOpts struct {
@@ -52,6 +54,12 @@ type worldOpts struct {
 	dedup *dedup.Config
 	// quiet discards logs (benchmarks: the buffer would grow without bound).
 	quiet bool
+	// socks5, when set, also serves SOCKS5 on a loopback port (world.socksAddr).
+	socks5 *proxy.SOCKS5Config
+	// users is Options.Users.
+	users proxy.UserStore
+	// wrapUpstream wraps Options.Upstream (blind tunnels), e.g. to record dials.
+	wrapUpstream func(proxy.Upstream) proxy.Upstream
 }
 
 func newWorld(t testing.TB, o worldOpts) *world {
@@ -83,7 +91,10 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	}
 	t.Cleanup(up.Close)
 
-	opts := proxy.Options{Logger: logger, Certs: ca, Upstream: up, AccessLog: true}
+	opts := proxy.Options{Logger: logger, Certs: ca, Upstream: up, AccessLog: true, Users: o.users}
+	if o.wrapUpstream != nil {
+		opts.Upstream = o.wrapUpstream(up)
+	}
 	var engine *dedup.Engine
 	if o.dedup != nil {
 		cfg := o.dedup.WithDefaults()
@@ -112,12 +123,28 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
+	var socksAddr string
+	var socksServed chan error
+	if o.socks5 != nil {
+		sln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		socksAddr = sln.Addr().String()
+		socksServed = make(chan error, 1)
+		go func() { socksServed <- srv.ServeSOCKS5(sln, *o.socks5) }()
+	}
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 		if err := <-served; err != nil {
 			t.Errorf("Serve: %v", err)
+		}
+		if socksServed != nil {
+			if err := <-socksServed; err != nil {
+				t.Errorf("ServeSOCKS5: %v", err)
+			}
 		}
 		if t.Failed() {
 			t.Logf("proxy log:\n%s", logs.String())
@@ -126,7 +153,7 @@ func newWorld(t testing.TB, o worldOpts) *world {
 
 	pool := x509.NewCertPool()
 	pool.AddCert(ca.Certificate())
-	return &world{
+	w := &world{
 		t:        t,
 		ca:       ca,
 		caPool:   pool,
@@ -137,6 +164,8 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		proxyURL: &url.URL{Scheme: "http", Host: ln.Addr().String()},
 		logs:     logs,
 	}
+	w.socksAddr = socksAddr
+	return w
 }
 
 // client returns an http.Client that uses the proxy explicitly (never the

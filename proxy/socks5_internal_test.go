@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/things-go/go-socks5/statute"
+)
+
+type statusErr int
+
+func (e statusErr) Error() string   { return fmt.Sprintf("status %d", int(e)) }
+func (e statusErr) HTTPStatus() int { return int(e) }
+
+func TestSOCKS5ReplyCode(t *testing.T) {
+	sysErr := func(errno syscall.Errno) error {
+		return fmt.Errorf("dial 10.0.0.1:80: %w",
+			&net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", errno)})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want uint8
+	}{
+		{"refused", sysErr(syscall.ECONNREFUSED), statute.RepConnectionRefused},
+		{"network unreachable", sysErr(syscall.ENETUNREACH), statute.RepNetworkUnreachable},
+		{"host unreachable", sysErr(syscall.EHOSTUNREACH), statute.RepHostUnreachable},
+		{"dns", fmt.Errorf("dial: %w", &net.DNSError{Err: "no such host", Name: "x.test", IsNotFound: true}), statute.RepHostUnreachable},
+		{"deadline", fmt.Errorf("dial: %w", context.DeadlineExceeded), statute.RepHostUnreachable},
+		{"net timeout", &net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}, statute.RepHostUnreachable},
+		{"policy 403", fmt.Errorf("dial: %w", statusErr(403)), statute.RepRuleFailure},
+		{"503 is not policy", fmt.Errorf("dial: %w", statusErr(503)), statute.RepServerFailure},
+		{"upstream socks refused", errors.New("socks connect tcp 127.0.0.1:1->x:1: unknown error connection refused"), statute.RepConnectionRefused},
+		{"upstream socks host unreachable", errors.New("unknown error host unreachable"), statute.RepHostUnreachable},
+		{"upstream socks ruleset", errors.New("unknown error connection not allowed by ruleset"), statute.RepRuleFailure},
+		{"other", errors.New("boom"), statute.RepServerFailure},
+	} {
+		if got := socksReplyCode(tc.err); got != tc.want {
+			t.Errorf("%s: socksReplyCode(%v) = %d, want %d", tc.name, tc.err, got, tc.want)
+		}
+	}
+}
+
+func TestClassifyStream(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want sniffKind
+		more bool
+	}{
+		{"", sniffSilent, true},
+		{"\x16\x03\x01\x02\x00", sniffTLS, false},
+		{"GET / HTTP/1.1\r\n", sniffHTTP, false},
+		{"PRI * HTTP/2.0\r\n", sniffHTTP, false},
+		{"BASELINE-CONTROL /x HTTP/1.1", sniffHTTP, false},
+		{"GE", sniffOther, true},
+		{"\x00\x01", sniffOther, false},
+		{"PING\r\n", sniffOther, false},
+		{"SSH-2.0-OpenSSH_9.2", sniffOther, false},
+		{" GET", sniffOther, false},
+		{"get / HTTP/1.1", sniffOther, false},
+		{strings.Repeat("A", maxMethodLen+1), sniffOther, false},
+	} {
+		k, more := classifyStream([]byte(tc.in))
+		if k != tc.want || more != tc.more {
+			t.Errorf("classifyStream(%q) = %v, %v; want %v, %v", tc.in, k, more, tc.want, tc.more)
+		}
+	}
+}
+
+func TestSOCKS5ConfigDefaultsAndValidate(t *testing.T) {
+	d := SOCKS5Config{}.WithDefaults()
+	if d.Listen != "" || d.AllowNoAuth {
+		t.Errorf("WithDefaults touched listen/allow_no_auth: %+v", d)
+	}
+	if fmt.Sprint(d.MITMPorts) != "[80 443 8080 8443]" || d.SniffTimeout != 500*time.Millisecond {
+		t.Errorf("defaults: %+v", d)
+	}
+	if err := d.Validate(); err != nil {
+		t.Errorf("defaults invalid: %v", err)
+	}
+	if got := (SOCKS5Config{MITMPorts: []int{}}).WithDefaults().MITMPorts; got == nil || len(got) != 0 {
+		t.Errorf("an explicitly empty mitm_ports became %v", got)
+	}
+	shipped := SOCKS5Config{Listen: DefaultSOCKS5Listen, AllowNoAuth: true}.WithDefaults()
+	if err := shipped.Validate(); err != nil {
+		t.Errorf("shipped: %v", err)
+	}
+	err := SOCKS5Config{Listen: "nope", MITMPorts: []int{443, 0, 70000}, SniffTimeout: -time.Second}.Validate()
+	for _, want := range []string{"listen:", "mitm_ports[1]:", "mitm_ports[2]:", "sniff_timeout:"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("Validate error %v lacks %q", err, want)
+		}
+	}
+}
+
+// TestBridgeConnSwallowsReply: goproxy's reply to the synthesized CONNECT
+// never reaches the SOCKS5 client, even when written in pieces; what follows
+// does, untouched.
+func TestBridgeConnSwallowsReply(t *testing.T) {
+	proxySide, clientSide := net.Pipe()
+	defer clientSide.Close()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bc := newBridgeConn(proxySide, "CONNECT x:1 HTTP/1.1\r\n\r\n", strings.NewReader("hello"), "x:1", logger)
+	got := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(clientSide)
+		got <- string(b)
+	}()
+	for _, p := range []string{"HTTP/1.1 2", "00 OK\r\n", "\r\n", "data", "more"} {
+		if _, err := bc.Write([]byte(p)); err != nil {
+			t.Fatalf("Write(%q): %v", p, err)
+		}
+	}
+	b, _ := io.ReadAll(bc)
+	if string(b) != "CONNECT x:1 HTTP/1.1\r\n\r\nhello" {
+		t.Errorf("read %q", b)
+	}
+	bc.Close()
+	if g := <-got; g != "datamore" {
+		t.Errorf("client got %q, want %q", g, "datamore")
+	}
+	select {
+	case <-bc.done:
+	default:
+		t.Error("done not closed by Close")
+	}
+}
+
+func TestBridgeConnClosesOnRefusal(t *testing.T) {
+	proxySide, clientSide := net.Pipe()
+	defer clientSide.Close()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	bc := newBridgeConn(proxySide, "", strings.NewReader(""), "x:1", logger)
+	got := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(clientSide)
+		got <- string(b)
+	}()
+	if _, err := bc.Write([]byte("HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")); err == nil {
+		t.Error("a 407 reply was accepted")
+	}
+	if g := <-got; g != "" {
+		t.Errorf("client got %q: the refusal must not leak into the SOCKS5 stream", g)
+	}
+	select {
+	case <-bc.done:
+	case <-time.After(5 * time.Second):
+		t.Fatal("connection not closed after a refusal")
+	}
+}

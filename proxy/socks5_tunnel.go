@@ -1,0 +1,271 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
+)
+
+// sniffKind is what the first bytes of a client stream say it is.
+type sniffKind int
+
+const (
+	sniffOther  sniffKind = iota // neither TLS nor HTTP: tunnel it
+	sniffTLS                     // a TLS record: intercept
+	sniffHTTP                    // an HTTP/1 request line or the h2c preface: intercept
+	sniffSilent                  // nothing before the sniff deadline (or the upstream spoke first)
+	sniffClosed                  // the client hung up or failed before sending a byte
+)
+
+func (k sniffKind) String() string {
+	return [...]string{"other", "tls", "http", "silent", "closed"}[k]
+}
+
+// maxMethodLen is the longest request method we wait for before deciding a
+// stream is not HTTP; registered methods are at most 17 bytes
+// ("BASELINE-CONTROL" is 16).
+const maxMethodLen = 20
+
+// recordTypeHandshake starts every TLS stream (a ClientHello record).
+const recordTypeHandshake = 0x16
+
+// classifyStream looks at a stream's first bytes. more reports that b is a
+// plausible method so far and the decision needs more bytes.
+func classifyStream(b []byte) (k sniffKind, more bool) {
+	if len(b) == 0 {
+		return sniffSilent, true
+	}
+	if b[0] == recordTypeHandshake {
+		return sniffTLS, false
+	}
+	for i, c := range b {
+		switch {
+		case c == ' ' && i > 0:
+			// "GET /", "PRI * HTTP/2.0" (h2c, which goproxy also serves).
+			return sniffHTTP, false
+		case i >= maxMethodLen, !(c >= 'A' && c <= 'Z' || c == '-' || c == '_'):
+			return sniffOther, false
+		}
+	}
+	return sniffOther, true
+}
+
+// sniff waits up to timeout (0: only the connection's idle deadline), or
+// until the sniffer is interrupted, for enough of the client's first bytes
+// to classify the stream. Nothing is consumed: every byte stays in r for
+// whoever handles the stream.
+func sniff(r *bufio.Reader, sn *sniffer, timeout time.Duration) sniffKind {
+	sn.start(timeout)
+	defer sn.end()
+	n := 1
+	for {
+		b, err := r.Peek(n)
+		k, more := classifyStream(b)
+		if !more {
+			return k
+		}
+		if err != nil {
+			switch {
+			case len(b) > 0:
+				return sniffOther // the start of a word, then silence or EOF
+			case errors.Is(err, os.ErrDeadlineExceeded):
+				return sniffSilent
+			default:
+				return sniffClosed
+			}
+		}
+		// Look at everything that has arrived before asking for more.
+		if r.Buffered() > n {
+			n = r.Buffered()
+			continue
+		}
+		n++
+	}
+}
+
+// sniffer owns the read deadline of a client connection while it is
+// sniffed, so that another goroutine (the upstream speaking first) can cut
+// the wait short without racing the deadline reset that follows it.
+type sniffer struct {
+	conn   net.Conn
+	mu     sync.Mutex
+	active bool
+}
+
+func (s *sniffer) start(timeout time.Duration) {
+	s.mu.Lock()
+	s.active = true
+	s.mu.Unlock()
+	if timeout > 0 {
+		_ = s.conn.SetReadDeadline(time.Now().Add(timeout))
+	}
+}
+
+func (s *sniffer) end() {
+	s.mu.Lock()
+	s.active = false
+	s.mu.Unlock()
+	_ = s.conn.SetReadDeadline(time.Time{})
+}
+
+// interrupt ends a sniff in progress at once; a no-op after end.
+func (s *sniffer) interrupt() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.active {
+		_ = s.conn.SetReadDeadline(time.Unix(1, 0))
+	}
+}
+
+// firstRead is the upstream's first read, made while the client is
+// sniffed: a server-speaks-first protocol (SMTP, FTP, SSH banners, MySQL)
+// then decides the matter without waiting for the sniff timeout.
+type firstRead struct {
+	b   []byte
+	err error
+}
+
+// watchFirstRead starts reading up in the background; the result arrives
+// on the returned channel (buffered: the reader never blocks on it) and
+// interrupts sn. The goroutine ends with that read: the caller either
+// consumes the result (firstReader) or closes up and then receives it.
+func watchFirstRead(up net.Conn, sn *sniffer) <-chan firstRead {
+	ch := make(chan firstRead, 1)
+	go func() {
+		buf := make([]byte, 32<<10)
+		n, err := up.Read(buf)
+		sn.interrupt()
+		ch <- firstRead{buf[:n], err}
+	}()
+	return ch
+}
+
+// firstReader reads the upstream through its pending first read.
+type firstReader struct {
+	up      net.Conn
+	first   <-chan firstRead
+	got     bool
+	pending []byte
+	err     error
+}
+
+func (r *firstReader) Read(p []byte) (int, error) {
+	if !r.got {
+		fr := <-r.first
+		r.got, r.pending, r.err = true, fr.b, fr.err
+	}
+	if len(r.pending) > 0 {
+		n := copy(p, r.pending)
+		r.pending = r.pending[n:]
+		return n, nil
+	}
+	if r.err != nil {
+		err := r.err
+		r.err = nil
+		return 0, err
+	}
+	return r.up.Read(p)
+}
+
+// splice copies both ways between the client and the upstream until both
+// directions end, byte for byte. An EOF from one side becomes a half-close
+// (CloseWrite) towards the other, so request-then-response protocols that
+// shut their sending side still get their answer; an error on either side
+// closes both, since the other direction may wait on a peer that is gone.
+// fromClient and fromUp read the two connections (with bytes already
+// buffered by sniffing). When ctx ends (Shutdown) both are closed: cutting
+// the client alone would leave a copy blocked on an upstream that has
+// nothing to say.
+func splice(ctx context.Context, client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
+	stop := context.AfterFunc(ctx, func() {
+		client.Close()
+		up.Close()
+	})
+	defer stop()
+	errc := make(chan error, 2)
+	go func() {
+		_, err := io.Copy(up, fromClient)
+		halfClose(up)
+		errc <- err
+	}()
+	go func() {
+		_, err := io.Copy(client, fromUp)
+		halfClose(client)
+		errc <- err
+	}()
+	var first error
+	for range 2 {
+		if err := <-errc; err != nil && first == nil {
+			first = err
+			client.Close()
+			up.Close()
+		}
+	}
+	client.Close()
+	up.Close()
+	return first
+}
+
+func closeWrite(c net.Conn) error {
+	if hc, ok := c.(interface{ CloseWrite() error }); ok {
+		return hc.CloseWrite()
+	}
+	return c.Close()
+}
+
+// halfClose passes an EOF on to c when the connection under the proxy's
+// wrappers can half-close. When it cannot (golang.org/x/net/proxy's SOCKS5
+// connection hides its TCP connection's CloseWrite), c stays open rather
+// than being closed: a full close would drop the answer still on its way
+// back. The tunnel then ends when the other side closes, or when it idles.
+func halfClose(c net.Conn) {
+	if canCloseWrite(c) {
+		_ = closeWrite(c)
+	}
+}
+
+// canCloseWrite looks through the proxy's own wrappers (whose CloseWrite
+// falls back to a full Close) for a connection that can really half-close.
+func canCloseWrite(c net.Conn) bool {
+	for {
+		switch v := c.(type) {
+		case *tunnelConn:
+			c = v.Conn
+		case *idleconn.Conn:
+			c = v.Conn
+		case *trackedConn:
+			c = v.Conn
+		case *prefixConn:
+			c = v.Conn
+		case interface{ CloseWrite() error }:
+			return true
+		default:
+			return false
+		}
+	}
+}
+
+// prefixConn gives back bytes read ahead of the SOCKS5 library (the version
+// byte the door checked itself) before reading the connection.
+type prefixConn struct {
+	net.Conn
+	prefix []byte
+}
+
+func (c *prefixConn) Read(p []byte) (int, error) {
+	if len(c.prefix) > 0 {
+		n := copy(p, c.prefix)
+		c.prefix = c.prefix[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
+}
+
+func (c *prefixConn) CloseWrite() error { return closeWrite(c.Conn) }
