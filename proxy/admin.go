@@ -2,10 +2,13 @@ package proxy
 
 import (
 	"context"
+	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -28,6 +31,14 @@ type AdminOptions struct {
 	// FleetStats adds the whole fleet's savings to /cache/stats; nil when
 	// this instance runs alone.
 	FleetStats func(context.Context) (any, error)
+	// Metrics serves GET /metrics (Prometheus); nil disables it.
+	Metrics http.Handler
+	// Token, when set, is required as "Authorization: Bearer <token>" on
+	// every endpoint but /health and /ca.pem (which hold nothing secret).
+	Token string
+	// Extra registers more routes (the upstream sessions API) on the mux;
+	// they get the same token check.
+	Extra func(mux *http.ServeMux)
 }
 
 // NewAdmin returns the admin API. It is served on its own listener, never
@@ -48,6 +59,12 @@ func NewAdmin(o AdminOptions) http.Handler {
 		w.Header().Set("Content-Disposition", `attachment; filename="onceproxy-ca.pem"`)
 		_, _ = w.Write(o.CAPEM)
 	})
+	if o.Metrics != nil {
+		mux.Handle("GET /metrics", o.Metrics)
+	}
+	if o.Extra != nil {
+		o.Extra(mux)
+	}
 	if o.Cache != nil {
 		mux.HandleFunc("GET /cache/stats", func(w http.ResponseWriter, r *http.Request) {
 			body := map[string]any{"instance": o.Cache.Stats()}
@@ -64,7 +81,30 @@ func NewAdmin(o AdminOptions) http.Handler {
 			invalidate(w, r, o.Cache)
 		})
 	}
-	return mux
+	if o.Token == "" {
+		return mux
+	}
+	return requireToken(o.Token, mux)
+}
+
+// requireToken guards every admin route except the two public ones with a
+// bearer token, compared in constant time.
+func requireToken(token string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte(token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodGet && (r.URL.Path == "/health" || r.URL.Path == "/ca.pem") {
+			next.ServeHTTP(w, r)
+			return
+		}
+		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="onceproxy admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required (Authorization: Bearer ...)"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // invalidate handles POST /cache/invalidate with {"url": "..."} (every

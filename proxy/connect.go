@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/elazarl/goproxy"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
 // handleConnect decides what happens to a CONNECT: a blind tunnel for bypass
@@ -29,8 +31,26 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 			fmt.Sprintf("bad CONNECT target %q: %v", host, err))
 		return goproxy.RejectConnect, host
 	}
-	pctx.UserData = &clientInfo{user: proxyUser(pctx.Req.Header), connect: host}
+	user, ok := s.authenticate(pctx.Req.Header)
+	if !ok {
+		pctx.Resp = s.challenge(pctx.Req, "proxy credentials required (Proxy-Authorization: Basic)")
+		return goproxy.RejectConnect, host
+	}
+	client := &clientInfo{user: user, connect: host}
+	if _, refused := s.checkTarget(pctx.Req.Context(), pctx.Req, name); refused != nil {
+		s.logger.Warn("refused CONNECT to a forbidden target", "target", host, "client", pctx.Req.RemoteAddr)
+		pctx.Resp = refused
+		return goproxy.RejectConnect, host
+	}
+	pctx.UserData = client
 	if hostMatches(s.cfg.BypassHosts, name) {
+		// A blind tunnel is one request as far as the rate limit goes;
+		// intercepted tunnels are counted request by request.
+		account, _ := clientinfo.ParseUser(user)
+		if r := s.limit(pctx.Req.Context(), pctx.Req, account, name); r != nil {
+			pctx.Resp = r
+			return goproxy.RejectConnect, host
+		}
 		return &goproxy.ConnectAction{Action: goproxy.ConnectAccept}, host
 	}
 	return s.mitmAction, host
@@ -65,10 +85,22 @@ func (s *Server) tlsConfig(host string, _ *goproxy.ProxyCtx) (*tls.Config, error
 func (s *Server) dialTunnel(req *http.Request, network, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
 	defer cancel()
+	// The CONNECT was authenticated in handleConnect; here its user picks
+	// the upstream session (user-session-ID) like any request's would.
+	client := &clientInfo{user: proxyUser(req.Header), connect: addr}
+	ctx = clientinfo.With(ctx, client.info(req.Header, req.RemoteAddr))
+	if s.guard != nil {
+		host, _, _ := net.SplitHostPort(addr)
+		var err error
+		if ctx, err = s.guard.CheckHostContext(ctx, host); err != nil {
+			return nil, err
+		}
+	}
 	c, err := s.upstream.DialContext(ctx, network, addr)
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.Tunnel()
 	return &tunnelConn{Conn: c, start: time.Now(), addr: addr, client: req.RemoteAddr, s: s}, nil
 }
 
@@ -77,6 +109,9 @@ func (s *Server) dialTunnel(req *http.Request, network, addr string) (net.Conn, 
 // bare 502 or a closed socket.
 func (s *Server) tunnelError(w io.Writer, pctx *goproxy.ProxyCtx, err error) {
 	status, kind := classify(err)
+	if kind == kindForbidden {
+		s.metrics.SSRFRefused()
+	}
 	s.logger.Warn("tunnel failed", "target", pctx.Req.Host, "status", status, "kind", kind, "err", err)
 	resp := errorResponse(pctx.Req, status, kind, err.Error())
 	resp.Close = true

@@ -23,7 +23,9 @@ const (
 	kindUnavailable  errorKind = "unavailable"
 	kindInternal     errorKind = "internal_error"
 	kindClientGone   errorKind = "client_gone"
-	kindShuttingDown errorKind = "shutting_down"
+	kindAuth         errorKind = "proxy_auth_required"
+	kindRateLimited  errorKind = "rate_limited"
+	kindForbidden    errorKind = "forbidden_target"
 	headerProxyError           = "X-Onceproxy-Error"
 )
 
@@ -41,6 +43,8 @@ func classify(err error) (int, errorKind) {
 		switch st := withStatus.HTTPStatus(); {
 		case st == http.StatusServiceUnavailable:
 			return st, kindUnavailable
+		case st == http.StatusForbidden:
+			return st, kindForbidden
 		case st >= 400 && st < 500:
 			return st, kindBadRequest
 		}

@@ -32,7 +32,7 @@ const headerSession = "X-Onceproxy-Session"
 // info is what the stages behind the front door learn about the client.
 // It consumes the X-Onceproxy-Session header, which takes precedence over
 // a session in the user name.
-func (c *clientInfo) info(h http.Header) clientinfo.Info {
+func (c *clientInfo) info(h http.Header, remoteAddr string) clientinfo.Info {
 	account, session := clientinfo.ParseUser(c.user)
 	if v := h.Get(headerSession); v != "" {
 		if clientinfo.ValidSessionID(v) {
@@ -40,14 +40,7 @@ func (c *clientInfo) info(h http.Header) clientinfo.Info {
 		}
 		h.Del(headerSession)
 	}
-	return clientinfo.Info{User: c.user, Account: account, Session: session}
-}
-
-func clientOf(req *http.Request, pctx *goproxy.ProxyCtx) *clientInfo {
-	if ci, ok := pctx.UserData.(*clientInfo); ok {
-		return ci
-	}
-	return &clientInfo{user: proxyUser(req.Header)}
+	return clientinfo.Info{User: c.user, Account: account, Session: session, Client: clientinfo.ClientOf(account, remoteAddr)}
 }
 
 // proxyUser extracts the user name of a Basic Proxy-Authorization header.
@@ -73,7 +66,10 @@ func proxyUser(h http.Header) string {
 func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Request, resp *http.Response) {
 	start := time.Now()
 	s.inflight.Add(1)
-	client := clientOf(req, pctx)
+	client, inTunnel := pctx.UserData.(*clientInfo)
+	if !inTunnel {
+		client = &clientInfo{}
+	}
 	defer func() {
 		if p := recover(); p != nil {
 			s.logger.Error("panic while serving a request; recovered",
@@ -84,12 +80,31 @@ func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Requ
 		resp = s.finish(req, resp, client, start)
 	}()
 
+	// Requests inside a tunnel were authenticated on its CONNECT; plain
+	// absolute-form requests carry their own credentials.
+	if !inTunnel {
+		user, ok := s.authenticate(req.Header)
+		if !ok {
+			return req, s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
+		}
+		client.user = user
+	}
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,
 			fmt.Sprintf("unsupported URL scheme %q: onceproxy forwards http and https", req.URL.Scheme))
 	}
-	if req.URL.Host == "" || req.URL.Hostname() == "" {
+	host := req.URL.Hostname()
+	if host == "" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest, "request URL has no host")
+	}
+	info := client.info(req.Header, req.RemoteAddr)
+	ctx := req.Context()
+	if r := s.limit(ctx, req, info.Account, host); r != nil {
+		return req, r
+	}
+	ctx, refused := s.checkTarget(ctx, req, host)
+	if refused != nil {
+		return req, refused
 	}
 
 	upgrade := isUpgrade(req.Header)
@@ -102,10 +117,14 @@ func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Requ
 		// A protocol switch is a live two-way stream: never deduplicated.
 		next = s.upstream
 	}
-	out := req.WithContext(clientinfo.With(req.Context(), client.info(req.Header)))
-	up, err := next.RoundTrip(out)
+	up, err := next.RoundTrip(req.WithContext(clientinfo.With(ctx, info)))
 	if err != nil {
 		resp, status, kind := failureResponse(req, err)
+		if kind == kindForbidden {
+			// The dial-time guard: a name that resolved to a private
+			// address.
+			s.metrics.SSRFRefused()
+		}
 		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", status, "kind", kind, "err", err)
 		return req, resp
 	}
@@ -129,6 +148,7 @@ func (s *Server) finish(req *http.Request, resp *http.Response, client *clientIn
 	}
 	done := func(n int64) {
 		s.inflight.Add(-1)
+		s.metrics.Request(resp.Header.Get("X-Cache"), resp.StatusCode, time.Since(start))
 		if !s.accessLog {
 			return
 		}

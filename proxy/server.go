@@ -17,6 +17,9 @@ import (
 	"time"
 
 	"github.com/elazarl/goproxy"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
+	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 )
 
 // CertSource provides the server side of intercepted TLS: a config whose
@@ -46,10 +49,28 @@ type Options struct {
 	Next http.RoundTripper
 	// AccessLog enables one log line per request and per tunnel.
 	AccessLog bool
-	// Users verifies proxy users (RFC 1929 on the SOCKS5 port). nil means
-	// no user store is configured: SOCKS5 clients are then let in only if
-	// socks5.allow_no_auth is set.
+	// Users verifies proxy users: Proxy-Authorization on the HTTP port
+	// (407 with a Basic challenge otherwise), RFC 1929 on the SOCKS5 port.
+	// nil means no user store: the HTTP port is open, SOCKS5 clients are
+	// let in only if socks5.allow_no_auth is set.
 	Users UserStore
+	// Realm names the proxy in Proxy-Authenticate challenges.
+	Realm string
+	// Limiter caps requests per client (429 beyond); nil: no limit.
+	Limiter *ratelimit.Limiter
+	// Guard refuses private and loopback targets before anything is
+	// dialled (the upstream re-checks the resolved address at dial time);
+	// nil: no early check.
+	Guard TargetGuard
+	// Metrics records requests and refusals; nil records nothing.
+	Metrics *metrics.Metrics
+}
+
+// TargetGuard decides whether a target host may be reached. The returned
+// context carries the decision to the dial-time check (allow-listed names
+// are not re-checked there). *netguard.Guard satisfies it.
+type TargetGuard interface {
+	CheckHostContext(ctx context.Context, host string) (context.Context, error)
 }
 
 // Server is the HTTP proxy. Create it with New, run it with Serve, stop it
@@ -62,6 +83,10 @@ type Server struct {
 	next       http.RoundTripper
 	accessLog  bool
 	users      UserStore
+	realm      string
+	limiter    *ratelimit.Limiter
+	guard      TargetGuard
+	metrics    *metrics.Metrics
 	mitmAction *goproxy.ConnectAction
 	srv        *http.Server
 	socks      *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
@@ -88,10 +113,17 @@ func New(cfg Config, o Options) (*Server, error) {
 		next:      o.Next,
 		accessLog: o.AccessLog,
 		users:     o.Users,
+		realm:     o.Realm,
+		limiter:   o.Limiter,
+		guard:     o.Guard,
+		metrics:   o.Metrics,
 		socks:     newSOCKSDoor(),
 	}
 	if s.next == nil {
 		s.next = o.Upstream
+	}
+	if s.realm == "" {
+		s.realm = "onceproxy"
 	}
 	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: s.tlsConfig}
 

@@ -454,7 +454,7 @@ func (t *socksTunnel) dial() (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(t.s.socks.ctx, t.s.cfg.DialTimeout)
 	defer cancel()
 	ci := &clientInfo{user: t.user, connect: t.target}
-	ctx = clientinfo.With(ctx, ci.info(http.Header{}))
+	ctx = clientinfo.With(ctx, ci.info(http.Header{}, t.client))
 	c, err := t.s.upstream.DialContext(ctx, "tcp", t.target)
 	if err != nil {
 		return nil, err

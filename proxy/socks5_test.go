@@ -761,7 +761,7 @@ func TestSOCKS5SessionHintReachesPipeline(t *testing.T) {
 	tlsO := tlsOrigin(t, http.HandlerFunc(echoProto), false)
 	plain := plainOrigin(t, http.HandlerFunc(echoProto))
 	echo := echoServer(t, "", "")
-	want := clientinfo.Info{User: "acct-session-s1", Account: "acct", Session: "s1"}
+	want := clientinfo.Info{User: "acct-session-s1", Account: "acct", Session: "s1", Client: "user:acct"}
 	for _, tc := range []struct {
 		name  string
 		users proxy.UserStore

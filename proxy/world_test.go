@@ -21,9 +21,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -60,6 +62,10 @@ type worldOpts struct {
 	users proxy.UserStore
 	// wrapUpstream wraps Options.Upstream (blind tunnels), e.g. to record dials.
 	wrapUpstream func(proxy.Upstream) proxy.Upstream
+	// limiter, guard and metrics are the Options of the same names.
+	limiter *ratelimit.Limiter
+	guard   proxy.TargetGuard
+	metrics *metrics.Metrics
 }
 
 func newWorld(t testing.TB, o worldOpts) *world {
@@ -91,7 +97,8 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	}
 	t.Cleanup(up.Close)
 
-	opts := proxy.Options{Logger: logger, Certs: ca, Upstream: up, AccessLog: true, Users: o.users}
+	opts := proxy.Options{Logger: logger, Certs: ca, Upstream: up, AccessLog: true, Users: o.users,
+		Limiter: o.limiter, Guard: o.guard, Metrics: o.metrics}
 	if o.wrapUpstream != nil {
 		opts.Upstream = o.wrapUpstream(up)
 	}

@@ -6,6 +6,7 @@ package clientinfo
 
 import (
 	"context"
+	"net"
 	"strings"
 )
 
@@ -24,6 +25,9 @@ type Info struct {
 	// Key is the dedup key of the logical request, when it has one: a
 	// retried or re-queued request keeps its upstream session.
 	Key string
+	// Client names who is asking, for fairness limits: "user:<account>"
+	// when authenticated, else "ip:<address>".
+	Client string
 }
 
 type ctxKey struct{}
@@ -75,4 +79,16 @@ func ValidSessionID(id string) bool {
 		}
 	}
 	return true
+}
+
+// ClientOf names a client for fairness limits: its account when it has
+// one, else its IP (from a "host:port" remote address).
+func ClientOf(account, remoteAddr string) string {
+	if account != "" {
+		return "user:" + account
+	}
+	if host, _, err := net.SplitHostPort(remoteAddr); err == nil {
+		return "ip:" + host
+	}
+	return "ip:" + remoteAddr
 }

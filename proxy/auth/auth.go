@@ -10,7 +10,6 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
-	"os"
 	"runtime"
 	"time"
 
@@ -178,6 +177,3 @@ func (u *Users) Close() {
 		u.verified.StopAllGoroutines()
 	}
 }
-
-// Getenv is os.Getenv, the production reader for PasswordEnv.
-func Getenv(name string) string { return os.Getenv(name) }

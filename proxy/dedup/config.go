@@ -37,6 +37,16 @@ type Config struct {
 	// the request until its body is buffered. The leader runs detached from
 	// its client, so this is what stops a hung origin from holding waiters.
 	FlightTimeout time.Duration `yaml:"flight_timeout"`
+	// MaxFlights caps upstream fetches running at once in this process.
+	// A leader's fetch outlives a client that hangs up (so the others, and
+	// the cache, still get the answer); the cap keeps clients that open and
+	// abandon requests in a loop (HTTP/2 rapid reset) from piling up
+	// detached fetches. Beyond it requests get 503. Default 4096.
+	MaxFlights int `yaml:"max_flights"`
+	// MaxFlightsPerClient caps the flights one client (proxy account, else
+	// client IP) may lead at once, so one client cannot take every slot of
+	// max_flights from the others. Default a quarter of max_flights.
+	MaxFlightsPerClient int `yaml:"max_flights_per_client"`
 	// Memory is the in-process cache.
 	Memory MemoryConfig `yaml:"memory"`
 	// Rules refine the defaults; the first rule that matches a request wins.
@@ -113,6 +123,12 @@ func (c Config) WithDefaults() Config {
 	if c.FlightTimeout == 0 {
 		c.FlightTimeout = 60 * time.Second
 	}
+	if c.MaxFlights == 0 {
+		c.MaxFlights = 4096
+	}
+	if c.MaxFlightsPerClient == 0 {
+		c.MaxFlightsPerClient = max(c.MaxFlights/4, 1)
+	}
 	if c.Memory.MaxBytes == 0 {
 		c.Memory.MaxBytes = 256 * bytesize.MiB
 	}
@@ -135,6 +151,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRequestBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("max_request_body_bytes: must be at least 1KiB, got %s", c.MaxRequestBodyBytes))
+	}
+	if c.MaxFlights < 1 {
+		errs = append(errs, fmt.Errorf("max_flights: must be at least 1, got %d", c.MaxFlights))
+	}
+	if c.MaxFlightsPerClient < 1 || c.MaxFlightsPerClient > c.MaxFlights {
+		errs = append(errs, fmt.Errorf("max_flights_per_client: must be between 1 and max_flights (%d), got %d", c.MaxFlights, c.MaxFlightsPerClient))
 	}
 	if c.FlightTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("flight_timeout: must be positive, got %s", c.FlightTimeout))

@@ -54,9 +54,12 @@ type Engine struct {
 	// but not from the engine's lifetime.
 	base   context.Context
 	cancel context.CancelFunc
-	mu     sync.Mutex // protects closed and the Add side of running
+	mu     sync.Mutex // protects closed, the Add side of wg, and perClient
 	closed bool
 	wg     sync.WaitGroup // running flights
+	// perClient counts the flights each client leads (entries at zero are
+	// removed, so the map holds only clients with a flight running).
+	perClient map[string]int
 }
 
 // New returns an Engine; cfg gets its defaults applied.
@@ -68,7 +71,8 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if o.Store == nil || o.Next == nil || o.Logger == nil {
 		return nil, errors.New("dedup: Store, Next and Logger are required")
 	}
-	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder}
+	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
+		perClient: map[string]int{}}
 	e.base, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -112,6 +116,21 @@ type requestError struct{ err error }
 func (e requestError) Error() string   { return "read request body: " + e.err.Error() }
 func (e requestError) Unwrap() error   { return e.err }
 func (e requestError) HTTPStatus() int { return http.StatusBadRequest }
+
+// overloadError refuses a new flight when max_flights are running, or
+// when the client already leads max_flights_per_client.
+type overloadError struct {
+	max       int
+	perClient bool
+}
+
+func (e overloadError) Error() string {
+	if e.perClient {
+		return fmt.Sprintf("this client has too many upstream fetches in flight (dedup.max_flights_per_client = %d); retry shortly", e.max)
+	}
+	return fmt.Sprintf("too many upstream fetches in flight (dedup.max_flights = %d); retry shortly", e.max)
+}
+func (overloadError) HTTPStatus() int { return http.StatusServiceUnavailable }
 
 // timeoutError is the flight deadline: classified as a timeout (504).
 type timeoutError struct{ d time.Duration }
@@ -374,15 +393,31 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 			res = &flightResult{err: fmt.Errorf("internal error in flight: %v", p)}
 		}
 	}()
+	client := clientinfo.From(req.Context()).Client
 	e.mu.Lock()
 	if e.closed {
 		e.mu.Unlock()
 		return &flightResult{err: errors.New("dedup: shutting down")}
 	}
+	if e.perClient[client] >= e.cfg.MaxFlightsPerClient {
+		e.mu.Unlock()
+		return &flightResult{err: overloadError{max: e.cfg.MaxFlightsPerClient, perClient: true}, label: CacheMiss}
+	}
+	e.perClient[client]++
 	e.wg.Add(1)
 	e.mu.Unlock()
-	defer e.wg.Done()
-	e.st.flights.Add(1)
+	defer func() {
+		e.mu.Lock()
+		if e.perClient[client]--; e.perClient[client] <= 0 {
+			delete(e.perClient, client)
+		}
+		e.mu.Unlock()
+		e.wg.Done()
+	}()
+	if n := e.st.flights.Add(1); n > int64(e.cfg.MaxFlights) {
+		e.st.flights.Add(-1)
+		return &flightResult{err: overloadError{max: e.cfg.MaxFlights}, label: CacheMiss}
+	}
 	defer e.st.flights.Add(-1)
 
 	// Another flight may have filled the cache between our lookup and

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -633,6 +634,65 @@ func TestSavingsPct(t *testing.T) {
 	}{{0, 0, 0}, {1, 3, 33.3}, {2, 3, 66.7}, {499, 500, 99.8}, {5, 5, 100}} {
 		if got := savingsPct(tc.saved, tc.all); got != tc.want {
 			t.Errorf("savingsPct(%d,%d) = %v, want %v", tc.saved, tc.all, got, tc.want)
+		}
+	}
+}
+
+// TestMaxFlights: fetches that would exceed max_flights are refused with
+// 503 instead of piling up.
+func TestMaxFlights(t *testing.T) {
+	release := make(chan struct{})
+	f := newFixture(t, Config{TTL: time.Minute, MaxFlights: 2, MaxFlightsPerClient: 2}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		okHandler(w, r)
+	}))
+	res := make(chan result, 2)
+	for i := range 2 {
+		go func() { res <- f.get(fmt.Sprintf("/f%d", i)) }()
+	}
+	waitFor(t, func() bool { return f.eng.Stats().Flights == 2 })
+	r := f.get("/f3")
+	var hs interface{ HTTPStatus() int }
+	if r.err == nil || !errorsAs(r.err, &hs) || hs.HTTPStatus() != 503 {
+		t.Fatalf("third flight: %+v", r)
+	}
+	close(release)
+	for range 2 {
+		if r := <-res; r.status != 200 {
+			t.Fatalf("running flight: %+v", r)
+		}
+	}
+	if r := f.get("/f3"); r.status != 200 {
+		t.Fatalf("after the others finished: %+v", r)
+	}
+}
+
+func errorsAs(err error, target any) bool { return errors.As(err, target) }
+
+// TestMaxFlightsPerClient: one client cannot take every flight slot.
+func TestMaxFlightsPerClient(t *testing.T) {
+	release := make(chan struct{})
+	f := newFixture(t, Config{TTL: time.Minute, MaxFlights: 10, MaxFlightsPerClient: 2}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		okHandler(w, r)
+	}))
+	as := func(client string) context.Context {
+		return clientinfo.With(context.Background(), clientinfo.Info{Client: client})
+	}
+	res := make(chan result, 3)
+	for i := range 2 {
+		go func() { res <- f.do(as("ip:10.0.0.1"), http.MethodGet, fmt.Sprintf("/a%d", i), nil, "") }()
+	}
+	waitFor(t, func() bool { return f.eng.Stats().Flights == 2 })
+	if r := f.do(as("ip:10.0.0.1"), http.MethodGet, "/a3", nil, ""); r.err == nil || !strings.Contains(r.err.Error(), "this client") {
+		t.Fatalf("third flight of one client: %+v", r)
+	}
+	go func() { res <- f.do(as("ip:10.0.0.2"), http.MethodGet, "/b", nil, "") }()
+	waitFor(t, func() bool { return f.eng.Stats().Flights == 3 })
+	close(release)
+	for range 3 {
+		if r := <-res; r.status != 200 {
+			t.Fatalf("%+v", r)
 		}
 	}
 }

@@ -89,6 +89,7 @@ type Counter interface {
 type Limiter struct {
 	cfg      Config
 	counter  Counter
+	own      *MemoryCounter // the counter New made, closed by Close
 	rejected atomic.Uint64
 	failed   atomic.Uint64
 	now      func() time.Time
@@ -100,10 +101,19 @@ func New(cfg Config, counter Counter) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("rate_limit: %w", err)
 	}
+	l := &Limiter{cfg: cfg, counter: counter, now: time.Now}
 	if counter == nil {
-		counter = NewMemoryCounter()
+		l.own = NewMemoryCounter()
+		l.counter = l.own
 	}
-	return &Limiter{cfg: cfg, counter: counter, now: time.Now}, nil
+	return l, nil
+}
+
+// Close stops the background work of a counter New made itself.
+func (l *Limiter) Close() {
+	if l != nil && l.own != nil {
+		l.own.Close()
+	}
 }
 
 // Decision is the verdict on one request.

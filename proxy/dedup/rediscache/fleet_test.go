@@ -335,7 +335,6 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	}
 }
 
-
 // TestOlderFormatIsIgnored: a value in another format version is a miss
 // and gets replaced, never misread.
 func TestOlderFormatIsIgnored(t *testing.T) {

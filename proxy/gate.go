@@ -1,0 +1,102 @@
+package proxy
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// The gate is what every request and tunnel passes before anything leaves
+// the proxy: who the client is (407 without valid credentials), whether it
+// is over its rate (429), and whether the target may be reached at all
+// (403 for private and loopback targets).
+
+// basicCredentials parses a Basic Proxy-Authorization header.
+func basicCredentials(h http.Header) (user, password string, ok bool) {
+	scheme, cred, found := strings.Cut(h.Get("Proxy-Authorization"), " ")
+	if !found || !strings.EqualFold(scheme, "Basic") {
+		return "", "", false
+	}
+	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
+	if err != nil {
+		return "", "", false
+	}
+	user, password, ok = strings.Cut(string(raw), ":")
+	return user, password, ok
+}
+
+// authenticate returns the proxy user of a request, or ok false when a
+// user store is configured and the credentials are missing or wrong.
+func (s *Server) authenticate(h http.Header) (user string, ok bool) {
+	if s.users == nil {
+		return proxyUser(h), true
+	}
+	user, password, found := basicCredentials(h)
+	if !found || !s.users.Verify(user, password) {
+		s.metrics.AuthFailed()
+		return "", false
+	}
+	return user, true
+}
+
+// challenge is the 407 that makes browsers (which never send credentials
+// unasked) retry with them.
+func (s *Server) challenge(req *http.Request, reason string) *http.Response {
+	resp := errorResponse(req, http.StatusProxyAuthRequired, kindAuth, reason)
+	resp.Header.Set("Proxy-Authenticate", `Basic realm="`+s.realm+`"`)
+	return resp
+}
+
+// limit applies the client rate limit; nil means the request may go on.
+func (s *Server) limit(ctx context.Context, req *http.Request, account, host string) *http.Response {
+	if !s.limiter.Enabled() {
+		return nil
+	}
+	key := s.limiter.ClientKey(account, req.RemoteAddr, req.Header)
+	d := s.limiter.Allow(ctx, key, host)
+	if d.Allowed {
+		return nil
+	}
+	if d.Unavailable {
+		resp := errorResponse(req, http.StatusServiceUnavailable, kindUnavailable,
+			"rate limiter unavailable and rate_limit.fail_closed is set")
+		resp.Header.Set("Retry-After", retryAfter(d.RetryAfter))
+		return resp
+	}
+	s.metrics.RateLimited()
+	resp := errorResponse(req, http.StatusTooManyRequests, kindRateLimited,
+		fmt.Sprintf("rate limit of %d requests per window reached for this client; retry in %s", d.Limit, retryAfter(d.RetryAfter)+"s"))
+	resp.Header.Set("Retry-After", retryAfter(d.RetryAfter))
+	resp.Header.Set("X-RateLimit-Limit", strconv.Itoa(d.Limit))
+	resp.Header.Set("X-RateLimit-Remaining", "0")
+	return resp
+}
+
+// retryAfter is a Retry-After value in whole seconds, at least 1.
+func retryAfter(d time.Duration) string {
+	return strconv.Itoa(max(int((d+time.Second-1)/time.Second), 1))
+}
+
+// checkTarget applies the SSRF guard to a target host before anything is
+// dialled. It returns the context to dial with, or a 403 response.
+func (s *Server) checkTarget(ctx context.Context, req *http.Request, host string) (context.Context, *http.Response) {
+	if s.guard == nil {
+		return ctx, nil
+	}
+	ctx, err := s.guard.CheckHostContext(ctx, host)
+	if err == nil {
+		return ctx, nil
+	}
+	return ctx, s.refused(req, err)
+}
+
+// refused answers a target the guard (at the front door or at dial time)
+// refused: 403 with the guard's reason.
+func (s *Server) refused(req *http.Request, err error) *http.Response {
+	s.metrics.SSRFRefused()
+	return errorResponse(req, http.StatusForbidden, kindForbidden, err.Error())
+}

@@ -1,0 +1,178 @@
+package proxy_test
+
+import (
+	"bufio"
+	"crypto/x509"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
+	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
+	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+)
+
+func testUsers(t *testing.T) *auth.Users {
+	t.Helper()
+	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
+	u, err := auth.New(auth.Config{Users: []auth.UserConfig{{Name: "alice", PasswordBcrypt: string(hash)}}}, func(string) string { return "" })
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(u.Close)
+	return u
+}
+
+// clientAs is a client whose proxy URL carries user:pass (sent preemptively
+// by Go on plain requests and on CONNECT).
+func (w *world) clientAs(user, pass string) *http.Client {
+	pu := *w.proxyURL
+	if user != "" {
+		pu.User = url.UserPassword(user, pass)
+	}
+	c := w.client(false)
+	c.Transport.(*http.Transport).Proxy = http.ProxyURL(&pu)
+	return c
+}
+
+func TestProxyAuth(t *testing.T) {
+	tlsO := tlsOrigin(t, http.HandlerFunc(echoProto), false)
+	plain := plainOrigin(t, http.HandlerFunc(echoProto))
+	w := newWorld(t, worldOpts{users: testUsers(t), originCAs: []*x509.Certificate{tlsO.Certificate()}})
+
+	// Plain requests: 407 with a Basic challenge without or with wrong
+	// credentials, 200 with the right ones (session hints allowed).
+	for _, tc := range []struct {
+		user, pass string
+		want       int
+	}{{"", "", 407}, {"alice", "wrong", 407}, {"bob", "right", 407}, {"alice", "right", 200}, {"alice-session-s1", "right", 200}} {
+		resp, body := w.get(w.clientAs(tc.user, tc.pass), plain.URL+"/p")
+		if resp.StatusCode != tc.want {
+			t.Fatalf("plain as %q/%q: %d %q", tc.user, tc.pass, resp.StatusCode, body)
+		}
+		if tc.want == 407 && resp.Header.Get("Proxy-Authenticate") != `Basic realm="onceproxy"` {
+			t.Fatalf("407 without a Basic challenge: %v", resp.Header)
+		}
+	}
+	// CONNECT: the challenge comes on the CONNECT itself.
+	for _, tc := range []struct {
+		hdr  string
+		want int
+	}{
+		{"", 407},
+		{"Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("alice:wrong")) + "\r\n", 407},
+		{"Proxy-Authorization: Basic " + base64.StdEncoding.EncodeToString([]byte("alice:right")) + "\r\n", 200},
+	} {
+		conn, err := net.Dial("tcp", w.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		host := strings.TrimPrefix(tlsO.URL, "https://")
+		fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n%s\r\n", host, host, tc.hdr)
+		resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+		conn.Close()
+		if err != nil || resp.StatusCode != tc.want {
+			t.Fatalf("CONNECT with %q: %v %v", tc.hdr, err, resp)
+		}
+		if tc.want == 407 && !strings.HasPrefix(resp.Header.Get("Proxy-Authenticate"), "Basic ") {
+			t.Fatalf("CONNECT 407 without a challenge")
+		}
+	}
+	// And a full HTTPS request through the MITM with the right credentials.
+	if resp, body := w.get(w.clientAs("alice", "right"), tlsO.URL+"/s"); resp.StatusCode != 200 || !strings.Contains(body, "path=/s") {
+		t.Fatalf("https with credentials: %d %q", resp.StatusCode, body)
+	}
+}
+
+func TestRateLimitPerClient(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(echoProto))
+	lim, err := ratelimit.New(ratelimit.Config{Requests: 3, Window: time.Minute}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, worldOpts{users: testUsers(t), limiter: lim})
+	alice := w.clientAs("alice", "right")
+	for i := range 3 {
+		if resp, _ := w.get(alice, origin.URL+"/r"); resp.StatusCode != 200 {
+			t.Fatalf("request %d: %d", i+1, resp.StatusCode)
+		}
+	}
+	resp, body := w.get(alice, origin.URL+"/r")
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || resp.Header.Get("X-Onceproxy-Error") != "rate_limited" {
+		t.Fatalf("over the limit: %d %v %q", resp.StatusCode, resp.Header, body)
+	}
+	// A session hint does not make a new client: the account is limited.
+	if resp, _ := w.get(w.clientAs("alice-session-other", "right"), origin.URL+"/r"); resp.StatusCode != 429 {
+		t.Fatalf("a session hint escaped the account's limit: %d", resp.StatusCode)
+	}
+	// Without users the client IP is the key, and another IP is another
+	// client (127.0.0.2 is this machine too, as a different source).
+	lim2, _ := ratelimit.New(ratelimit.Config{Requests: 1, Window: time.Minute}, nil)
+	w2 := newWorld(t, worldOpts{limiter: lim2})
+	if resp, _ := w2.get(w2.client(false), origin.URL+"/x"); resp.StatusCode != 200 {
+		t.Fatal("first request limited")
+	}
+	if resp, _ := w2.get(w2.client(false), origin.URL+"/x"); resp.StatusCode != 429 {
+		t.Fatal("IP-keyed limit not applied")
+	}
+	other := w2.client(false)
+	other.Transport.(*http.Transport).DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext
+	if resp, _ := w2.get(other, origin.URL+"/x"); resp.StatusCode != 200 {
+		t.Fatalf("a client from another IP was limited: %d", resp.StatusCode)
+	}
+	if lim.Rejected() != 2 {
+		t.Fatalf("rejected = %d", lim.Rejected())
+	}
+}
+
+func TestGuardRefusesPrivateTargets(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(echoProto))
+	g, err := netguard.New(netguard.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorld(t, worldOpts{guard: g})
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(origin.URL, "http://"))
+	for _, target := range []string{
+		origin.URL + "/x",
+		"http://localhost:" + port + "/x",
+		"http://2130706433:" + port + "/x", // 127.0.0.1 as a decimal integer
+		"http://0x7f.1:" + port + "/x",
+		"http://[::ffff:127.0.0.1]:" + port + "/x",
+		"http://169.254.169.254/latest/meta-data/",
+	} {
+		resp, body := w.get(w.client(false), target)
+		if resp.StatusCode != 403 || resp.Header.Get("X-Onceproxy-Error") != "forbidden_target" || !strings.Contains(body, "refusing") {
+			t.Fatalf("%s: %d %q", target, resp.StatusCode, body)
+		}
+	}
+	// CONNECT to a private target is refused before any tunnel exists.
+	conn, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "CONNECT 10.0.0.1:443 HTTP/1.1\r\nHost: 10.0.0.1:443\r\n\r\n")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 403 {
+		t.Fatalf("CONNECT 10.0.0.1: %v %v", err, resp)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(b), "private") {
+		t.Fatalf("reason: %q", b)
+	}
+	// The allow list opens loopback for tests and local development.
+	g2, _ := netguard.New(netguard.Config{AllowCIDRs: []string{"127.0.0.1/32"}})
+	w2 := newWorld(t, worldOpts{guard: g2})
+	if resp, _ := w2.get(w2.client(false), origin.URL+"/ok"); resp.StatusCode != 200 {
+		t.Fatalf("allowed loopback: %d", resp.StatusCode)
+	}
+}

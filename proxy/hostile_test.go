@@ -1,0 +1,243 @@
+package proxy_test
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/tls"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// rawExchange writes raw to the proxy port and reads one response.
+func rawExchange(t *testing.T, addr, raw string) (*http.Response, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatalf("no response: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	return resp, string(b)
+}
+
+func TestOversizedURLAndHeaders(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(echoProto))
+	w := newWorld(t, worldOpts{})
+	long := strings.Repeat("a", 100<<10)
+	for _, raw := range []string{
+		"GET " + origin.URL + "/" + long + " HTTP/1.1\r\nHost: x\r\n\r\n",
+		"GET " + origin.URL + "/ HTTP/1.1\r\nHost: x\r\n" + strings.Repeat("X-Many: 0123456789012345678901234567890123456789\r\n", 2000) + "\r\n",
+	} {
+		if resp, _ := rawExchange(t, w.proxyURL.Host, raw); resp.StatusCode != http.StatusRequestHeaderFieldsTooLarge {
+			t.Fatalf("status %d, want 431", resp.StatusCode)
+		}
+	}
+	if resp, _ := w.get(w.client(false), origin.URL+"/fine"); resp.StatusCode != 200 {
+		t.Fatal("proxy stopped serving")
+	}
+}
+
+// TestSlowloris: a client that dribbles its headers is cut at the header
+// timeout while other clients are served normally.
+func TestSlowloris(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(echoProto))
+	w := newWorld(t, worldOpts{proxy: proxy.Config{ReadHeaderTimeout: 300 * time.Millisecond}})
+	conn, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "GET %s/ HTTP/1.1\r\nHost: x\r\n", origin.URL)
+	cut := make(chan time.Duration, 1)
+	start := time.Now()
+	go func() {
+		// One header byte every 50ms: always active, never done.
+		for {
+			if _, err := conn.Write([]byte("X")); err != nil {
+				cut <- time.Since(start)
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+			if time.Since(start) > 10*time.Second {
+				cut <- -1
+				return
+			}
+		}
+	}()
+	if resp, _ := w.get(w.client(false), origin.URL+"/meanwhile"); resp.StatusCode != 200 {
+		t.Fatalf("other client: %d", resp.StatusCode)
+	}
+	if d := <-cut; d < 0 {
+		t.Fatal("a slowloris client was never cut")
+	}
+}
+
+// TestTLSWithoutSNI: a client that sends no SNI (an IP target) gets a leaf
+// for the CONNECT host, with an IP SAN, that verifies.
+func TestTLSWithoutSNI(t *testing.T) {
+	origin := tlsOrigin(t, http.HandlerFunc(echoProto), false)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}})
+	host := strings.TrimPrefix(origin.URL, "https://")
+	conn, br := connectTunnel(t, w, host)
+	defer conn.Close()
+	var state tls.ConnectionState
+	tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{
+		InsecureSkipVerify: true, // no SNI: verify by hand below
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			state = cs
+			return nil
+		},
+	})
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	leaf := state.PeerCertificates[0]
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: w.caPool, DNSName: "127.0.0.1"}); err != nil {
+		t.Fatalf("leaf for a no-SNI client does not verify for the CONNECT host: %v (IPs %v)", err, leaf.IPAddresses)
+	}
+}
+
+type bufConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// TestConflictingFramingIsReframed: Transfer-Encoding wins over
+// Content-Length (RFC 9112 §6.3) and the request is re-framed upstream, so
+// the origin can never read a second, smuggled request out of the body.
+func TestConflictingFramingIsReframed(t *testing.T) {
+	var seen atomic.Value
+	origin := plainOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		seen.Store(fmt.Sprintf("%s %s body=%q", r.Method, r.URL.Path, b))
+	}))
+	w := newWorld(t, worldOpts{})
+	raw := "POST " + origin.URL + "/a HTTP/1.1\r\nHost: x\r\nContent-Length: 40\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" +
+		"GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+	resp, _ := rawExchange(t, w.proxyURL.Host, raw)
+	if resp.StatusCode != 200 || seen.Load() != `POST /a body=""` {
+		t.Fatalf("origin saw %v (status %d)", seen.Load(), resp.StatusCode)
+	}
+}
+
+// TestHTTP2RapidReset: a client that opens and resets HTTP/2 streams as
+// fast as it can through the MITM, each for a new URL, cannot pile up work:
+// x/net/http2 bounds the running stream handlers, dedup.max_flights and
+// max_flights_per_client bound the fetches that outlive their clients,
+// memory stays bounded, and other clients are served meanwhile.
+func TestHTTP2RapidReset(t *testing.T) {
+	var originHits atomic.Int64
+	origin := tlsOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		originHits.Add(1)
+		time.Sleep(50 * time.Millisecond)
+		io.WriteString(w, "slow page")
+	}), false)
+	w := newWorld(t, worldOpts{
+		originCAs: []*x509.Certificate{origin.Certificate()},
+		dedup:     dedupOn(dedup.Config{MaxFlights: 64}),
+		quiet:     true,
+	})
+	host := strings.TrimPrefix(origin.URL, "https://")
+	conn, br := connectTunnel(t, w, host)
+	defer conn.Close()
+	tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{ServerName: "127.0.0.1", RootCAs: w.caPool, NextProtos: []string{"h2"}})
+	if err := tc.Handshake(); err != nil {
+		t.Fatal(err)
+	}
+	if tc.ConnectionState().NegotiatedProtocol != "h2" {
+		t.Fatal("no h2 through the MITM")
+	}
+	io.WriteString(tc, http2.ClientPreface)
+	fr := http2.NewFramer(tc, tc)
+	fr.WriteSettings()
+	go func() { // drain the server's frames
+		for {
+			if _, err := fr.ReadFrame(); err != nil {
+				return
+			}
+		}
+	}()
+
+	baseline := runtime.NumGoroutine()
+	var peak atomic.Int64
+	stopSampling := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		for {
+			if n := int64(runtime.NumGoroutine()); n > peak.Load() {
+				peak.Store(n)
+			}
+			select {
+			case <-stopSampling:
+				return
+			case <-time.After(2 * time.Millisecond):
+			}
+		}
+	}()
+	other := make(chan string, 1)
+	go func() {
+		time.Sleep(200 * time.Millisecond) // in the middle of the flood
+		// Another client is another source address (the flooder has
+		// used up its own share of dedup.max_flights, not everyone's).
+		c := w.client(true)
+		c.Transport.(*http.Transport).DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext
+		resp, body := w.get(c, origin.URL+"/other")
+		other <- fmt.Sprintf("%d %s", resp.StatusCode, body)
+	}()
+
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	const streams = 20000
+	sent := 0
+	for id := uint32(1); sent < streams; id += 2 {
+		hb.Reset()
+		for _, kv := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", host}, {":path", fmt.Sprintf("/r%d", id)}} {
+			enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+		}
+		if err := fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true}); err != nil {
+			break // the server hung up on us: fine too
+		}
+		if err := fr.WriteRSTStream(id, http2.ErrCodeCancel); err != nil {
+			break
+		}
+		sent++
+	}
+	if got := <-other; got != "200 slow page" {
+		t.Fatalf("another client during the flood: %s", got)
+	}
+	close(stopSampling)
+	<-sampled
+	growth := peak.Load() - int64(baseline)
+	t.Logf("%d streams opened and reset; goroutines grew by at most %d; the origin saw %d requests", sent, growth, originHits.Load())
+	if growth > 3000 {
+		t.Fatalf("goroutines grew by %d during a rapid-reset flood: work is not bounded", growth)
+	}
+	if originHits.Load() >= int64(sent) {
+		t.Fatalf("every reset stream became an upstream request (%d)", originHits.Load())
+	}
+}
