@@ -2,7 +2,7 @@
 # onceproxy: static binary on a distroless, non-root base.
 #
 #   docker build -t onceproxy .
-#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:9090:9090 \
+#   docker run --rm -p 127.0.0.1:8080:8080 -p 127.0.0.1:1080:1080 -p 127.0.0.1:9090:9090 \
 #     -v onceproxy-certs:/app/certs onceproxy
 #
 # The CA is generated into the certs volume on first start (key mode 0600,
@@ -24,10 +24,16 @@ COPY --from=build /src/config.yaml /app/config.yaml
 COPY --from=build --chown=65532:65532 /out/certs /app/certs
 VOLUME ["/app/certs"]
 # Inside the container the listeners must bind all interfaces to be
-# published; publish them on the host's loopback (see above) unless client
-# authentication is configured.
+# published. Without auth.users that is refused unless allowed explicitly:
+# the image allows it because the ports are meant to be published on the
+# host's loopback (see above). Configure users (ONCEPROXY_AUTH_USERS) and
+# drop ONCEPROXY_AUTH_ALLOW_UNAUTHENTICATED before publishing them wider.
+# Inside a container "this machine" is the container: no loopback targets.
 ENV ONCEPROXY_PROXY_LISTEN=0.0.0.0:8080 \
-    ONCEPROXY_ADMIN_LISTEN=0.0.0.0:9090
-EXPOSE 8080 9090
+    ONCEPROXY_SOCKS5_LISTEN=0.0.0.0:1080 \
+    ONCEPROXY_ADMIN_LISTEN=0.0.0.0:9090 \
+    ONCEPROXY_AUTH_ALLOW_UNAUTHENTICATED=true \
+    ONCEPROXY_GUARD_ALLOW_CIDRS=[]
+EXPOSE 8080 1080 9090
 USER 65532:65532
 ENTRYPOINT ["/app/onceproxy", "-config", "/app/config.yaml"]

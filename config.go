@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"regexp"
@@ -16,10 +17,13 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
+	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -36,13 +40,17 @@ const envPrefix = "ONCEPROXY_"
 
 // Config is the whole configuration, one section per package.
 type Config struct {
-	Log      LogConfig         `yaml:"log"`
-	Proxy    proxy.Config      `yaml:"proxy"`
-	Admin    AdminConfig       `yaml:"admin"`
-	MITM     mitm.Config       `yaml:"mitm"`
-	Upstream upstream.Config   `yaml:"upstream"`
-	Dedup    dedup.Config      `yaml:"dedup"`
-	Redis    rediscache.Config `yaml:"redis"`
+	Log       LogConfig          `yaml:"log"`
+	Proxy     proxy.Config       `yaml:"proxy"`
+	SOCKS5    proxy.SOCKS5Config `yaml:"socks5"`
+	Admin     AdminConfig        `yaml:"admin"`
+	MITM      mitm.Config        `yaml:"mitm"`
+	Upstream  upstream.Config    `yaml:"upstream"`
+	Dedup     dedup.Config       `yaml:"dedup"`
+	Redis     rediscache.Config  `yaml:"redis"`
+	Auth      auth.Config        `yaml:"auth"`
+	RateLimit ratelimit.Config   `yaml:"rate_limit"`
+	Guard     netguard.Config    `yaml:"guard"`
 }
 
 // LogConfig is the `log:` section.
@@ -59,12 +67,16 @@ type LogConfig struct {
 type AdminConfig struct {
 	// Listen is the admin API address; "" turns the admin API off.
 	Listen string `yaml:"listen"`
+	// TokenEnv names an environment variable holding a bearer token that
+	// every admin endpoint but /health and /ca.pem then requires.
+	TokenEnv string `yaml:"token_env"`
 }
 
 // loadConfig reads the configuration: the shipped defaults, then the file at
 // path (skipped when path is "" ), then ONCEPROXY_* variables from environ.
 // Every problem is reported at once, each with its key.
 func loadConfig(path string, environ []string) (*Config, error) {
+	getenv := func(k string) string { return lookupEnv(environ, k) }
 	var cfg Config
 	if err := decodeStrict(bytes.NewReader(shippedConfig), &cfg); err != nil {
 		return nil, fmt.Errorf("embedded config.yaml: %w", err)
@@ -89,7 +101,7 @@ func loadConfig(path string, environ []string) (*Config, error) {
 		}
 	}
 	cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	if err := cfg.validate(getenv); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
@@ -97,15 +109,18 @@ func loadConfig(path string, environ []string) (*Config, error) {
 
 func (c *Config) withDefaults() {
 	c.Proxy = c.Proxy.WithDefaults()
+	c.SOCKS5 = c.SOCKS5.WithDefaults()
 	c.MITM = c.MITM.WithDefaults()
 	c.Upstream = c.Upstream.WithDefaults()
 	c.Dedup = c.Dedup.WithDefaults()
 	c.Redis = c.Redis.WithDefaults()
+	c.Auth = c.Auth.WithDefaults()
+	c.RateLimit = c.RateLimit.WithDefaults()
 }
 
 // validate checks every section and returns all problems, one per line, each
 // prefixed with the full key path ("proxy.listen: ...").
-func (c *Config) validate() error {
+func (c *Config) validate(getenv func(string) string) error {
 	var errs []error
 	add := func(section string, err error) {
 		for _, e := range flatten(err) {
@@ -130,10 +145,29 @@ func (c *Config) validate() error {
 		}
 	}
 	add("proxy", c.Proxy.Validate())
+	add("socks5", c.SOCKS5.Validate())
+	if l := c.SOCKS5.Listen; l != "" && !strings.HasSuffix(l, ":0") && (l == c.Proxy.Listen || l == c.Admin.Listen) {
+		errs = append(errs, fmt.Errorf("socks5.listen: %s is already proxy.listen or admin.listen", l))
+	}
 	add("mitm", c.MITM.Validate())
 	add("upstream", c.Upstream.Validate())
 	add("dedup", c.Dedup.Validate())
 	add("redis", c.Redis.Validate())
+	add("auth", c.Auth.Validate(getenv))
+	add("rate_limit", c.RateLimit.Validate())
+	add("guard", c.Guard.Validate())
+	if len(c.Auth.Users) == 0 && !c.Auth.AllowUnauthenticated {
+		// An open MITM proxy on a network is a liability: without users,
+		// only loopback listeners are accepted.
+		for _, l := range []struct{ key, addr string }{{"proxy.listen", c.Proxy.Listen}, {"socks5.listen", c.SOCKS5.Listen}} {
+			if l.addr != "" && !loopbackListen(l.addr) {
+				errs = append(errs, fmt.Errorf("auth.users: none configured while %s (%s) is not a loopback address: add users, or set auth.allow_unauthenticated: true if the port is protected otherwise", l.key, l.addr))
+			}
+		}
+	}
+	if c.Admin.TokenEnv != "" && getenv(c.Admin.TokenEnv) == "" {
+		errs = append(errs, fmt.Errorf("admin.token_env: %s is unset or empty", c.Admin.TokenEnv))
+	}
 	if len(errs) == 0 {
 		return nil
 	}
@@ -299,6 +333,20 @@ func applyEnv(cfg *Config, environ []string) error {
 		return nil
 	}
 	return &configError{errs: errs}
+}
+
+// loopbackListen reports whether a listen address accepts loopback
+// connections only.
+func loopbackListen(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.IsLoopback()
 }
 
 func lookupEnv(environ []string, name string) string {

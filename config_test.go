@@ -9,6 +9,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -33,6 +34,8 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	zero.Admin = AdminConfig{Listen: "127.0.0.1:9090"}
 	// Fields whose zero value is a meaningful setting get their shipped
 	// value from the file alone.
+	zero.SOCKS5 = proxy.SOCKS5Config{Listen: proxy.DefaultSOCKS5Listen, AllowNoAuth: true}
+	zero.Guard.AllowCIDRs = []string{"127.0.0.0/8", "::1/128"}
 	zero.Dedup.Enabled = true
 	zero.Dedup.TTL = dedup.DefaultTTL
 	zero.withDefaults()
@@ -157,24 +160,22 @@ func TestCIRunsTheREADMETestCommand(t *testing.T) {
 	}
 }
 
-// TestConfigExamplesAreValid uncomments the rule examples shipped in
-// config.yaml and loads them: the examples must keep working.
+// TestConfigExamplesAreValid uncomments the rule and session examples
+// shipped in config.yaml and loads them: the examples must keep working.
 func TestConfigExamplesAreValid(t *testing.T) {
 	lines := strings.Split(string(shippedConfig), "\n")
 	var out []string
-	in := false
+	block := ""
 	for _, l := range lines {
 		switch {
-		case strings.HasPrefix(l, "  # rules:"):
-			in = true
-			out = append(out, "  rules:")
-		case in && strings.HasPrefix(l, "  #   "):
+		case strings.HasPrefix(l, "  # rules:"), strings.HasPrefix(l, "  # sessions:"):
+			block = strings.TrimSuffix(strings.TrimPrefix(l, "  # "), ":")
+			out = append(out, "  "+block+":")
+		case block != "" && strings.HasPrefix(l, "  #   "):
 			out = append(out, "  "+strings.TrimPrefix(l, "  # "))
-		case in:
-			in = false
-			fallthrough
 		default:
-			if strings.HasPrefix(l, "  rules: []") {
+			block = ""
+			if l == "  rules: []" || l == "  sessions: []" {
 				continue
 			}
 			out = append(out, l)
@@ -185,6 +186,9 @@ func TestConfigExamplesAreValid(t *testing.T) {
 		t.Fatalf("uncommented examples do not load: %v", err)
 	}
 	if len(cfg.Dedup.Rules) < 5 || cfg.Dedup.Rules[0].Name != "captcha-submit" {
-		t.Fatalf("examples not found: %+v", cfg.Dedup.Rules)
+		t.Fatalf("dedup examples not found: %+v", cfg.Dedup.Rules)
+	}
+	if len(cfg.Upstream.Rules) < 2 || len(cfg.Upstream.Sessions) < 2 {
+		t.Fatalf("upstream examples not found: %+v %+v", cfg.Upstream.Rules, cfg.Upstream.Sessions)
 	}
 }

@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"os"
 	"os/signal"
@@ -24,10 +23,14 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
+	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -74,12 +77,26 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 		logger.Info("configuration loaded", "file", path)
 	}
 
+	// Listen first: the SSRF guard must know our own addresses before the
+	// upstream can dial anything, and a busy port should fail start-up
+	// before a CA is created.
+	lns, err := listen(cfg)
+	if err != nil {
+		return err
+	}
+	defer lns.close()
+
 	ca, err := mitm.LoadOrCreate(cfg.MITM, logger)
 	if err != nil {
 		return err
 	}
 	defer ca.Close()
-	up, err := upstream.New(cfg.Upstream, logger)
+
+	guard, err := netguard.New(cfg.Guard)
+	if err != nil {
+		return err
+	}
+	up, err := upstream.New(cfg.Upstream, logger, upstream.WithDialControl(lns.guardControl(guard)))
 	if err != nil {
 		return err
 	}
@@ -88,8 +105,15 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 
 	local := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
 	defer local.Close()
-	dopts := dedup.Options{Store: local, Next: up, Logger: logger}
+	// Politeness pacing sits behind dedup: only requests that really go
+	// upstream wait for their turn at a host.
+	polite := ratelimit.NewPolite(cfg.RateLimit, up)
+	if p, ok := polite.(*ratelimit.Polite); ok {
+		defer p.Close()
+	}
+	dopts := dedup.Options{Store: local, Next: polite, Logger: logger}
 	var shared *rediscache.Store
+	var counter ratelimit.Counter
 	if cfg.Redis.Enabled() {
 		rediscache.RouteLogs(logger)
 		shared, err = rediscache.New(cfg.Redis, local, logger)
@@ -98,6 +122,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 		}
 		defer shared.Close()
 		dopts.Store, dopts.Fleet, dopts.Recorder = shared, shared, shared
+		counter = shared
 	} else {
 		logger.Info("no redis configured: cache and flights are this process's only")
 	}
@@ -107,32 +132,44 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	}
 	// Flights still running after the proxy drained are cut here.
 	defer engine.Close()
+	warnTTLOverRotation(logger, cfg, up)
 
-	px, err := proxy.New(cfg.Proxy, proxy.Options{
+	limiter, err := ratelimit.New(cfg.RateLimit, counter)
+	if err != nil {
+		return err
+	}
+	defer limiter.Close()
+	getenv := func(k string) string { return lookupEnv(environ, k) }
+	users, err := auth.New(cfg.Auth, getenv)
+	if err != nil {
+		return err
+	}
+	defer users.Close()
+	popts := proxy.Options{
 		Logger:    logger,
 		Certs:     ca,
 		Upstream:  up,
 		Next:      engine,
 		AccessLog: cfg.Log.Access,
-	})
+		Realm:     cfg.Auth.Realm,
+		Limiter:   limiter,
+		Guard:     guard,
+		Metrics:   metrics.New(),
+	}
+	if users.Enabled() {
+		popts.Users = users
+	} else {
+		logger.Warn("no proxy users configured: the proxy ports accept anyone who can reach them",
+			"proxy", cfg.Proxy.Listen, "socks5", cfg.SOCKS5.Listen)
+	}
+	px, err := proxy.New(cfg.Proxy, popts)
 	if err != nil {
 		return err
 	}
+	registerMetrics(popts.Metrics, engine, ca, up, shared)
 
-	proxyLn, err := net.Listen("tcp", cfg.Proxy.Listen)
-	if err != nil {
-		return fmt.Errorf("proxy.listen: %w", err)
-	}
-	var (
-		adminSrv *http.Server
-		adminLn  net.Listener
-	)
-	if cfg.Admin.Listen != "" {
-		adminLn, err = net.Listen("tcp", cfg.Admin.Listen)
-		if err != nil {
-			proxyLn.Close()
-			return fmt.Errorf("admin.listen: %w", err)
-		}
+	var adminSrv *http.Server
+	if lns.admin != nil {
 		adminSrv = &http.Server{
 			Handler: proxy.NewAdmin(proxy.AdminOptions{
 				CAPEM: ca.CertPEM(),
@@ -145,30 +182,37 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 				},
 				Cache:      engine,
 				FleetStats: fleetStats(shared),
+				Metrics:    popts.Metrics.Handler(),
+				Token:      adminToken(cfg.Admin, getenv),
+				Extra:      upstreamRoutes(up),
 			}),
 			ReadHeaderTimeout: 5 * time.Second,
 			IdleTimeout:       time.Minute,
 			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		}
-		logger.Info("admin listening", "addr", adminLn.Addr().String(),
-			"ca_download", "http://"+adminLn.Addr().String()+"/ca.pem")
+		logger.Info("admin listening", "addr", lns.admin.Addr().String(),
+			"ca_download", "http://"+lns.admin.Addr().String()+"/ca.pem")
 	}
 	if onReady != nil {
 		adminAddr := ""
-		if adminLn != nil {
-			adminAddr = adminLn.Addr().String()
+		if lns.admin != nil {
+			adminAddr = lns.admin.Addr().String()
 		}
-		onReady(proxyLn.Addr().String(), adminAddr)
+		onReady(lns.proxy.Addr().String(), adminAddr)
 	}
 
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return px.Serve(proxyLn) })
+	g.Go(func() error { return px.Serve(lns.proxy) })
+	if lns.socks != nil {
+		g.Go(func() error { return px.ServeSOCKS5(lns.socks, cfg.SOCKS5) })
+	}
+	g.Go(func() error { return up.Run(gctx) })
 	if shared != nil {
 		g.Go(func() error { return shared.Run(gctx) })
 	}
 	if adminSrv != nil {
 		g.Go(func() error {
-			if err := adminSrv.Serve(adminLn); !errors.Is(err, http.ErrServerClosed) {
+			if err := adminSrv.Serve(lns.admin); !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("admin: %w", err)
 			}
 			return nil

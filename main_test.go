@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -39,6 +40,7 @@ func testEnv(t *testing.T, origin *httptest.Server) []string {
 	return []string{
 		"ONCEPROXY_PROXY_LISTEN=127.0.0.1:0",
 		"ONCEPROXY_ADMIN_LISTEN=127.0.0.1:0",
+		"ONCEPROXY_SOCKS5_LISTEN=127.0.0.1:0",
 		"ONCEPROXY_MITM_CA_DIR=" + filepath.Join(dir, "certs"),
 		"ONCEPROXY_UPSTREAM_CA_FILES=[" + caFile + "]",
 		"ONCEPROXY_PROXY_SHUTDOWN_GRACE=10s",
@@ -352,5 +354,190 @@ func getJSON(t *testing.T, u string, v any) {
 	defer resp.Body.Close()
 	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
 		t.Error(err)
+	}
+}
+
+// startInstance runs the whole program with extra environment on free
+// ports and returns its proxy and admin addresses; it stops with the test.
+func startInstance(t *testing.T, env []string) (proxyAddr, adminAddr string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, io.Discard,
+			func(p, a string) { ready <- [2]string{p, a} })
+	}()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	select {
+	case a := <-ready:
+		return a[0], a[1]
+	case err := <-done:
+		t.Fatalf("run: %v", err)
+	}
+	return "", ""
+}
+
+func plainClient(proxyAddr, user, pass string) *http.Client {
+	u := &url.URL{Scheme: "http", Host: proxyAddr}
+	if user != "" {
+		u.User = url.UserPassword(user, pass)
+	}
+	return &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(u)}, Timeout: 10 * time.Second}
+}
+
+func status(t *testing.T, c *http.Client, u string) (int, string) {
+	t.Helper()
+	resp, err := c.Get(u)
+	if err != nil {
+		t.Fatalf("GET %s: %v", u, err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header.Get("X-Cache") + " " + string(b)
+}
+
+// TestGuardEndToEnd: with loopback not allowed, a host name that resolves
+// to 127.0.0.x is refused at dial time, a literal at once; the proxy never
+// reaches its own admin port, even when loopback is allowed.
+func TestGuardEndToEnd(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "reached") }))
+	defer origin.Close()
+	_, port, _ := net.SplitHostPort(origin.Listener.Addr().String())
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := net.LookupHost(host)
+	if err != nil || len(addrs) == 0 || !net.ParseIP(addrs[0]).IsLoopback() {
+		t.Skipf("this machine's name %q does not resolve to loopback (%v %v): no name to test dial-time refusal with", host, addrs, err)
+	}
+
+	closed := append(testEnv(t, httptest.NewTLSServer(nil)), "ONCEPROXY_GUARD_ALLOW_CIDRS=[]")
+	p, _ := startInstance(t, closed)
+	c := plainClient(p, "", "")
+	for _, u := range []string{
+		"http://" + host + ":" + port + "/", // resolves to loopback: refused at dial time
+		"http://127.0.0.1:" + port + "/",    // literal: refused before any dial
+		"http://2130706433:" + port + "/",
+	} {
+		if st, body := status(t, c, u); st != 403 || !strings.Contains(body, "refusing") {
+			t.Fatalf("%s: %d %q", u, st, body)
+		}
+	}
+
+	open := append(testEnv(t, httptest.NewTLSServer(nil)), "ONCEPROXY_GUARD_ALLOW_CIDRS=[127.0.0.0/8]")
+	p2, admin2 := startInstance(t, open)
+	c2 := plainClient(p2, "", "")
+	if st, body := status(t, c2, "http://"+host+":"+port+"/"); st != 200 || !strings.Contains(body, "reached") {
+		t.Fatalf("allowed loopback by name: %d %q", st, body)
+	}
+	if st, body := status(t, c2, "http://"+admin2+"/cache/stats"); st != 403 || !strings.Contains(body, "own") {
+		t.Fatalf("admin API through the proxy port: %d %q", st, body)
+	}
+	if st, body := status(t, c2, "http://"+p2+"/"); st != 403 {
+		t.Fatalf("proxy port through itself: %d %q", st, body)
+	}
+}
+
+// TestMetricsAfterMixedLoad scrapes /metrics after a known mix of answers.
+func TestMetricsAfterMixedLoad(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	env := append(testEnv(t, httptest.NewTLSServer(nil)),
+		"ONCEPROXY_AUTH_USERS=[{name: alice, password_env: TEST_ALICE_PW}]", "TEST_ALICE_PW=pw",
+		"ONCEPROXY_RATE_LIMIT_REQUESTS=4",
+		"ONCEPROXY_ADMIN_TOKEN_ENV=TEST_ADMIN_TOKEN", "TEST_ADMIN_TOKEN=tok")
+	p, admin := startInstance(t, env)
+	anon, alice := plainClient(p, "", ""), plainClient(p, "alice", "pw")
+	for _, step := range []struct {
+		c    *http.Client
+		url  string
+		want int
+	}{
+		{anon, origin.URL + "/a", 407},
+		{alice, origin.URL + "/a", 200},                // MISS (1)
+		{alice, origin.URL + "/a", 200},                // HIT (2)
+		{alice, "http://169.254.169.254/latest/", 403}, // refused target (3)
+		{alice, origin.URL + "/b", 200},                // MISS (4)
+		{alice, origin.URL + "/c", 429},                // over 4 per minute
+	} {
+		if st, body := status(t, step.c, step.url); st != step.want {
+			t.Fatalf("%s: %d %q, want %d", step.url, st, body, step.want)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+admin+"/metrics", nil)
+	if resp, err := http.DefaultClient.Do(req); err != nil || resp.StatusCode != 401 {
+		t.Fatalf("/metrics without the token: %v %v", err, resp)
+	}
+	req.Header.Set("Authorization", "Bearer tok")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("/metrics: %v %v", err, resp)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(b)
+	for _, want := range []string{
+		`onceproxy_requests_total{code="2xx",x_cache="MISS"} 2`,
+		`onceproxy_requests_total{code="2xx",x_cache="HIT"} 1`,
+		`onceproxy_requests_total{code="4xx",x_cache="none"} 3`,
+		`onceproxy_auth_failures_total 1`,
+		`onceproxy_rate_limited_total 1`,
+		`onceproxy_ssrf_refused_total 1`,
+		`onceproxy_upstream_requests_total 2`,
+		`onceproxy_cache_entries 2`,
+		`onceproxy_request_duration_seconds_count{x_cache="HIT"} 1`,
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("metrics:\n%s", grepLines(text, "onceproxy_"))
+	}
+}
+
+func grepLines(text, prefix string) string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, prefix) {
+			out = append(out, l)
+		}
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestRateLimitAcrossInstances: with Redis the limit holds across two
+// instances; with Redis down requests pass (fail open).
+func TestRateLimitAcrossInstances(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	rs := redistest.Start(t)
+	env := func() []string {
+		return append(testEnv(t, httptest.NewTLSServer(nil)), "ONCEPROXY_REDIS_URL="+rs.URL,
+			"ONCEPROXY_RATE_LIMIT_REQUESTS=3", "ONCEPROXY_REDIS_BREAKER_INTERVAL=200ms")
+	}
+	a, _ := startInstance(t, env())
+	b, _ := startInstance(t, env())
+	ca, cb := plainClient(a, "", ""), plainClient(b, "", "")
+	for i, c := range []*http.Client{ca, ca, cb} {
+		if st, body := status(t, c, fmt.Sprintf("%s/r%d", origin.URL, i)); st != 200 {
+			t.Fatalf("request %d: %d %q", i+1, st, body)
+		}
+	}
+	if st, _ := status(t, cb, origin.URL+"/r4"); st != 429 {
+		t.Fatalf("4th request across two instances: %d, want 429", st)
+	}
+	rs.Kill()
+	for i := range 6 {
+		if st, body := status(t, ca, fmt.Sprintf("%s/down%d", origin.URL, i)); st != 200 {
+			t.Fatalf("with Redis down, request %d: %d %q (want fail-open)", i, st, body)
+		}
 	}
 }
