@@ -185,6 +185,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 				Metrics:    popts.Metrics.Handler(),
 				Token:      adminToken(cfg.Admin, getenv),
 				Extra:      upstreamRoutes(up),
+				Sessions:   sessionViews(up),
 			}),
 			ReadHeaderTimeout: 5 * time.Second,
 			IdleTimeout:       time.Minute,

@@ -16,6 +16,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
@@ -247,5 +248,20 @@ func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authorit
 				}
 				return 0
 			})
+	}
+}
+
+// sessionViews adapts the pool's sessions for the status page.
+func sessionViews(up *upstream.Pool) func() ([]proxy.SessionView, string) {
+	return func() ([]proxy.SessionView, string) {
+		var out []proxy.SessionView
+		for _, s := range up.Sessions() {
+			out = append(out, proxy.SessionView{
+				ID: s.ID, Proxy: s.Proxy, Rotation: s.Rotation, ExitIP: s.ExitIP, LastOutcome: s.LastOutcome,
+				Cooldown: s.CooldownRemaining, Weight: s.Weight, BaseWeight: s.BaseWeight, Available: s.Available,
+				Requests: s.Requests, Failures: s.Failures, Rotations: s.Rotations,
+			})
+		}
+		return out, up.Describe()
 	}
 }

@@ -36,6 +36,9 @@ type AdminOptions struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every endpoint but /health and /ca.pem (which hold nothing secret).
 	Token string
+	// Sessions lists the upstream sessions and names the egress, for the
+	// status page; nil shows none.
+	Sessions func() ([]SessionView, string)
 	// Extra registers more routes (the upstream sessions API) on the mux;
 	// they get the same token check.
 	Extra func(mux *http.ServeMux)
@@ -45,6 +48,7 @@ type AdminOptions struct {
 // through the proxy port.
 func NewAdmin(o AdminOptions) http.Handler {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /{$}", statusPage(o))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		body := map[string]any{"status": "ok"}
 		if o.Health != nil {

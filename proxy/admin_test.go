@@ -1,6 +1,9 @@
 package proxy_test
 
 import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -8,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
 func TestAdminToken(t *testing.T) {
@@ -50,4 +54,42 @@ func TestAdminToken(t *testing.T) {
 		t.Error("401 without a Bearer challenge")
 	}
 	resp.Body.Close()
+}
+
+func TestStatusPage(t *testing.T) {
+	origin := tlsOrigin(t, http.HandlerFunc(echoProto), false)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
+	c := w.client(false)
+	w.get(c, origin.URL+"/a")
+	w.get(c, origin.URL+"/a")
+	admin := httptest.NewServer(proxy.NewAdmin(proxy.AdminOptions{
+		CAPEM: w.ca.CertPEM(),
+		Cache: w.engine,
+		Sessions: func() ([]proxy.SessionView, string) {
+			return []proxy.SessionView{{ID: "s1", Proxy: "http://u:xxxxx@gw:8000", Rotation: "sticky", Weight: 3, BaseWeight: 5, Cooldown: "41s"}}, "pool"
+		},
+	}))
+	defer admin.Close()
+	resp, err := http.Get(admin.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	page := string(b)
+	sum := sha256.Sum256(w.ca.Certificate().RawSubjectPublicKeyInfo)
+	for _, want := range []string{
+		`<b id="savings">50%</b>`, `<b id="hit">1</b>`, `<b id="miss">1</b>`, "cooling 41s",
+		base64.StdEncoding.EncodeToString(sum[:]), `href="/ca.pem"`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("status page lacks %q", want)
+		}
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if resp, _ := http.Get(admin.URL + "/nope"); resp.StatusCode != 404 {
+		t.Errorf("unknown path: %d", resp.StatusCode)
+	}
 }

@@ -1,0 +1,145 @@
+package proxy
+
+import (
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/pem"
+	"html/template"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// SessionView is one upstream session as the status page shows it.
+type SessionView struct {
+	ID, Proxy, Rotation, ExitIP, LastOutcome, Cooldown string
+	Weight, BaseWeight                                 int
+	Available                                          bool
+	Requests, Failures, Rotations                      int64
+}
+
+// statusData is what the status page renders.
+type statusData struct {
+	Now      time.Time
+	Stats    dedup.Stats
+	Fleet    any
+	Sessions []SessionView
+	Egress   string
+	CAPEM    string
+	SPKI     string // base64 SHA-256 of the CA's public key, for Chromium
+	Cache    bool
+}
+
+// spkiHash is what Chromium's --ignore-certificate-errors-spki-list wants:
+// base64(sha256(SubjectPublicKeyInfo)) of the CA.
+func spkiHash(caPEM []byte) string {
+	block, _ := pem.Decode(caPEM)
+	if block == nil {
+		return ""
+	}
+	cert, err := x509.ParseCertificate(block.Bytes)
+	if err != nil {
+		return ""
+	}
+	sum := sha256.Sum256(cert.RawSubjectPublicKeyInfo)
+	return base64.StdEncoding.EncodeToString(sum[:])
+}
+
+// statusPage serves GET /: what onceproxy is doing now, for people.
+func statusPage(o AdminOptions) http.HandlerFunc {
+	spki := spkiHash(o.CAPEM)
+	return func(w http.ResponseWriter, r *http.Request) {
+		d := statusData{Now: time.Now().UTC(), CAPEM: string(o.CAPEM), SPKI: spki, Cache: o.Cache != nil}
+		if o.Cache != nil {
+			d.Stats = o.Cache.Stats()
+		}
+		if o.FleetStats != nil {
+			if fs, err := o.FleetStats(r.Context()); err == nil {
+				d.Fleet = fs
+			}
+		}
+		if o.Sessions != nil {
+			d.Sessions, d.Egress = o.Sessions()
+		}
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.Header().Set("Cache-Control", "no-store")
+		w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+		if err := statusTmpl.Execute(w, d); err != nil {
+			http.Error(w, "status page: "+err.Error(), http.StatusInternalServerError)
+		}
+	}
+}
+
+var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
+	"bytes": func(n any) string {
+		var v float64
+		switch x := n.(type) {
+		case uint64:
+			v = float64(x)
+		case int64:
+			v = float64(x)
+		}
+		units := []string{"B", "KiB", "MiB", "GiB", "TiB"}
+		i := 0
+		for v >= 1024 && i < len(units)-1 {
+			v /= 1024
+			i++
+		}
+		return formatFloat(v) + " " + units[i]
+	},
+}).Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="refresh" content="5">
+<title>onceproxy</title>
+<style>
+body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:62rem;padding:0 1rem;color:#1d232a}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+.sub{color:#666}.big{font-size:2.4rem;font-weight:700}.cards{display:flex;gap:1rem;flex-wrap:wrap}
+.card{border:1px solid #ddd;border-radius:6px;padding:.7rem 1rem;min-width:9rem}
+.card b{display:block;font-size:1.4rem}table{border-collapse:collapse;width:100%}
+td,th{text-align:left;padding:.25rem .6rem;border-bottom:1px solid #eee;font-variant-numeric:tabular-nums}
+.ok{color:#17803d}.bad{color:#b42318}code,pre{background:#f5f5f5;border-radius:4px;padding:.1rem .3rem}
+pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
+</style></head><body>
+<h1>onceproxy</h1>
+<div class="sub">A deduplicating forward proxy: every logical request goes upstream once. {{.Now.Format "2006-01-02 15:04:05 UTC"}}, refreshes every 5 s.</div>
+{{if .Cache}}{{with .Stats}}
+<h2>Savings (this instance)</h2>
+<div class="cards">
+<div class="card"><span>savings</span><b id="savings">{{.SavingsPct}}%</b></div>
+<div class="card"><span>requests</span><b id="requests">{{.Requests}}</b></div>
+<div class="card"><span>HIT</span><b id="hit">{{index .XCache "HIT"}}</b></div>
+<div class="card"><span>COALESCED</span><b id="coalesced">{{index .XCache "COALESCED"}}</b></div>
+<div class="card"><span>MISS</span><b id="miss">{{index .XCache "MISS"}}</b></div>
+<div class="card"><span>BYPASS</span><b id="bypass">{{index .XCache "BYPASS"}}</b></div>
+</div>
+<p>Upstream requests: <b id="upstream">{{.UpstreamRequests}}</b> · avoided: <b>{{.RequestsAvoided}}</b> ({{bytes .BytesAvoided}} not downloaded again)
+· flights running: {{.Flights}}, clients waiting on them: {{.Waiters}}
+· cache: {{.Store.Entries}} responses, {{bytes .Store.Bytes}} of {{bytes .Store.MaxBytes}} ({{.Store.Kind}})</p>
+{{end}}{{end}}
+{{with .Fleet}}<p>Fleet-wide statistics (all instances sharing Redis) are at <a href="/cache/stats">/cache/stats</a>.</p>{{end}}
+<h2>Upstream sessions</h2>
+{{if .Sessions}}<table><tr><th>session</th><th>gateway</th><th>rotation</th><th>exit IP</th><th>weight</th><th>state</th><th>requests</th><th>failures</th><th>rotations</th><th>last</th></tr>
+{{range .Sessions}}<tr><td>{{.ID}}</td><td><code>{{.Proxy}}</code></td><td>{{.Rotation}}</td><td>{{.ExitIP}}</td><td>{{.Weight}}/{{.BaseWeight}}</td>
+<td>{{if .Available}}<span class="ok">ready</span>{{else}}<span class="bad">cooling {{.Cooldown}}</span>{{end}}</td>
+<td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Rotations}}</td><td>{{.LastOutcome}}</td></tr>
+{{end}}</table>{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}
+<h2>Trust the CA</h2>
+<p>Download <a href="/ca.pem">ca.pem</a> and trust it in every client (never share <code>ca-key.pem</code>):</p>
+<pre>curl -x http://127.0.0.1:8080 --cacert ca.pem https://example.com/
+REQUESTS_CA_BUNDLE=$PWD/ca.pem HTTPS_PROXY=http://127.0.0.1:8080 python3 your_scraper.py
+chromium --proxy-server=http://127.0.0.1:8080 --ignore-certificate-errors-spki-list={{.SPKI}} --user-data-dir=$(mktemp -d)</pre>
+<p>The SPKI hash of this CA, for Chromium and Playwright: <code id="spki">{{.SPKI}}</code></p>
+<p>API: <a href="/cache/stats">/cache/stats</a> · <a href="/upstream/sessions">/upstream/sessions</a> · <a href="/metrics">/metrics</a> · <a href="/health">/health</a></p>
+</body></html>
+`))
+
+func formatFloat(v float64) string {
+	if v == float64(int64(v)) {
+		return strconv.FormatInt(int64(v), 10)
+	}
+	return strconv.FormatFloat(v, 'f', 1, 64)
+}
