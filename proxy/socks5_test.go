@@ -1038,13 +1038,10 @@ func TestSOCKS5ThroughUpstreamProxy(t *testing.T) {
 		name, url string
 		dials     *atomic.Int64
 		// halfClose: the client's EOF reaches the echo server, whose tail
-		// then comes back. Not through a SOCKS5 upstream yet: the upstream
-		// package's SOCKS5 connection (golang.org/x/net/proxy) hides
-		// CloseWrite, so the proxy keeps that side open instead (no answer
-		// is lost, but the EOF is not passed on).
+		// then comes back.
 		halfClose bool
 	}{
-		{"socks5 upstream", "socks5://" + uln.Addr().String(), &socksDials, false},
+		{"socks5 upstream", "socks5://" + uln.Addr().String(), &socksDials, true},
 		{"connect upstream", upHTTP.URL, &connectDials, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

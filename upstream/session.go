@@ -218,13 +218,8 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			return k.idle(c), nil
 		}, pu, keepAlive, idleTimeout)
 	case "socks5":
-		d, err := xproxy.FromURL(pu, k.dialer)
-		if err != nil {
+		if _, err := socks5Dialer(pu, &rawDialer{d: k.dialer}); err != nil {
 			return nil, fmt.Errorf("socks5 dialer for session %s: %w", spec.id, err)
-		}
-		cd, ok := d.(xproxy.ContextDialer)
-		if !ok {
-			return nil, errors.New("socks5 dialer does not support contexts")
 		}
 		timeout := k.cfg.DialTimeout
 		s.tunnel = func(ctx context.Context, addr string) (net.Conn, error) {
@@ -233,11 +228,16 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			// the request until the flight gives up.
 			ctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
+			// A dialer per connection keeps hold of the TCP connection
+			// under x/net's SOCKS5 wrapper, which hides CloseWrite: a
+			// blind tunnel must pass a client's half-close on.
+			raw := &rawDialer{d: k.dialer}
+			cd, _ := socks5Dialer(pu, raw)
 			c, err := cd.DialContext(ctx, "tcp", addr)
 			if err != nil {
 				return nil, &DialError{Op: "socks5 connect " + addr + " through session " + spec.id + " (" + pu.Host + ")", Err: err}
 			}
-			return k.idle(c), nil
+			return k.idle(&halfCloseConn{Conn: c, raw: raw.conn}), nil
 		}
 		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
 			return s.tunnel(ctx, addr)
@@ -262,4 +262,55 @@ func newSessionSet(list []*session) *sessionSet {
 		set.byID[s.id] = s
 	}
 	return set
+}
+
+// socks5Dialer builds x/net's SOCKS5 dialer for a gateway URL (credentials
+// from its userinfo) over forward.
+func socks5Dialer(pu *url.URL, forward xproxy.Dialer) (xproxy.ContextDialer, error) {
+	d, err := xproxy.FromURL(pu, forward)
+	if err != nil {
+		return nil, err
+	}
+	cd, ok := d.(xproxy.ContextDialer)
+	if !ok {
+		return nil, errors.New("socks5 dialer does not support contexts")
+	}
+	return cd, nil
+}
+
+// rawDialer dials the gateway and remembers the connection it made.
+type rawDialer struct {
+	d    *net.Dialer
+	conn net.Conn
+}
+
+func (r *rawDialer) Dial(network, addr string) (net.Conn, error) {
+	return r.DialContext(context.Background(), network, addr)
+}
+
+func (r *rawDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	c, err := r.d.DialContext(ctx, network, addr)
+	r.conn = c
+	return c, err
+}
+
+// halfCloseConn gives a SOCKS5 tunnel back the half-close of the TCP
+// connection underneath it.
+type halfCloseConn struct {
+	net.Conn
+	raw net.Conn
+}
+
+func (c *halfCloseConn) CloseWrite() error {
+	if hc, ok := c.raw.(interface{ CloseWrite() error }); ok {
+		return hc.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
+func (c *halfCloseConn) CloseRead() error {
+	if hc, ok := c.raw.(interface{ CloseRead() error }); ok {
+		return hc.CloseRead()
+	}
+	return nil
 }
