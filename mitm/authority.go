@@ -98,34 +98,15 @@ func loadOrCreate(cfg Config, logger *slog.Logger, now func() time.Time) (*Autho
 		now:      now,
 	}
 
-	certExists, err := exists(a.certPath)
-	if err != nil {
-		return nil, fmt.Errorf("mitm: stat ca cert: %w", err)
-	}
-	keyExists, err := exists(a.keyPath)
-	if err != nil {
-		return nil, fmt.Errorf("mitm: stat ca key: %w", err)
-	}
-	switch {
-	case certExists && keyExists:
-		err = a.load()
-	case !certExists && !keyExists:
-		err = a.create()
-	case certExists:
-		err = fmt.Errorf("mitm: found %s but not %s: restore the key, or delete %s to create a new CA "+
-			"(clients must then trust the new certificate)", a.certPath, a.keyPath, a.certPath)
-	default:
-		err = fmt.Errorf("mitm: found %s but not %s: restore the certificate, or delete %s to create a new CA "+
-			"(clients must then trust the new certificate)", a.keyPath, a.certPath, a.keyPath)
-	}
-	if err != nil {
+	if err := a.loadOrCreateFiles(); err != nil {
 		return nil, err
 	}
 
-	a.leafKey, err = ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	leafKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("mitm: generate leaf key: %w", err)
 	}
+	a.leafKey = leafKey
 	if err := a.initCache(); err != nil {
 		return nil, err
 	}
@@ -161,6 +142,86 @@ func (a *Authority) Close() {
 func (a *Authority) regenHint() string {
 	return fmt.Sprintf("delete both %s and %s to create a new CA on next start (clients must then trust the new %s)",
 		a.certPath, a.keyPath, certFileName)
+}
+
+// creationWait bounds how long a process waits for another one creating
+// the CA in the same directory (several instances started at once on a
+// shared volume); a lock older than creationStale is a crashed creator's.
+const (
+	creationWait  = 15 * time.Second
+	creationStale = 30 * time.Second
+	lockDirName   = ".creating"
+)
+
+// loadOrCreateFiles loads the CA, or creates it when neither file exists.
+// Creation is guarded by a lock directory (mkdir is atomic everywhere), so
+// instances starting together on one certs/ volume end up with one CA
+// instead of mismatched key and certificate files.
+func (a *Authority) loadOrCreateFiles() error {
+	lock := filepath.Join(a.cfg.CADir, lockDirName)
+	deadline := time.Now().Add(creationWait)
+	for {
+		certExists, err := exists(a.certPath)
+		if err != nil {
+			return fmt.Errorf("mitm: stat ca cert: %w", err)
+		}
+		keyExists, err := exists(a.keyPath)
+		if err != nil {
+			return fmt.Errorf("mitm: stat ca key: %w", err)
+		}
+		if certExists && keyExists {
+			return a.load()
+		}
+		creating := lockHeld(lock)
+		switch {
+		case !certExists && !keyExists && !creating:
+			if err := os.MkdirAll(a.cfg.CADir, 0o755); err != nil {
+				return fmt.Errorf("mitm: create ca dir: %w", err)
+			}
+			if err := os.Mkdir(lock, 0o700); err != nil {
+				continue // another process got there first: wait for it
+			}
+			err := a.createIfAbsent()
+			os.Remove(lock)
+			return err
+		case !creating && certExists:
+			return fmt.Errorf("mitm: found %s but not %s: restore the key, or delete %s to create a new CA "+
+				"(clients must then trust the new certificate)", a.certPath, a.keyPath, a.certPath)
+		case !creating:
+			return fmt.Errorf("mitm: found %s but not %s: restore the certificate, or delete %s to create a new CA "+
+				"(clients must then trust the new certificate)", a.keyPath, a.certPath, a.keyPath)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("mitm: another process is still creating the CA in %s after %s (remove %s if it crashed)",
+				a.cfg.CADir, creationWait, lock)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// lockHeld reports a creation lock younger than creationStale; a stale one
+// is removed.
+func lockHeld(lock string) bool {
+	fi, err := os.Stat(lock)
+	if err != nil {
+		return false
+	}
+	if time.Since(fi.ModTime()) > creationStale {
+		os.Remove(lock)
+		return false
+	}
+	return true
+}
+
+// createIfAbsent creates the CA under the lock, unless another process
+// finished creating it between our check and taking the lock.
+func (a *Authority) createIfAbsent() error {
+	certExists, _ := exists(a.certPath)
+	keyExists, _ := exists(a.keyPath)
+	if certExists && keyExists {
+		return a.load()
+	}
+	return a.create()
 }
 
 // create makes a new self-signed CA and writes it to CADir.

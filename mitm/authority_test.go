@@ -441,3 +441,42 @@ func mustRemove(t *testing.T, path string) {
 		t.Fatal(err)
 	}
 }
+
+// TestConcurrentFirstStart: several instances starting at once on one
+// empty certs directory (a shared volume) end up with one CA.
+func TestConcurrentFirstStart(t *testing.T) {
+	dir := t.TempDir()
+	const n = 6
+	certs := make(chan []byte, n)
+	errs := make(chan error, n)
+	start := make(chan struct{})
+	for range n {
+		go func() {
+			<-start
+			a, err := LoadOrCreate(Config{CADir: dir}, nil)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer a.Close()
+			certs <- a.CertPEM()
+		}()
+	}
+	close(start)
+	var first []byte
+	for range n {
+		select {
+		case err := <-errs:
+			t.Fatal(err)
+		case c := <-certs:
+			if first == nil {
+				first = c
+			} else if !bytes.Equal(c, first) {
+				t.Fatal("two instances ended up with different CAs")
+			}
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, lockDirName)); !os.IsNotExist(err) {
+		t.Fatalf("creation lock left behind: %v", err)
+	}
+}
