@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -158,7 +157,7 @@ func warnTTLOverRotation(logger *slog.Logger, cfg *Config, up *upstream.Pool) {
 func upstreamRoutes(up *upstream.Pool) func(*http.ServeMux) {
 	return func(mux *http.ServeMux) {
 		mux.HandleFunc("GET /upstream/sessions", func(w http.ResponseWriter, r *http.Request) {
-			writeAdminJSON(w, http.StatusOK, map[string]any{
+			proxy.WriteJSON(w, http.StatusOK, map[string]any{
 				"egress":   up.Describe(),
 				"sessions": up.Sessions(),
 				"provider": up.ProviderStatus(),
@@ -172,21 +171,12 @@ func upstreamRoutes(up *upstream.Pool) func(*http.ServeMux) {
 				if errors.As(err, &hs) {
 					status = hs.HTTPStatus()
 				}
-				writeAdminJSON(w, status, map[string]string{"error": err.Error()})
+				proxy.WriteJSON(w, status, map[string]string{"error": err.Error()})
 				return
 			}
-			writeAdminJSON(w, http.StatusOK, map[string]any{"rotated": id})
+			proxy.WriteJSON(w, http.StatusOK, map[string]any{"rotated": id})
 		})
 	}
-}
-
-func writeAdminJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(status)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
 }
 
 // registerMetrics exposes the totals the components keep themselves.

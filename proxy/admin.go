@@ -56,7 +56,7 @@ func NewAdmin(o AdminOptions) http.Handler {
 				body[k] = v
 			}
 		}
-		writeJSON(w, http.StatusOK, body)
+		WriteJSON(w, http.StatusOK, body)
 	})
 	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/x-pem-file")
@@ -79,7 +79,7 @@ func NewAdmin(o AdminOptions) http.Handler {
 					body["fleet"] = fs
 				}
 			}
-			writeJSON(w, http.StatusOK, body)
+			WriteJSON(w, http.StatusOK, body)
 		})
 		mux.HandleFunc("POST /cache/invalidate", func(w http.ResponseWriter, r *http.Request) {
 			invalidate(w, r, o.Cache)
@@ -104,7 +104,7 @@ func requireToken(token string, next http.Handler) http.Handler {
 		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
 		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="onceproxy admin"`)
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required (Authorization: Bearer ...)"})
+			WriteJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required (Authorization: Bearer ...)"})
 			return
 		}
 		next.ServeHTTP(w, r)
@@ -121,25 +121,25 @@ func invalidate(w http.ResponseWriter, r *http.Request, c Cache) {
 	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "body must be JSON {\"url\": ...} or {\"key\": ...}: " + err.Error()})
+		WriteJSON(w, http.StatusBadRequest, map[string]string{"error": "body must be JSON {\"url\": ...} or {\"key\": ...}: " + err.Error()})
 		return
 	}
 	switch {
 	case (req.URL == "") == (req.Key == ""):
-		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "give exactly one of \"url\" or \"key\""})
+		WriteJSON(w, http.StatusBadRequest, map[string]string{"error": "give exactly one of \"url\" or \"key\""})
 	case req.URL != "":
 		n, err := c.InvalidateURL(r.Context(), req.URL)
 		if err != nil {
-			writeJSON(w, statusOf(err), map[string]string{"error": err.Error()})
+			WriteJSON(w, statusOf(err), map[string]string{"error": err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"url": req.URL, "invalidated": n})
+		WriteJSON(w, http.StatusOK, map[string]any{"url": req.URL, "invalidated": n})
 	default:
 		if err := c.InvalidateKey(r.Context(), req.Key); err != nil {
-			writeJSON(w, statusOf(err), map[string]string{"error": err.Error()})
+			WriteJSON(w, statusOf(err), map[string]string{"error": err.Error()})
 			return
 		}
-		writeJSON(w, http.StatusOK, map[string]any{"key": req.Key, "invalidated": true})
+		WriteJSON(w, http.StatusOK, map[string]any{"key": req.Key, "invalidated": true})
 	}
 }
 
@@ -152,7 +152,8 @@ func statusOf(err error) int {
 	return http.StatusServiceUnavailable
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// WriteJSON answers an admin request with v as indented JSON.
+func WriteJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)

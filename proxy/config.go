@@ -4,8 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"strings"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Config is the `proxy:` section of config.yaml. Zero values mean the
@@ -84,33 +85,9 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, h := range c.BypassHosts {
-		if err := checkHostPattern(h); err != nil {
+		if err := hostmatch.Valid(h); err != nil {
 			errs = append(errs, fmt.Errorf("bypass_hosts[%d]: %w", i, err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func checkHostPattern(p string) error {
-	if p == "" || strings.ContainsAny(p, "/: \t") || strings.Contains(strings.TrimPrefix(p, "*."), "*") {
-		return fmt.Errorf("%q is not a host name or *.domain pattern", p)
-	}
-	return nil
-}
-
-// hostMatches reports whether host matches one of the patterns: an exact
-// name (case-insensitive) or "*.example.com" for any subdomain.
-func hostMatches(patterns []string, host string) bool {
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	for _, p := range patterns {
-		p = strings.ToLower(p)
-		if suffix, ok := strings.CutPrefix(p, "*."); ok {
-			if strings.HasSuffix(host, "."+suffix) {
-				return true
-			}
-		} else if host == p {
-			return true
-		}
-	}
-	return false
 }

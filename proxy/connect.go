@@ -15,6 +15,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // handleConnect decides what happens to a CONNECT: a blind tunnel for bypass
@@ -43,7 +44,7 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 		return goproxy.RejectConnect, host
 	}
 	pctx.UserData = client
-	if hostMatches(s.cfg.BypassHosts, name) {
+	if hostmatch.Any(s.cfg.BypassHosts, name) {
 		// A blind tunnel is one request as far as the rate limit goes;
 		// intercepted tunnels are counted request by request.
 		account, _ := clientinfo.ParseUser(user)

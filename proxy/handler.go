@@ -1,13 +1,11 @@
 package proxy
 
 import (
-	"encoding/base64"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,16 +43,7 @@ func (c *clientInfo) info(h http.Header, remoteAddr string) clientinfo.Info {
 
 // proxyUser extracts the user name of a Basic Proxy-Authorization header.
 func proxyUser(h http.Header) string {
-	v := h.Get("Proxy-Authorization")
-	scheme, cred, ok := strings.Cut(v, " ")
-	if !ok || !strings.EqualFold(scheme, "Basic") {
-		return ""
-	}
-	raw, err := base64.StdEncoding.DecodeString(strings.TrimSpace(cred))
-	if err != nil {
-		return ""
-	}
-	user, _, _ := strings.Cut(string(raw), ":")
+	user, _, _ := basicCredentials(h)
 	return user
 }
 

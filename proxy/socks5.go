@@ -19,6 +19,7 @@ import (
 	"github.com/things-go/go-socks5/statute"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // UserStore verifies proxy users. Verify receives the user name exactly as
@@ -353,7 +354,7 @@ func (s *Server) socksConnect(w io.Writer, req *socks5.Request, cfg SOCKS5Config
 		t.user, t.password, t.hasCreds = ac.Payload["username"], ac.Payload["password"], true
 	}
 
-	bypass := hostMatches(s.cfg.BypassHosts, host)
+	bypass := hostmatch.Any(s.cfg.BypassHosts, host)
 	if cfg.isMITMPort(req.DestAddr.Port) && !bypass {
 		return t.sniffFirst()
 	}

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Config is the `upstream:` section of config.yaml. Zero values mean the
@@ -282,8 +284,8 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, h := range c.InsecureSkipVerifyHosts {
-		if h == "" || strings.ContainsAny(h, "/: ") || strings.Contains(strings.TrimPrefix(h, "*."), "*") {
-			add(fmt.Sprintf("insecure_skip_verify_hosts[%d]", i), "%q is not a host name or *.domain pattern", h)
+		if err := hostmatch.Valid(h); err != nil {
+			errs = append(errs, fmt.Errorf("insecure_skip_verify_hosts[%d]: %w", i, err))
 		}
 	}
 

@@ -6,7 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"strings"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // originTLSConfig builds the client TLS configuration for origins: the system
@@ -44,7 +45,7 @@ func originTLSConfig(cfg Config, logger *slog.Logger) (*tls.Config, error) {
 	// crypto/tls VerifyConnection example).
 	conf.InsecureSkipVerify = true
 	conf.VerifyConnection = func(cs tls.ConnectionState) error {
-		if hostListed(skip, cs.ServerName) {
+		if hostmatch.Any(skip, cs.ServerName) {
 			return nil
 		}
 		if len(cs.PeerCertificates) == 0 {
@@ -62,23 +63,4 @@ func originTLSConfig(cfg Config, logger *slog.Logger) (*tls.Config, error) {
 		return err
 	}
 	return conf, nil
-}
-
-// hostListed reports whether host matches one of the patterns: an exact name,
-// or "*.example.com" matching any subdomain (not example.com itself).
-func hostListed(patterns []string, host string) bool {
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
-	for _, p := range patterns {
-		p = strings.ToLower(p)
-		if suffix, ok := strings.CutPrefix(p, "*."); ok {
-			if strings.HasSuffix(host, "."+suffix) {
-				return true
-			}
-			continue
-		}
-		if host == p {
-			return true
-		}
-	}
-	return false
 }
