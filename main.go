@@ -186,6 +186,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 				Token:      adminToken(cfg.Admin, getenv),
 				Extra:      upstreamRoutes(up),
 				Sessions:   sessionViews(up),
+				ProxyAddr:  lns.proxy.Addr().String(),
 			}),
 			ReadHeaderTimeout: 5 * time.Second,
 			IdleTimeout:       time.Minute,

@@ -36,6 +36,9 @@ type AdminOptions struct {
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every endpoint but /health and /ca.pem (which hold nothing secret).
 	Token string
+	// ProxyAddr is the proxy port's address, shown in the status page's
+	// recipes.
+	ProxyAddr string
 	// Sessions lists the upstream sessions and names the egress, for the
 	// status page; nil shows none.
 	Sessions func() ([]SessionView, string)

@@ -31,6 +31,7 @@ type statusData struct {
 	CAPEM    string
 	SPKI     string // base64 SHA-256 of the CA's public key, for Chromium
 	Cache    bool
+	Proxy    string // the proxy port's address, for the recipes
 }
 
 // spkiHash is what Chromium's --ignore-certificate-errors-spki-list wants:
@@ -52,7 +53,10 @@ func spkiHash(caPEM []byte) string {
 func statusPage(o AdminOptions) http.HandlerFunc {
 	spki := spkiHash(o.CAPEM)
 	return func(w http.ResponseWriter, r *http.Request) {
-		d := statusData{Now: time.Now().UTC(), CAPEM: string(o.CAPEM), SPKI: spki, Cache: o.Cache != nil}
+		d := statusData{Now: time.Now().UTC(), CAPEM: string(o.CAPEM), SPKI: spki, Cache: o.Cache != nil, Proxy: o.ProxyAddr}
+		if d.Proxy == "" {
+			d.Proxy = "127.0.0.1:8080"
+		}
 		if o.Cache != nil {
 			d.Stats = o.Cache.Stats()
 		}
@@ -129,9 +133,9 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 {{end}}</table>{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}
 <h2>Trust the CA</h2>
 <p>Download <a href="/ca.pem">ca.pem</a> and trust it in every client (never share <code>ca-key.pem</code>):</p>
-<pre>curl -x http://127.0.0.1:8080 --cacert ca.pem https://example.com/
-REQUESTS_CA_BUNDLE=$PWD/ca.pem HTTPS_PROXY=http://127.0.0.1:8080 python3 your_scraper.py
-chromium --proxy-server=http://127.0.0.1:8080 --ignore-certificate-errors-spki-list={{.SPKI}} --user-data-dir=$(mktemp -d)</pre>
+<pre>curl -x http://{{.Proxy}} --cacert ca.pem https://example.com/
+REQUESTS_CA_BUNDLE=$PWD/ca.pem HTTPS_PROXY=http://{{.Proxy}} python3 your_scraper.py
+chromium --proxy-server=http://{{.Proxy}} --ignore-certificate-errors-spki-list={{.SPKI}} --user-data-dir=$(mktemp -d)</pre>
 <p>The SPKI hash of this CA, for Chromium and Playwright: <code id="spki">{{.SPKI}}</code></p>
 <p>API: <a href="/cache/stats">/cache/stats</a> · <a href="/upstream/sessions">/upstream/sessions</a> · <a href="/metrics">/metrics</a> · <a href="/health">/health</a></p>
 </body></html>
