@@ -293,7 +293,7 @@ func (a *Authority) create() error {
 		"cert", a.certPath,
 		"key", a.keyPath,
 		"not_after", cert.NotAfter,
-		"how_to_trust", fmt.Sprintf("e.g. curl --cacert %s ...; see README: Trusting the CA", a.certPath))
+		"how_to_trust", fmt.Sprintf("e.g. curl --cacert %s ...; see README: Clients", a.certPath))
 	return nil
 }
 

@@ -34,7 +34,7 @@ func TestCreateThenReload(t *testing.T) {
 		t.Errorf("CertPath() = %q, want %q", got, want)
 	}
 	createLog := logs.String()
-	for _, want := range []string{"level=INFO", "curl --cacert " + a1.CertPath(), "README: Trusting the CA"} {
+	for _, want := range []string{"level=INFO", "curl --cacert " + a1.CertPath(), "README: Clients"} {
 		if !strings.Contains(createLog, want) {
 			t.Errorf("creation log lacks %q:\n%s", want, createLog)
 		}
