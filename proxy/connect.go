@@ -16,6 +16,8 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
 // handleConnect decides what happens to a CONNECT: a blind tunnel for bypass
@@ -154,15 +156,9 @@ func (c *tunnelConn) Close() error {
 }
 
 func (c *tunnelConn) CloseWrite() error {
-	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return hc.CloseWrite()
-	}
-	return c.Close()
+	return halfclose.CloseWrite(c.Conn)
 }
 
 func (c *tunnelConn) CloseRead() error {
-	if hc, ok := c.Conn.(interface{ CloseRead() error }); ok {
-		return hc.CloseRead()
-	}
-	return nil
+	return halfclose.CloseRead(c.Conn)
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
 // connListener is the proxy's view of its listening socket: it caps the
@@ -113,15 +115,9 @@ func (c *trackedConn) Close() error {
 // CloseWrite and CloseRead keep TCP half-close available through the
 // wrappers; goproxy's tunnel only half-closes connections that offer both.
 func (c *trackedConn) CloseWrite() error {
-	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return hc.CloseWrite()
-	}
-	return c.Close()
+	return halfclose.CloseWrite(c.Conn)
 }
 
 func (c *trackedConn) CloseRead() error {
-	if hc, ok := c.Conn.(interface{ CloseRead() error }); ok {
-		return hc.CloseRead()
-	}
-	return nil
+	return halfclose.CloseRead(c.Conn)
 }

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
 )
 
@@ -213,21 +214,14 @@ func splice(ctx context.Context, client net.Conn, fromClient io.Reader, up net.C
 	return first
 }
 
-func closeWrite(c net.Conn) error {
-	if hc, ok := c.(interface{ CloseWrite() error }); ok {
-		return hc.CloseWrite()
-	}
-	return c.Close()
-}
-
 // halfClose passes an EOF on to c when the connection under the proxy's
-// wrappers can half-close. When it cannot (golang.org/x/net/proxy's SOCKS5
-// connection hides its TCP connection's CloseWrite), c stays open rather
-// than being closed: a full close would drop the answer still on its way
-// back. The tunnel then ends when the other side closes, or when it idles.
+// wrappers can half-close. When it cannot (a connection that is not TCP
+// underneath), c stays open rather than being closed: a full close would
+// drop the answer still on its way back. The tunnel then ends when the
+// other side closes, or when it idles.
 func halfClose(c net.Conn) {
 	if canCloseWrite(c) {
-		_ = closeWrite(c)
+		_ = halfclose.CloseWrite(c)
 	}
 }
 
@@ -268,4 +262,4 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 	return c.Conn.Read(p)
 }
 
-func (c *prefixConn) CloseWrite() error { return closeWrite(c.Conn) }
+func (c *prefixConn) CloseWrite() error { return halfclose.CloseWrite(c.Conn) }

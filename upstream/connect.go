@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/url"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
 // connectThrough opens a tunnel to addr through the HTTP proxy at proxyURL
@@ -93,15 +95,9 @@ type bufferedConn struct {
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 func (c *bufferedConn) CloseWrite() error {
-	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return hc.CloseWrite()
-	}
-	return c.Conn.Close()
+	return halfclose.CloseWrite(c.Conn)
 }
 
 func (c *bufferedConn) CloseRead() error {
-	if hc, ok := c.Conn.(interface{ CloseRead() error }); ok {
-		return hc.CloseRead()
-	}
-	return nil
+	return halfclose.CloseRead(c.Conn)
 }

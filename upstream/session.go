@@ -15,6 +15,8 @@ import (
 	xproxy "golang.org/x/net/proxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
 // Session sources, shown in the admin API.
@@ -302,15 +304,9 @@ type halfCloseConn struct {
 }
 
 func (c *halfCloseConn) CloseWrite() error {
-	if hc, ok := c.raw.(interface{ CloseWrite() error }); ok {
-		return hc.CloseWrite()
-	}
-	return c.Conn.Close()
+	return halfclose.CloseWrite(c.raw)
 }
 
 func (c *halfCloseConn) CloseRead() error {
-	if hc, ok := c.raw.(interface{ CloseRead() error }); ok {
-		return hc.CloseRead()
-	}
-	return nil
+	return halfclose.CloseRead(c.raw)
 }

@@ -12,6 +12,8 @@ import (
 	"net"
 	"sync/atomic"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
 // refreshEvery limits how often the deadline is pushed forward. Setting a
@@ -104,18 +106,12 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 // CloseWrite half-closes the connection when the underlying one supports it,
 // so tunnels keep TCP half-close semantics through the wrapper.
 func (c *Conn) CloseWrite() error {
-	if hc, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return hc.CloseWrite()
-	}
-	return c.Conn.Close()
+	return halfclose.CloseWrite(c.Conn)
 }
 
 // CloseRead is the read-side counterpart of CloseWrite.
 func (c *Conn) CloseRead() error {
-	if hc, ok := c.Conn.(interface{ CloseRead() error }); ok {
-		return hc.CloseRead()
-	}
-	return nil
+	return halfclose.CloseRead(c.Conn)
 }
 
 // Unwrap returns the wrapped connection.
