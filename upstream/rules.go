@@ -2,9 +2,6 @@ package upstream
 
 import (
 	"bytes"
-	"compress/flate"
-	"compress/gzip"
-	"compress/zlib"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -18,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/andybalholm/brotli"
+	"github.com/seed-a3c387e8/onceproxy/internal/contentcoding"
 )
 
 // rule is a compiled upstream.rules entry; the pool's default rule (no
@@ -228,29 +225,11 @@ func scanBody(resp *http.Response, needle []byte) (bool, error) {
 // decodePrefix decodes as much of a possibly truncated compressed body as
 // it can; unknown codings are searched as they are.
 func decodePrefix(b []byte, coding string) []byte {
-	var r io.Reader
-	switch strings.ToLower(strings.TrimSpace(coding)) {
-	case "", "identity":
-		return b
-	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(bytes.NewReader(b))
-		if err != nil {
-			return b
-		}
-		r = zr
-	case "deflate":
-		// "deflate" is zlib-wrapped by the spec, raw DEFLATE in practice
-		// as often as not.
-		if zr, err := zlib.NewReader(bytes.NewReader(b)); err == nil {
-			r = zr
-		} else {
-			r = flate.NewReader(bytes.NewReader(b))
-		}
-	case "br":
-		r = brotli.NewReader(bytes.NewReader(b))
-	default:
+	r, done, err := contentcoding.NewReader(coding, b)
+	if err != nil {
 		return b
 	}
+	defer done()
 	// A truncated stream ends in an error after the bytes it could decode:
 	// keep those. Bound the output: a decompression bomb must not blow up.
 	out, _ := io.ReadAll(io.LimitReader(r, 4*banScanLimit))

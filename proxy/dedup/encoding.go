@@ -1,10 +1,6 @@
 package dedup
 
 import (
-	"bytes"
-	"compress/flate"
-	"compress/gzip"
-	"compress/zlib"
 	"errors"
 	"fmt"
 	"io"
@@ -12,8 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/andybalholm/brotli"
-	"github.com/klauspost/compress/zstd"
+	"github.com/seed-a3c387e8/onceproxy/internal/contentcoding"
 )
 
 // The key never includes Accept-Encoding: the stored body keeps the coding
@@ -129,34 +124,11 @@ func decodeFor(e *Entry, ae []string, limit int64) ([]byte, http.Header, error) 
 }
 
 func decode(coding string, body []byte, limit int64) ([]byte, error) {
-	var r io.Reader
-	switch coding {
-	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(bytes.NewReader(body))
-		if err != nil {
-			return nil, err
-		}
-		r = zr
-	case "deflate":
-		// "deflate" is meant to be zlib-wrapped, but servers send raw
-		// deflate too; zlib's header check tells them apart.
-		if zr, err := zlib.NewReader(bytes.NewReader(body)); err == nil {
-			r = zr
-		} else {
-			r = flate.NewReader(bytes.NewReader(body))
-		}
-	case "br":
-		r = brotli.NewReader(bytes.NewReader(body))
-	case "zstd":
-		zr, err := zstd.NewReader(bytes.NewReader(body), zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(uint64(limit)))
-		if err != nil {
-			return nil, err
-		}
-		defer zr.Close()
-		r = zr
-	default:
-		return nil, fmt.Errorf("unknown coding")
+	r, done, err := contentcoding.NewReader(coding, body)
+	if err != nil {
+		return nil, err
 	}
+	defer done()
 	// Bound the output: a small compressed body can expand without limit.
 	out, err := io.ReadAll(io.LimitReader(r, limit+1))
 	if err != nil {
