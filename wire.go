@@ -202,42 +202,29 @@ func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authorit
 		func() float64 { return float64(ca.Stats().Mints) })
 	m.Gauge("certificates_cached", "Leaf certificates held in memory.",
 		func() float64 { return float64(ca.Stats().Cached) })
-	m.Register(metrics.NewVec("upstream_session_requests_total", "Requests sent through each upstream session.", true,
-		[]string{"session"}, func(emit func(float64, ...string)) {
+	for _, v := range []struct {
+		name, help string
+		counter    bool
+		value      func(upstream.SessionStatus) float64
+	}{
+		{"upstream_session_requests_total", "Requests sent through each upstream session.", true,
+			func(s upstream.SessionStatus) float64 { return float64(s.Requests) }},
+		{"upstream_session_failures_total", "Failed requests (429, ban, 5xx, connection error) per upstream session.", true,
+			func(s upstream.SessionStatus) float64 { return float64(s.Failures) }},
+		{"upstream_session_weight", "Current health weight (1-10) of each upstream session.", false,
+			func(s upstream.SessionStatus) float64 { return float64(s.Weight) }},
+		{"upstream_session_available", "1 when the session is usable, 0 while it cools down.", false,
+			func(s upstream.SessionStatus) float64 { return boolValue(s.Available) }},
+	} {
+		m.Register(metrics.NewVec(v.name, v.help, v.counter, []string{"session"}, func(emit func(float64, ...string)) {
 			for _, s := range up.Sessions() {
-				emit(float64(s.Requests), s.ID)
+				emit(v.value(s), s.ID)
 			}
 		}))
-	m.Register(metrics.NewVec("upstream_session_failures_total", "Failed requests (429, ban, 5xx, connection error) per upstream session.", true,
-		[]string{"session"}, func(emit func(float64, ...string)) {
-			for _, s := range up.Sessions() {
-				emit(float64(s.Failures), s.ID)
-			}
-		}))
-	m.Register(metrics.NewVec("upstream_session_weight", "Current health weight (1-10) of each upstream session.", false,
-		[]string{"session"}, func(emit func(float64, ...string)) {
-			for _, s := range up.Sessions() {
-				emit(float64(s.Weight), s.ID)
-			}
-		}))
-	m.Register(metrics.NewVec("upstream_session_available", "1 when the session is usable, 0 while it cools down.", false,
-		[]string{"session"}, func(emit func(float64, ...string)) {
-			for _, s := range up.Sessions() {
-				v := 0.0
-				if s.Available {
-					v = 1
-				}
-				emit(v, s.ID)
-			}
-		}))
+	}
 	if shared != nil {
 		m.Gauge("redis_available", "1 when the shared Redis layer is in use, 0 while its breaker is open.",
-			func() float64 {
-				if shared.Available() {
-					return 1
-				}
-				return 0
-			})
+			func() float64 { return boolValue(shared.Available()) })
 	}
 }
 
@@ -254,4 +241,11 @@ func sessionViews(up *upstream.Pool) func() ([]proxy.SessionView, string) {
 		}
 		return out, up.Describe()
 	}
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
