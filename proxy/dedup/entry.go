@@ -30,6 +30,18 @@ type HeaderValue struct {
 	Name, Value string
 }
 
+// Expiring returns e with ExpiresAt set: e itself when it has one, else a
+// copy expiring ttl from now. e may already be shared with readers, so a
+// Store never writes to it.
+func (e *Entry) Expiring(ttl time.Duration) *Entry {
+	if !e.ExpiresAt.IsZero() {
+		return e
+	}
+	c := *e
+	c.ExpiresAt = time.Now().Add(ttl)
+	return &c
+}
+
 // size is the entry's weight in the memory store: the body plus an estimate
 // of the header and bookkeeping.
 func (e *Entry) size() int64 {

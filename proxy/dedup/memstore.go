@@ -53,13 +53,7 @@ func (s *MemoryStore) Set(_ context.Context, key string, e *Entry, ttl time.Dura
 	if ttl <= 0 {
 		return nil
 	}
-	if e.ExpiresAt.IsZero() {
-		// e may already be shared with readers: never write to it.
-		c := *e
-		c.ExpiresAt = time.Now().Add(ttl)
-		e = &c
-	}
-	s.c.Set(key, e)
+	s.c.Set(key, e.Expiring(ttl))
 	return nil
 }
 

@@ -266,11 +266,7 @@ func (s *Store) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 	if ttl <= 0 {
 		return nil
 	}
-	if e.ExpiresAt.IsZero() {
-		c := *e
-		c.ExpiresAt = time.Now().Add(ttl)
-		e = &c
-	}
+	e = e.Expiring(ttl)
 	s.putLocal(key, e)
 	blob := encode(e)
 	if int64(len(blob)) > int64(s.cfg.MaxValueBytes) {
