@@ -197,7 +197,7 @@ func (l *lease) Release() {
 func (s *Store) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
 	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
-		s.putLocal(dedup.KeyPrefix+l.tag, out.Entry)
+		s.putLocal(s.fullKey(l.tag), out.Entry)
 		value = encode(out.Entry)
 		if int64(len(value)) > int64(s.cfg.MaxValueBytes) {
 			// Too big to share as a cached value; the waiters still
@@ -223,7 +223,7 @@ func (s *Store) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	// The URL index lives in another slot: not part of the script.
 	return s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			s.index(ctx, p, out.Entry.URLKey, dedup.KeyPrefix+l.tag, ttl)
+			s.index(ctx, p, out.Entry.URLKey, s.fullKey(l.tag), ttl)
 			return nil
 		})
 		return err
