@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
+	"html"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -76,7 +77,8 @@ func TestStatusPage(t *testing.T) {
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	page := string(b)
+	// html/template escapes '+' in text; what a reader copies is unescaped.
+	page := html.UnescapeString(string(b))
 	sum := sha256.Sum256(w.ca.Certificate().RawSubjectPublicKeyInfo)
 	for _, want := range []string{
 		`<b id="savings">50%</b>`, `<b id="hit">1</b>`, `<b id="miss">1</b>`, "cooling 41s",

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -155,5 +156,33 @@ func TestBridgeConnClosesOnRefusal(t *testing.T) {
 	case <-bc.done:
 	case <-time.After(5 * time.Second):
 		t.Fatal("connection not closed after a refusal")
+	}
+}
+
+// TestSnifferInterruptBeforeStart: the upstream's banner can be read (and
+// the sniffer interrupted) before the sniff begins. The sniff must still
+// end at once: a lost interrupt left client and server each waiting for
+// the other to speak first.
+func TestSnifferInterruptBeforeStart(t *testing.T) {
+	proxySide, clientSide := net.Pipe()
+	defer proxySide.Close()
+	defer clientSide.Close()
+	sn := &sniffer{conn: proxySide}
+	sn.interrupt()
+	done := make(chan sniffKind, 1)
+	go func() { done <- sniff(bufio.NewReader(proxySide), sn, 0) }()
+	select {
+	case k := <-done:
+		if k != sniffSilent {
+			t.Errorf("sniff = %v, want %v", k, sniffSilent)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("an interrupt made before the sniff started was lost")
+	}
+	// After end the connection reads normally again.
+	go clientSide.Write([]byte("x"))
+	b := make([]byte, 1)
+	if _, err := proxySide.Read(b); err != nil || b[0] != 'x' {
+		t.Fatalf("read after the sniff: %q, %v", b, err)
 	}
 }

@@ -93,35 +93,45 @@ func sniff(r *bufio.Reader, sn *sniffer, timeout time.Duration) sniffKind {
 
 // sniffer owns the read deadline of a client connection while it is
 // sniffed, so that another goroutine (the upstream speaking first) can cut
-// the wait short without racing the deadline reset that follows it.
+// the wait short without racing the deadline reset that follows it. An
+// interrupt that comes before the sniff starts (the upstream's banner can
+// arrive before the sniffing goroutine gets there) is remembered: losing it
+// would leave both sides waiting for the other to speak.
 type sniffer struct {
-	conn   net.Conn
-	mu     sync.Mutex
-	active bool
+	conn        net.Conn
+	mu          sync.Mutex
+	active      bool
+	interrupted bool
 }
+
+var pastDeadline = time.Unix(1, 0)
 
 func (s *sniffer) start(timeout time.Duration) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.active = true
-	s.mu.Unlock()
-	if timeout > 0 {
+	switch {
+	case s.interrupted:
+		_ = s.conn.SetReadDeadline(pastDeadline)
+	case timeout > 0:
 		_ = s.conn.SetReadDeadline(time.Now().Add(timeout))
 	}
 }
 
 func (s *sniffer) end() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.active = false
-	s.mu.Unlock()
 	_ = s.conn.SetReadDeadline(time.Time{})
 }
 
-// interrupt ends a sniff in progress at once; a no-op after end.
+// interrupt ends a sniff in progress, or the next one, at once.
 func (s *sniffer) interrupt() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.interrupted = true
 	if s.active {
-		_ = s.conn.SetReadDeadline(time.Unix(1, 0))
+		_ = s.conn.SetReadDeadline(pastDeadline)
 	}
 }
 

@@ -404,13 +404,15 @@ func TestRedisOutageDuringLoad(t *testing.T) {
 	time.Sleep(300 * time.Millisecond)
 	f.redis.Kill()
 	waitFor(t, "breaker open on both instances", func() bool { return !a.store.Available() && !b.store.Available() })
-	mu.Lock()
-	bypassBefore := counts[dedup.CacheBypass]
-	mu.Unlock()
+	// The load's 50 pages sit in each instance's local tier by now; a page
+	// nobody has fetched yet goes upstream alone, marked BYPASS.
+	for i, inst := range f.insts {
+		g := inst.get(fmt.Sprintf("%s/during/%d", f.origin.URL, i))
+		if g.err != nil || g.status != 200 || g.xcache != dedup.CacheBypass {
+			t.Errorf("instance %d, new page while Redis is down: %+v, want 200 BYPASS", i, g)
+		}
+	}
 	time.Sleep(300 * time.Millisecond) // load while Redis is down
-	mu.Lock()
-	bypassDuring := counts[dedup.CacheBypass] - bypassBefore
-	mu.Unlock()
 	f.redis.Restart()
 	restarted := time.Now()
 	// Shared HITs resume: a URL fetched on A is a HIT on B.
@@ -426,9 +428,6 @@ func TestRedisOutageDuringLoad(t *testing.T) {
 	wg.Wait()
 	if len(errs) > 0 {
 		t.Fatalf("%d client requests failed during the outage, first: %s", len(errs), errs[0])
-	}
-	if bypassDuring == 0 {
-		t.Fatalf("no BYPASS while Redis was down: %v", counts)
 	}
 	t.Logf("X-Cache during the run: %v; shared HITs resumed %s after the restart", counts, resumed)
 	if resumed > 3*time.Second {
