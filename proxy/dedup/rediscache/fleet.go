@@ -114,6 +114,8 @@ func (s *Store) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		if poll == nil {
 			poll = time.NewTicker(s.cfg.PollInterval)
 			defer poll.Stop()
+			s.fleetWaits.Add(1)
+			defer s.fleetWaits.Add(-1)
 		}
 		select {
 		case <-wake:

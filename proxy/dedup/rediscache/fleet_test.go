@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -147,6 +149,23 @@ func (f *fleetFixture) waiters() int64 {
 	return n
 }
 
+// fleetWaiting counts the instances whose flight waits on another
+// instance's: a client counted by waiters() may not have got that far yet,
+// and one that joins after the leader finished runs a flight of its own.
+func (f *fleetFixture) fleetWaiting() int64 {
+	var n int64
+	for _, i := range f.insts {
+		n += i.store.fleetWaits.Load()
+	}
+	return n
+}
+
+// everyoneWaiting: n clients wait, and every instance but the leader's
+// waits on the leader's flight.
+func (f *fleetFixture) everyoneWaiting(n int64) bool {
+	return f.waiters() == n && f.fleetWaiting() == int64(len(f.insts)-1)
+}
+
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(15 * time.Second)
@@ -165,7 +184,7 @@ func TestFleetStampede(t *testing.T) {
 	var f *fleetFixture
 	f = newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(200 * time.Millisecond)
-		waitFor(t, "every client waiting", func() bool { return f.waiters() == n })
+		waitFor(t, "every client waiting", func() bool { return f.everyoneWaiting(n) })
 		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
 	})
 	res := make(chan got, n)
@@ -263,7 +282,7 @@ func TestFailedFlightAcrossFleet(t *testing.T) {
 	const n = 6
 	f = newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			waitFor(t, "waiters", func() bool { return f.waiters() == n })
+			waitFor(t, "waiters", func() bool { return f.everyoneWaiting(n) })
 			http.Error(w, "origin broke", http.StatusInternalServerError)
 			return
 		}
@@ -487,5 +506,52 @@ func TestFleetStatsAddUp(t *testing.T) {
 	}
 	if fs.Last7Days.Requests != 4 || len(fs.Days) != statsDays {
 		t.Fatalf("7 days: %+v", fs.Last7Days)
+	}
+}
+
+// TestConcurrentLookupsShareOneGet: a stampede on one instance reads a
+// cached value with one Redis GET, not one per client; a Redis slowed
+// down (here: paused) sees one waiting command instead of a pool's worth.
+func TestConcurrentLookupsShareOneGet(t *testing.T) {
+	f := newFleet(t, 1, Config{Timeout: 2 * time.Second, Lease: 6 * time.Second}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "shared")
+	})
+	inst := f.insts[0]
+	key := inst.get(f.origin.URL + "/pause").key // MISS, stored in Redis
+	ctx := context.Background()
+	inst.store.local.Delete(ctx, key)
+	rc := f.redis.Client()
+	if err := rc.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.Do(ctx, "CLIENT", "PAUSE", 400, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const n = 200
+	var wg sync.WaitGroup
+	var found atomic.Int64
+	for range n {
+		wg.Go(func() {
+			if e, err := inst.store.Get(ctx, key); err == nil && string(e.Body) == "shared" {
+				found.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if found.Load() != n {
+		t.Fatalf("%d of %d lookups found the value", found.Load(), n)
+	}
+	info, err := rc.Info(ctx, "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := -1
+	for line := range strings.Lines(info) {
+		if rest, ok := strings.CutPrefix(line, "cmdstat_get:calls="); ok {
+			calls, _ = strconv.Atoi(rest[:strings.IndexByte(rest, ',')])
+		}
+	}
+	if calls != 1 {
+		t.Fatalf("%d concurrent lookups made %d GETs, want 1\n%s", n, calls, info)
 	}
 }

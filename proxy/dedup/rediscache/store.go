@@ -30,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 	"github.com/sony/gobreaker/v2"
+	"golang.org/x/sync/singleflight"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -49,6 +50,13 @@ type Store struct {
 
 	waiters waiterSet
 	stats   statsBuf
+	// fleetWaits counts Joins waiting on another process's flight.
+	fleetWaits atomic.Int64
+	// gets shares one Redis GET among concurrent lookups of a key: a
+	// stampede of N clients on one instance costs one round trip, not N
+	// connections out of the pool (whose exhaustion would read as Redis
+	// being slow and open the breaker exactly when sharing matters most).
+	gets singleflight.Group
 
 	// life is canceled by Close: lease renewals and waits stop with it.
 	life   context.Context
@@ -227,6 +235,23 @@ func (s *Store) Get(ctx context.Context, key string) (*dedup.Entry, error) {
 	if e, err := s.local.Get(ctx, key); err == nil {
 		return e, nil
 	}
+	// The shared GET must not end with whichever caller started it.
+	ch := s.gets.DoChan(key, func() (any, error) {
+		return s.getRemote(context.WithoutCancel(ctx), key)
+	})
+	select {
+	case r := <-ch:
+		if r.Err != nil {
+			return nil, r.Err
+		}
+		return r.Val.(*dedup.Entry), nil
+	case <-ctx.Done():
+		return nil, dedup.ErrNotFound
+	}
+}
+
+// getRemote reads key's value from Redis into the local tier.
+func (s *Store) getRemote(ctx context.Context, key string) (*dedup.Entry, error) {
 	var blob []byte
 	err := s.exec(ctx, func(ctx context.Context) error {
 		var err error
