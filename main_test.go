@@ -256,6 +256,12 @@ func TestFleetOfThree(t *testing.T) {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	var proxies []string
+	logs := &syncLog{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("instance logs:\n%s", logs)
+		}
+	})
 	for i := range instances {
 		env := append(testEnv(t, origin), "ONCEPROXY_REDIS_URL="+rs.URL, "ONCEPROXY_MITM_CA_DIR="+certs, "ONCEPROXY_LOG_ACCESS=false",
 			// 300 TLS handshakes on two cores under -race can delay a
@@ -266,7 +272,7 @@ func TestFleetOfThree(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, io.Discard,
+			if err := run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, logs,
 				func(p, a string) { ready <- [2]string{p, a} }); err != nil {
 				t.Errorf("instance %d: %v", i, err)
 			}
@@ -540,4 +546,23 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 			t.Fatalf("with Redis down, request %d: %d %q (want fail-open)", i, st, body)
 		}
 	}
+}
+
+// syncLog collects the logs of instances running side by side, to show
+// them when a test fails.
+type syncLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *syncLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *syncLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
