@@ -16,12 +16,14 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// MaxConns caps concurrent client connections, tunnels included. Default 4096.
 	MaxConns int `yaml:"max_conns"`
-	// ReadHeaderTimeout bounds reading a request's headers on the proxy port. Default 10s.
+	// ReadHeaderTimeout bounds reading a request's headers, on the proxy port
+	// and inside intercepted tunnels. Default 10s.
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	// IdleTimeout drops a client connection or tunnel on which nothing moved
 	// for this long. Default 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
-	// MaxHeaderBytes caps a request's header size on the proxy port. Default 64 KiB.
+	// MaxHeaderBytes caps a request's header size, on the proxy port and
+	// inside intercepted tunnels. Default 64 KiB.
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 	// DialTimeout bounds opening a blind tunnel (bypass hosts). Default 15s.
 	DialTimeout time.Duration `yaml:"dial_timeout"`

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"log/slog"
@@ -76,12 +75,6 @@ func checkConnectTarget(name, port string) error {
 		return fmt.Errorf("invalid port %q", port)
 	}
 	return nil
-}
-
-// tlsConfig is goproxy's TLSConfig hook: our CA, signing for the client's SNI
-// and falling back to the CONNECT host. goproxy adds the ALPN protocols.
-func (s *Server) tlsConfig(host string, _ *goproxy.ProxyCtx) (*tls.Config, error) {
-	return s.certs.ServerConfig(host), nil
 }
 
 // dialTunnel opens the upstream side of a blind tunnel (bypass hosts).

@@ -16,8 +16,8 @@ import (
 )
 
 // clientInfo is what the proxy knows about the client behind a request. For
-// MITM'd requests it comes from the CONNECT that opened the tunnel (goproxy
-// copies ProxyCtx.UserData into each decrypted request's context).
+// MITM'd requests it comes from the CONNECT that opened the tunnel (the
+// request's context carries it: see tunnelFrom).
 type clientInfo struct {
 	user    string // proxy user from Proxy-Authorization; "" when none
 	connect string // CONNECT target host:port; "" for plain requests
@@ -56,6 +56,9 @@ func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Requ
 	start := time.Now()
 	s.inflight.Add(1)
 	client, inTunnel := pctx.UserData.(*clientInfo)
+	if t := tunnelFrom(req.Context()); t != nil {
+		client, inTunnel = t.client, true
+	}
 	if !inTunnel {
 		client = &clientInfo{}
 	}

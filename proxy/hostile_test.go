@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"fmt"
@@ -239,5 +240,164 @@ func TestHTTP2RapidReset(t *testing.T) {
 	}
 	if originHits.Load() >= int64(sent) {
 		t.Fatalf("every reset stream became an upstream request (%d)", originHits.Load())
+	}
+}
+
+// insideTunnel opens a CONNECT to host and returns the stream the client
+// speaks HTTP over inside it: TLS with the proxy's CA, or the bare tunnel.
+func insideTunnel(t *testing.T, w *world, host string, useTLS bool) net.Conn {
+	t.Helper()
+	conn, br := connectTunnel(t, w, host)
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.SetDeadline(time.Now().Add(15 * time.Second))
+	var c net.Conn = &bufConn{Conn: conn, r: br}
+	if useTLS {
+		name, _, _ := net.SplitHostPort(host)
+		tc := tls.Client(c, &tls.Config{RootCAs: w.caPool, ServerName: name, NextProtos: []string{"http/1.1"}})
+		if err := tc.Handshake(); err != nil {
+			t.Fatalf("TLS inside the tunnel: %v", err)
+		}
+		c = tc
+	}
+	return c
+}
+
+// TestHostileRequestsInsideTunnel: inside an intercepted tunnel, TLS or
+// plain, an oversized head gets a 431 and garbage a 400 with a reason, as on
+// the proxy port; the connection is not silently dropped, and nothing
+// reaches the origin.
+func TestHostileRequestsInsideTunnel(t *testing.T) {
+	var hits atomic.Int64
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { hits.Add(1) })
+	tlsO := tlsOrigin(t, h, true)
+	plainO := plainOrigin(t, h)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{tlsO.Certificate()}})
+	for _, o := range []struct {
+		name string
+		host string
+		tls  bool
+	}{
+		{"tls", strings.TrimPrefix(tlsO.URL, "https://"), true},
+		{"plain", strings.TrimPrefix(plainO.URL, "http://"), false},
+	} {
+		for _, tc := range []struct {
+			name string
+			raw  string
+			want int
+		}{
+			{"many headers", "GET / HTTP/1.1\r\nHost: " + o.host + "\r\n" +
+				strings.Repeat("X-Many: 0123456789012345678901234567890123456789\r\n", 2000) + "\r\n", http.StatusRequestHeaderFieldsTooLarge},
+			{"one endless line", "GET / HTTP/1.1\r\nHost: " + o.host + "\r\nX-Long: " + strings.Repeat("a", 1<<20) + "\r\n\r\n", http.StatusRequestHeaderFieldsTooLarge},
+			{"garbage", "THIS IS NOT HTTP\r\n\r\n", http.StatusBadRequest},
+			{"bad header", "GET / HTTP/1.1\r\nHost: " + o.host + "\r\nNo colon here\r\n\r\n", http.StatusBadRequest},
+		} {
+			t.Run(o.name+"/"+tc.name, func(t *testing.T) {
+				c := insideTunnel(t, w, o.host, o.tls)
+				go io.WriteString(c, tc.raw) // the server may answer before reading it all
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("no response inside the tunnel: %v", err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != tc.want || len(b) == 0 {
+					t.Fatalf("status %d body %q, want %d with a reason", resp.StatusCode, b, tc.want)
+				}
+			})
+		}
+	}
+	if hits.Load() != 0 {
+		t.Errorf("the origin saw %d hostile requests", hits.Load())
+	}
+	if resp, _ := w.get(w.client(false), tlsO.URL+"/fine"); resp.StatusCode != 200 {
+		t.Fatal("proxy stopped serving")
+	}
+}
+
+// TestSlowlorisInsideTunnel: the header timeout holds inside a tunnel too.
+func TestSlowlorisInsideTunnel(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(echoProto))
+	w := newWorld(t, worldOpts{proxy: proxy.Config{ReadHeaderTimeout: 300 * time.Millisecond}})
+	c := insideTunnel(t, w, strings.TrimPrefix(origin.URL, "http://"), false)
+	fmt.Fprintf(c, "GET / HTTP/1.1\r\nHost: x\r\n")
+	start := time.Now()
+	for time.Since(start) < 10*time.Second {
+		if _, err := c.Write([]byte("X")); err != nil {
+			return // cut
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatal("a client dribbling its headers inside a tunnel was never cut")
+}
+
+// TestBytesSentWithTheConnect: a client that sends its first request in the
+// same write as the CONNECT (no wait for the 200) loses nothing.
+func TestBytesSentWithTheConnect(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(echoProto))
+	w := newWorld(t, worldOpts{})
+	host := strings.TrimPrefix(origin.URL, "http://")
+	conn, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\nGET /early HTTP/1.1\r\nHost: %s\r\n\r\n", host, host, host)
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT: %v %v", resp, err)
+	}
+	resp, err = http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the request sent with the CONNECT got no answer: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != "proto=HTTP/1.1 path=/early" {
+		t.Fatalf("status %d body %q", resp.StatusCode, b)
+	}
+}
+
+// TestH2CInsideTunnel: HTTP/2 with prior knowledge inside a plain tunnel.
+func TestH2CInsideTunnel(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(echoProto))
+	w := newWorld(t, worldOpts{})
+	host := strings.TrimPrefix(origin.URL, "http://")
+	tr := &http2.Transport{
+		AllowHTTP: true,
+		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+			return insideTunnel(t, w, host, false), nil
+		},
+	}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr, Timeout: 10 * time.Second}).Get("http://" + host + "/h2c")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.ProtoMajor != 2 || !strings.HasSuffix(string(b), "path=/h2c") {
+		t.Fatalf("%s %d %q", resp.Proto, resp.StatusCode, b)
+	}
+}
+
+// TestUntrustedCAIsExplained: a client that does not trust the CA fails
+// its handshake, and the log tells the operator what to do about it.
+func TestUntrustedCAIsExplained(t *testing.T) {
+	origin := tlsOrigin(t, http.HandlerFunc(echoProto), false)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}})
+	host := strings.TrimPrefix(origin.URL, "https://")
+	conn, br := connectTunnel(t, w, host)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{ServerName: "127.0.0.1"}) // system roots only
+	if err := tc.Handshake(); err == nil {
+		t.Fatal("a client without the CA accepted the interception certificate")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(w.logs.String(), "does not trust onceproxy's CA") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no hint in the log:\n%s", w.logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

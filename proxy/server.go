@@ -5,6 +5,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -13,6 +14,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -88,8 +90,14 @@ type Server struct {
 	guard      TargetGuard
 	metrics    *metrics.Metrics
 	mitmAction *goproxy.ConnectAction
+	gp         *goproxy.ProxyHttpServer
 	srv        *http.Server
-	socks      *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
+	// inner serves the requests inside intercepted tunnels (intercept.go).
+	inner     *http.Server
+	innerLn   *pushListener
+	innerOnce sync.Once
+	innerWG   sync.WaitGroup
+	socks     *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
 
 	ln       atomic.Pointer[connListener]
 	inflight atomic.Int64 // requests between the handler and the end of their response body
@@ -125,7 +133,7 @@ func New(cfg Config, o Options) (*Server, error) {
 	if s.realm == "" {
 		s.realm = "onceproxy"
 	}
-	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: s.tlsConfig}
+	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.interceptTunnel}
 
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = goproxyLogger{o.Logger}
@@ -146,14 +154,44 @@ func New(cfg Config, o Options) (*Server, error) {
 	gp.OnRequest().HandleConnectFunc(s.handleConnect)
 	gp.OnRequest().DoFunc(s.handle)
 
+	s.gp = gp
 	s.srv = &http.Server{
-		Handler:           gp,
+		Handler:           http.HandlerFunc(s.front),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
 	}
+	s.inner = s.newInner()
+	s.innerLn = newPushListener(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
 	return s, nil
+}
+
+// front is the proxy port's handler: goproxy, with the bytes a client sent
+// right behind its CONNECT (a TLS ClientHello in the same write) kept for
+// whoever takes the tunnel over.
+func (s *Server) front(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodConnect {
+		w = keepBufferedOnHijack{w}
+	}
+	s.gp.ServeHTTP(w, r)
+}
+
+// keepBufferedOnHijack hands the hijacker a connection that replays what
+// http.Server had already read past the request, instead of leaving it in
+// a reader that goproxy's ConnectHijack does not pass on.
+type keepBufferedOnHijack struct{ http.ResponseWriter }
+
+func (k keepBufferedOnHijack) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, rw, err := http.NewResponseController(k.ResponseWriter).Hijack()
+	if err != nil {
+		return nil, nil, err
+	}
+	if n := rw.Reader.Buffered(); n > 0 {
+		b, _ := rw.Reader.Peek(n)
+		c = &prefixConn{Conn: c, prefix: append([]byte(nil), b...)}
+	}
+	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
 }
 
 // nonProxy answers requests that are not proxy requests (origin-form, as if
@@ -161,11 +199,7 @@ func New(cfg Config, o Options) (*Server, error) {
 func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
 	resp := errorResponse(r, http.StatusBadRequest, kindBadRequest,
 		"this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port")
-	for k, v := range resp.Header {
-		w.Header()[k] = v
-	}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = resp.Body.(stringBody).WriteTo(w)
+	writeResponse(w, resp)
 }
 
 // Serve accepts proxy clients on ln until Shutdown. It returns nil after a
@@ -189,6 +223,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	s.socks.stopAccepting()
 	// Closes the HTTP listener and the SOCKS5 bridge; waits for plain requests.
 	err := s.srv.Shutdown(ctx)
+	// Stops taking tunnels, closes idle ones, and waits for the requests
+	// being read or answered inside them.
+	if ierr := s.inner.Shutdown(ctx); err == nil {
+		err = ierr
+	}
 	// Requests inside hijacked connections (MITM) are invisible to
 	// http.Server: wait for them ourselves.
 	tick := time.NewTicker(20 * time.Millisecond)
@@ -223,8 +262,6 @@ func (g goproxyLogger) Printf(format string, v ...any) {
 	msg := strings.TrimSpace(fmt.Sprintf(format, v...))
 	level := slog.LevelDebug
 	if strings.Contains(msg, "WARN:") {
-		// Client handshake failures land here: the usual sign of a
-		// client that does not trust the CA yet.
 		level = slog.LevelWarn
 	}
 	g.l.Log(context.Background(), level, "goproxy: "+msg)

@@ -37,7 +37,7 @@ type socksDoor struct {
 	cancel context.CancelFunc
 
 	mu     sync.Mutex
-	bridge *bridgeListener // nil until the first ServeSOCKS5
+	bridge *pushListener // nil until the first ServeSOCKS5
 	lns    []*connListener
 	closed bool           // Shutdown began: no new listeners or connection goroutines
 	wg     sync.WaitGroup // connection goroutines and the bridge's Serve
@@ -195,14 +195,14 @@ func (s *Server) socksAuthMode(cfg SOCKS5Config) string {
 // startBridge returns the bridge into the Server's own http.Server,
 // serving it on first use. http.Server.Shutdown closes it like the HTTP
 // listener, which ends the serving goroutine.
-func (s *Server) startBridge(addr net.Addr) *bridgeListener {
+func (s *Server) startBridge(addr net.Addr) *pushListener {
 	d := s.socks
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.bridge != nil {
 		return d.bridge
 	}
-	b := newBridgeListener(addr)
+	b := newPushListener(addr)
 	d.bridge = b
 	if !d.closed {
 		d.wg.Add(1)
@@ -217,7 +217,7 @@ func (s *Server) startBridge(addr net.Addr) *bridgeListener {
 }
 
 // newSOCKS5Server configures go-socks5 for one listener.
-func (s *Server) newSOCKS5Server(cfg SOCKS5Config, bridge *bridgeListener) *socks5.Server {
+func (s *Server) newSOCKS5Server(cfg SOCKS5Config, bridge *pushListener) *socks5.Server {
 	var auth []socks5.Authenticator
 	switch {
 	case s.users != nil:
@@ -321,7 +321,7 @@ func (s *Server) notSOCKS5(c net.Conn, first byte) {
 
 // socksConnect handles one CONNECT. It returns when the stream is over;
 // go-socks5 then closes the client connection.
-func (s *Server) socksConnect(w io.Writer, req *socks5.Request, cfg SOCKS5Config, bridge *bridgeListener) error {
+func (s *Server) socksConnect(w io.Writer, req *socks5.Request, cfg SOCKS5Config, bridge *pushListener) error {
 	conn, ok := w.(net.Conn)
 	if !ok {
 		return fmt.Errorf("socks5: internal: client is a %T, not a net.Conn", w)
@@ -365,7 +365,7 @@ func (s *Server) socksConnect(w io.Writer, req *socks5.Request, cfg SOCKS5Config
 type socksTunnel struct {
 	s        *Server
 	cfg      SOCKS5Config
-	bridge   *bridgeListener
+	bridge   *pushListener
 	conn     net.Conn      // the client
 	r        *bufio.Reader // reads conn, with what the SOCKS5 parser buffered
 	target   string        // host:port, the host name as the client sent it

@@ -20,48 +20,6 @@ import (
 // two doors cannot drift apart, and http.Server.Shutdown closes the bridge
 // with the HTTP listener.
 
-// bridgeListener is a net.Listener whose connections are pushed by the
-// SOCKS5 door instead of accepted from the network.
-type bridgeListener struct {
-	addr net.Addr
-	ch   chan net.Conn
-	done chan struct{}
-	once sync.Once
-}
-
-func newBridgeListener(addr net.Addr) *bridgeListener {
-	return &bridgeListener{addr: addr, ch: make(chan net.Conn), done: make(chan struct{})}
-}
-
-func (l *bridgeListener) Accept() (net.Conn, error) {
-	select {
-	case c := <-l.ch:
-		return c, nil
-	case <-l.done:
-		return nil, net.ErrClosed
-	}
-}
-
-// push hands c to the http.Server. It fails once the listener is closed
-// (http.Server.Shutdown closes it), or when stop is closed.
-func (l *bridgeListener) push(c net.Conn, stop <-chan struct{}) error {
-	select {
-	case l.ch <- c:
-		return nil
-	case <-l.done:
-		return net.ErrClosed
-	case <-stop:
-		return net.ErrClosed
-	}
-}
-
-func (l *bridgeListener) Close() error {
-	l.once.Do(func() { close(l.done) })
-	return nil
-}
-
-func (l *bridgeListener) Addr() net.Addr { return l.addr }
-
 // connectPreamble is the CONNECT request the SOCKS5 door writes on the
 // client's behalf. target was checked by checkConnectTarget (no spaces or
 // control characters: no header injection). The password travels too, so

@@ -256,8 +256,9 @@ func canCloseWrite(c net.Conn) bool {
 	}
 }
 
-// prefixConn gives back bytes read ahead of the SOCKS5 library (the version
-// byte the door checked itself) before reading the connection.
+// prefixConn gives back bytes read ahead (the version byte the SOCKS5 door
+// checked itself, what http.Server buffered past a CONNECT) before reading
+// the connection.
 type prefixConn struct {
 	net.Conn
 	prefix []byte
@@ -273,3 +274,4 @@ func (c *prefixConn) Read(p []byte) (int, error) {
 }
 
 func (c *prefixConn) CloseWrite() error { return halfclose.CloseWrite(c.Conn) }
+func (c *prefixConn) CloseRead() error  { return halfclose.CloseRead(c.Conn) }
