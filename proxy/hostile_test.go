@@ -362,9 +362,11 @@ func TestH2CInsideTunnel(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
 	w := newWorld(t, worldOpts{})
 	host := strings.TrimPrefix(origin.URL, "http://")
-	tr := &http2.Transport{
-		AllowHTTP: true,
-		DialTLSContext: func(ctx context.Context, network, addr string, _ *tls.Config) (net.Conn, error) {
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true) // prior knowledge, no upgrade dance
+	tr := &http.Transport{
+		Protocols: &protocols,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			return insideTunnel(t, w, host, false), nil
 		},
 	}
