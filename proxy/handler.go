@@ -130,11 +130,6 @@ func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Requ
 // response body: both happen when goproxy closes the body after copying it
 // to the client, so the line carries real byte counts and durations.
 func (s *Server) finish(req *http.Request, resp *http.Response, client *clientInfo, start time.Time) *http.Response {
-	if s.draining.Load() {
-		// Tell keep-alive clients (and goproxy's MITM loop) to go away
-		// once this response is written.
-		resp.Close = true
-	}
 	if resp.Body == nil {
 		resp.Body = http.NoBody
 	}

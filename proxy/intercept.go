@@ -102,17 +102,34 @@ func (w innerLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// startInner serves the inner server on first use. Shutdown stops it.
+// startInner serves the inner server on first use, unless Shutdown came
+// first. Shutdown stops it.
 func (s *Server) startInner() {
-	s.innerOnce.Do(func() {
-		s.innerWG.Add(1)
-		go func() {
-			defer s.innerWG.Done()
-			if err := s.inner.Serve(s.innerLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				s.logger.Error("serving intercepted tunnels stopped", "err", err)
-			}
-		}()
-	})
+	s.innerMu.Lock()
+	defer s.innerMu.Unlock()
+	if s.innerStarted || s.innerClosed {
+		return
+	}
+	s.innerStarted = true
+	s.innerWG.Add(1)
+	go func() {
+		defer s.innerWG.Done()
+		if err := s.inner.Serve(s.innerLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.logger.Error("serving intercepted tunnels stopped", "err", err)
+		}
+	}()
+}
+
+// shutdownInner stops taking tunnels, closes idle ones and waits, until
+// ctx ends, for the requests being read or answered inside them.
+func (s *Server) shutdownInner(ctx context.Context) error {
+	s.innerMu.Lock()
+	s.innerClosed = true
+	s.innerMu.Unlock()
+	s.innerLn.Close() // also when never served: a pending push must fail
+	err := s.inner.Shutdown(ctx)
+	s.innerWG.Wait()
+	return err
 }
 
 // interceptTunnel is the Hijack of an intercepted CONNECT (goproxy has

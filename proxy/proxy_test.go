@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -555,6 +556,65 @@ func TestGracefulShutdownDrains(t *testing.T) {
 	r := <-done
 	if r.err != nil || r.status != 200 || r.body != "finished" {
 		t.Fatalf("in-flight request: %+v", r)
+	}
+	if err := <-shut; err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+}
+
+// TestShutdownClosesIdleTunnels: while a slow request drains, a keep-alive
+// tunnel with nothing in flight is closed at once, not served new requests
+// until the grace ends.
+func TestShutdownClosesIdleTunnels(t *testing.T) {
+	release := make(chan struct{})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	started := make(chan struct{}, 1)
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			started <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "ok")
+	})
+	origin := tlsOrigin(t, h, true)
+	plain := plainOrigin(t, h) // a plain request keeps the proxy port's server draining
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}})
+	t.Cleanup(unblock) // runs first: a failed check must not leave the origin blocked
+	host := strings.TrimPrefix(origin.URL, "https://")
+
+	idle := insideTunnel(t, w, host, true)
+	fmt.Fprintf(idle, "GET /first HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	br := bufio.NewReader(idle)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil || resp.StatusCode != 200 {
+		t.Fatalf("first request: %v %v", resp, err)
+	}
+	io.ReadAll(resp.Body)
+	resp.Body.Close()
+
+	slow := make(chan error, 1)
+	go func() {
+		resp, err := w.client(false).Get(plain.URL + "/slow")
+		if err == nil {
+			resp.Body.Close()
+		}
+		slow <- err
+	}()
+	<-started
+	shut := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		shut <- w.srv.Shutdown(ctx)
+	}()
+	_ = idle.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("idle tunnel still open during the drain: %v", err)
+	}
+	unblock()
+	if err := <-slow; err != nil {
+		t.Fatalf("the draining request failed: %v", err)
 	}
 	if err := <-shut; err != nil {
 		t.Fatalf("Shutdown: %v", err)

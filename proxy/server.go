@@ -93,15 +93,16 @@ type Server struct {
 	gp         *goproxy.ProxyHttpServer
 	srv        *http.Server
 	// inner serves the requests inside intercepted tunnels (intercept.go).
-	inner     *http.Server
-	innerLn   *pushListener
-	innerOnce sync.Once
-	innerWG   sync.WaitGroup
-	socks     *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
+	inner        *http.Server
+	innerLn      *pushListener
+	innerMu      sync.Mutex
+	innerStarted bool
+	innerClosed  bool
+	innerWG      sync.WaitGroup
+	socks        *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
 
 	ln       atomic.Pointer[connListener]
 	inflight atomic.Int64 // requests between the handler and the end of their response body
-	draining atomic.Bool
 }
 
 // New builds a Server; cfg gets its defaults applied.
@@ -219,17 +220,18 @@ func (s *Server) Serve(ln net.Listener) error {
 // requests finish until ctx ends, then cuts every remaining connection (idle
 // keep-alives, MITM sessions, tunnels, WebSockets, SOCKS5 clients).
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.draining.Store(true)
 	s.socks.stopAccepting()
+	// Both at once: keep-alive clients inside tunnels must hear "go away"
+	// while plain requests drain, not after.
+	innerErr := make(chan error, 1)
+	go func() { innerErr <- s.shutdownInner(ctx) }()
 	// Closes the HTTP listener and the SOCKS5 bridge; waits for plain requests.
 	err := s.srv.Shutdown(ctx)
-	// Stops taking tunnels, closes idle ones, and waits for the requests
-	// being read or answered inside them.
-	if ierr := s.inner.Shutdown(ctx); err == nil {
+	if ierr := <-innerErr; err == nil {
 		err = ierr
 	}
-	// Requests inside hijacked connections (MITM) are invisible to
-	// http.Server: wait for them ourselves.
+	// Requests whose connection left the servers (WebSocket upgrades) are
+	// invisible to them: wait for those ourselves.
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for s.inflight.Load() > 0 && ctx.Err() == nil {
