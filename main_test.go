@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 )
 
@@ -256,7 +257,7 @@ func TestFleetOfThree(t *testing.T) {
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
 	var proxies []string
-	logs := &syncLog{}
+	logs := &logbuf.Buffer{}
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("instance logs:\n%s", logs)
@@ -546,23 +547,4 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 			t.Fatalf("with Redis down, request %d: %d %q (want fail-open)", i, st, body)
 		}
 	}
-}
-
-// syncLog collects the logs of instances running side by side, to show
-// them when a test fails.
-type syncLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *syncLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
@@ -40,7 +41,7 @@ type world struct {
 	srv      *proxy.Server
 	engine   *dedup.Engine // nil unless worldOpts.dedup
 	proxyURL *url.URL
-	logs     *syncBuffer
+	logs     *logbuf.Buffer
 	// socksAddr is the SOCKS5 port (host:port) when worldOpts.socks5 is set.
 	socksAddr string
 }
@@ -71,7 +72,7 @@ type worldOpts struct {
 func newWorld(t testing.TB, o worldOpts) *world {
 	t.Helper()
 	dir := t.TempDir()
-	logs := &syncBuffer{}
+	logs := &logbuf.Buffer{}
 	var logOut io.Writer = logs
 	if o.quiet {
 		logOut = io.Discard

@@ -16,6 +16,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -35,32 +36,14 @@ type fleetFixture struct {
 	origin *httptest.Server
 	hits   atomic.Int64
 	insts  []*instance
-	logs   *lockedBuf
-}
-
-type lockedBuf struct {
-	mu sync.Mutex
-	b  []byte
-}
-
-func (l *lockedBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.b = append(l.b, p...)
-	return len(p), nil
-}
-
-func (l *lockedBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return string(l.b)
+	logs   *logbuf.Buffer
 }
 
 // newFleet starts n instances sharing one private redis-server, all in
 // front of one origin served by h.
 func newFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
 	t.Helper()
-	f := &fleetFixture{t: t, redis: redistest.Start(t), logs: &lockedBuf{}}
+	f := &fleetFixture{t: t, redis: redistest.Start(t), logs: &logbuf.Buffer{}}
 	f.origin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		f.hits.Add(1)
 		h(w, r)
