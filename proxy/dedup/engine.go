@@ -158,10 +158,11 @@ func (e *Engine) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return e.bypass(req, "")
 	}
-	if resp, ok := e.fromCache(req, rule, key, body); ok {
+	resp, flightKey, ok := e.fromCache(req, rule, key, body)
+	if ok {
 		return resp, nil
 	}
-	return e.coalesce(req, rule, key, body)
+	return e.coalesce(req, rule, flightKey, body, flightKey != key)
 }
 
 // bodilessKey is the X-Cache-Key reported for a BYPASS whose body was not
@@ -236,29 +237,50 @@ type prefixedBody struct {
 func (b *prefixedBody) Close() error { return b.c.Close() }
 
 // fromCache answers req from the store when it can. A HEAD may be answered
-// from a cached GET of the same URL.
-func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byte) (*http.Response, bool) {
-	ent := e.lookup(req.Context(), req, key)
+// from a cached GET of the same URL. Otherwise it returns the key a flight
+// for req must use: key itself, or the key of req's variant when key holds
+// another variant of a response that varies (Vary).
+func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byte) (_ *http.Response, flightKey string, ok bool) {
+	ent, found, flightKey := e.find(req.Context(), req, key)
 	if ent == nil && req.Method == http.MethodHead {
 		if getKey, err := rule.keyer.Key(http.MethodGet, req.URL, req.Header, principalOf(req.Context()), body); err == nil {
-			ent = e.lookup(req.Context(), req, getKey)
+			ent, found, _ = e.find(req.Context(), req, getKey)
 		}
 	}
 	if ent == nil {
-		return nil, false
+		return nil, flightKey, false
 	}
-	return e.serve(req, ent, key, CacheHit)
+	resp, ok := e.serve(req, ent, found, CacheHit)
+	return resp, flightKey, ok
 }
 
-func (e *Engine) lookup(ctx context.Context, req *http.Request, key string) *Entry {
+// find looks req up under key and, when key holds a response that varies
+// on headers req sends other values of, under the key of req's variant.
+// It returns the matching entry and where it was found, or nil and the key
+// a flight for req must use. Variants live under keys of their own, so
+// clients with different User-Agents (say) do not keep replacing each
+// other's cached copy.
+func (e *Engine) find(ctx context.Context, req *http.Request, key string) (ent *Entry, found, flightKey string) {
+	ent = e.get(ctx, key)
+	if ent == nil {
+		return nil, "", key
+	}
+	if ent.varyMatches(req.Header) {
+		return ent, key, key
+	}
+	vkey := variantKey(key, ent.Vary, req.Header)
+	if v := e.get(ctx, vkey); v != nil && v.varyMatches(req.Header) {
+		return v, vkey, vkey
+	}
+	return nil, "", vkey
+}
+
+func (e *Engine) get(ctx context.Context, key string) *Entry {
 	ent, err := e.store.Get(ctx, key)
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
 			e.log.Warn("cache lookup failed; going upstream", "key", key, "err", err)
 		}
-		return nil
-	}
-	if !ent.varyMatches(req.Header) {
 		return nil
 	}
 	return ent
@@ -281,7 +303,10 @@ type flightResult struct {
 // coalesce makes req wait on the flight for key, starting it if none is
 // running. The first caller leads: its fetch runs detached from its client,
 // so a leader that disconnects never cancels what others wait for.
-func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte) (*http.Response, error) {
+//
+// variant is set for a flight on a variant key: its result is not split
+// into variants again.
+func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte, variant bool) (*http.Response, error) {
 	var led atomic.Bool
 	e.st.waiters.Add(1)
 	ch := e.sf.DoChan(key, func() (any, error) {
@@ -291,7 +316,17 @@ func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte
 	select {
 	case r := <-ch:
 		e.st.waiters.Add(-1)
-		return e.answer(req, key, r.Val.(*flightResult), led.Load())
+		res := r.Val.(*flightResult)
+		if ent := res.entry; ent != nil && !ent.varyMatches(req.Header) {
+			// The response varies on a header this client sent another
+			// value of: it belongs to another variant. Fetch ours, with
+			// whoever else wants the same one.
+			if variant {
+				return e.bypass(req, key)
+			}
+			return e.coalesce(req, rule, variantKey(key, ent.Vary, req.Header), body, true)
+		}
+		return e.answer(req, key, res, led.Load())
 	case <-req.Context().Done():
 		e.st.waiters.Add(-1)
 		// Nobody will read an oversized leader stream now: close it when
@@ -422,7 +457,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 
 	// Another flight may have filled the cache between our lookup and
 	// winning this one.
-	if ent := e.lookup(e.base, req, key); ent != nil {
+	if ent := e.get(e.base, key); ent != nil && ent.varyMatches(req.Header) {
 		return &flightResult{entry: ent, label: CacheHit}
 	}
 	label := CacheMiss

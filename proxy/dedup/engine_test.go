@@ -379,8 +379,72 @@ func TestVaryIsHonoured(t *testing.T) {
 	if r := f.get("/v", "User-Agent", "a"); r.xcache != CacheHit {
 		t.Errorf("same UA: %s", r.xcache)
 	}
-	if r := f.get("/v", "User-Agent", "b"); r.xcache != CacheMiss || r.body != "ua=b" {
-		t.Errorf("other UA got %s %q", r.xcache, r.body)
+	b := f.get("/v", "User-Agent", "b")
+	if b.xcache != CacheMiss || b.body != "ua=b" {
+		t.Errorf("other UA got %s %q", b.xcache, b.body)
+	}
+	// Each variant keeps its own copy: alternating clients do not evict
+	// each other.
+	for range 3 {
+		for _, ua := range []string{"a", "b"} {
+			if r := f.get("/v", "User-Agent", ua); r.xcache != CacheHit || r.body != "ua="+ua {
+				t.Errorf("UA %s: %s %q", ua, r.xcache, r.body)
+			}
+		}
+	}
+	if n := f.up.n.Load(); n != 2 {
+		t.Errorf("origin fetched %d times for two variants", n)
+	}
+	// The variant's X-Cache-Key removes that variant.
+	if err := f.eng.InvalidateKey(context.Background(), b.key); err != nil {
+		t.Fatal(err)
+	}
+	if r := f.get("/v", "User-Agent", "b"); r.xcache != CacheMiss {
+		t.Errorf("after invalidating variant b: %s", r.xcache)
+	}
+	if r := f.get("/v", "User-Agent", "a"); r.xcache != CacheHit {
+		t.Errorf("variant a lost with b: %s", r.xcache)
+	}
+}
+
+// TestVaryWhileCoalescing: clients that wait on one flight but send other
+// values of a header the response varies on do not get the leader's
+// variant; each variant is fetched once, for everyone who wants it.
+func TestVaryWhileCoalescing(t *testing.T) {
+	const perUA = 10
+	var f *fixture
+	f = newFixture(t, Config{TTL: time.Minute}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.UserAgent() == "desktop" {
+			// The first flight answers once every client waits on it.
+			waitFor(t, func() bool { return f.eng.Stats().Waiters == 2*perUA })
+		}
+		w.Header().Set("Vary", "User-Agent")
+		fmt.Fprintf(w, "page for %s", r.UserAgent())
+	}))
+	first := make(chan result, 1)
+	go func() { first <- f.get("/page", "User-Agent", "desktop") }()
+	waitFor(t, func() bool { return f.eng.Stats().Waiters == 1 })
+	res := make(chan result, 2*perUA)
+	for i := range 2*perUA - 1 {
+		ua := []string{"desktop", "mobile"}[i%2]
+		go func() {
+			r := f.get("/page", "User-Agent", ua)
+			r.header = http.Header{"Ua": {ua}}
+			res <- r
+		}()
+	}
+	if r := <-first; r.xcache != CacheMiss || r.body != "page for desktop" {
+		t.Fatalf("leader: %+v", r)
+	}
+	for range 2*perUA - 1 {
+		r := <-res
+		ua := r.header.Get("Ua")
+		if r.err != nil || r.status != 200 || r.body != "page for "+ua {
+			t.Fatalf("%s client got %+v", ua, r)
+		}
+	}
+	if n := f.up.n.Load(); n != 2 {
+		t.Errorf("origin fetched %d times for two variants, want 2", n)
 	}
 }
 

@@ -301,6 +301,20 @@ func (k *Keyer) Key(method string, u *url.URL, h http.Header, user string, body 
 	return hexKey(keyVersion+":", sha256.Sum256(b)), nil
 }
 
+// variantKey is the key of one variant of the response stored under key:
+// the variant a request with header values h gets when the response varies
+// on the headers in vary. It has the form of any key, so stores, the fleet
+// and invalidation by key treat it as one.
+func variantKey(key string, vary []HeaderValue, h http.Header) string {
+	b := appendString(make([]byte, 0, 128), "variant")
+	b = appendString(b, key)
+	for _, v := range vary {
+		b = appendString(b, v.Name)
+		b = appendString(b, joinValues(h.Values(v.Name)))
+	}
+	return hexKey(keyVersion+":", sha256.Sum256(b))
+}
+
 // hexKey returns prefix followed by the lower-case hex of sum.
 func hexKey(prefix string, sum [sha256.Size]byte) string {
 	var out [3 + 2*sha256.Size]byte
