@@ -308,11 +308,13 @@ type flightResult struct {
 // into variants again.
 func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte, variant bool) (*http.Response, error) {
 	var led atomic.Bool
-	e.st.waiters.Add(1)
 	ch := e.sf.DoChan(key, func() (any, error) {
 		led.Store(true)
 		return e.lead(req, rule, key, body), nil
 	})
+	// Counted once DoChan has registered us with the flight, never before:
+	// a waiter the stats show gets this flight's answer, not a later one's.
+	e.st.waiters.Add(1)
 	select {
 	case r := <-ch:
 		e.st.waiters.Add(-1)
