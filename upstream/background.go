@@ -239,7 +239,7 @@ func (p *Pool) probe(ctx context.Context, s *session) {
 			}
 		}
 	}
-	s.h.mark(v.kind, p.now(), v.retryAfter, s.scrub(v.msg))
+	p.mark(s, v.kind, v.retryAfter, s.scrub(v.msg))
 	if v.kind.failure() {
 		p.log.Warn("upstream health probe failed", "session", s.id, "outcome", v.kind.String(), "detail", s.scrub(v.msg))
 	}

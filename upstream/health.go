@@ -114,10 +114,12 @@ func (h *health) publish() {
 
 // mark records one outcome at now. retryAfter (from a 429 or ban) makes the
 // cooldown at least that long. A cooldown is never shortened by a later,
-// milder failure; a success ends it (the session demonstrably works).
-func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg string) {
+// milder failure; a success ends it (the session demonstrably works). It
+// returns the cooldown this mark started or extended (0: none), for the
+// fleet to hear about.
+func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg string) (cooling time.Duration) {
 	if o == outcomeNone {
-		return
+		return 0
 	}
 	h.requests.Add(1)
 	if o.failure() {
@@ -131,7 +133,7 @@ func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg
 		h.failures = 0
 		h.coolUntil, h.coolReason = time.Time{}, outcomeNone
 		h.publish()
-		return
+		return 0
 	}
 	p := penalties[o]
 	h.weight = max(h.weight-p.weight, minWeight)
@@ -147,9 +149,27 @@ func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg
 	if cool > 0 {
 		if until := now.Add(cool); until.After(h.coolUntil) {
 			h.coolUntil, h.coolReason = until, reason
+			cooling = cool
 		}
 	}
 	h.publish()
+	return cooling
+}
+
+// coolFor applies a cooldown another instance of the fleet started: it
+// benches the session as long, but says nothing about this instance's own
+// requests (weight and failures stay as they are). It reports whether the
+// cooldown was extended.
+func (h *health) coolFor(d time.Duration, reason outcome, now time.Time) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	until := now.Add(min(d, maxRetryAfter))
+	if d <= 0 || !until.After(h.coolUntil) {
+		return false
+	}
+	h.coolUntil, h.coolReason = until, reason
+	h.publish()
+	return true
 }
 
 // available reports whether the session may be chosen at now (unix nanos).

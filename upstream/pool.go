@@ -69,6 +69,8 @@ type Pool struct {
 	prov      ProviderStatus
 
 	exhausted atomic.Bool // inside an "every session is cooling" episode (logged once)
+
+	fleet Fleet // nil: this instance learns alone
 }
 
 // Option adjusts a Pool at construction.
@@ -76,6 +78,7 @@ type Option func(*options)
 
 type options struct {
 	control func(ctx context.Context, network, address string, c syscall.RawConn) error
+	fleet   Fleet
 }
 
 // WithDialControl sets the net.Dialer ControlContext of connections the
@@ -109,10 +112,11 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
 	}
 	p := &Pool{
-		cfg: cfg,
-		log: logger,
-		kit: kit,
-		now: time.Now,
+		cfg:   cfg,
+		log:   logger,
+		kit:   kit,
+		now:   time.Now,
+		fleet: o.fleet,
 	}
 	p.rules, p.defRule = compileRules(cfg)
 	p.direct = kit.transport(kit.dialDirect, nil, true, cfg.IdleConnTimeout)
@@ -202,7 +206,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 		gen := s.gen.Load()
 		resp, err := s.transportFor(out).RoundTrip(out)
 		v := p.classify(ctx, r, out, resp, err)
-		s.h.mark(v.kind, p.now(), v.retryAfter, s.scrub(v.msg))
+		p.mark(s, v.kind, v.retryAfter, s.scrub(v.msg))
 		if v.kind == outcomeOK || v.kind == outcomeNone {
 			if v.kind == outcomeOK && pr.key != 0 {
 				p.bindings.put(pr.key, s.id, now.UnixNano())
@@ -404,14 +408,14 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		p.endExhaustion()
 		c, err := s.tunnel(ctx, addr)
 		if err == nil {
-			s.h.mark(outcomeOK, p.now(), 0, "")
+			p.mark(s, outcomeOK, 0, "")
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("tunnel through upstream session", "session", s.id, "target", addr)
 			}
 			return c, nil
 		}
 		v := classifyErr(ctx, err)
-		s.h.mark(v.kind, p.now(), 0, s.scrub(v.msg))
+		p.mark(s, v.kind, 0, s.scrub(v.msg))
 		lastErr = fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
 		if v.kind == outcomeNone {
 			return nil, lastErr
@@ -536,6 +540,9 @@ func (p *Pool) rotateLocked(ctx context.Context, s *session, why string) error {
 	// Pooled connections lead to the old exit IP.
 	s.closeIdle()
 	p.log.Info("upstream session rotated", "session", s.id, "why", why, "exit_ip", ip)
+	if p.fleet != nil {
+		p.fleet.PublishSession(SessionEvent{Session: s.id, Kind: EventRotated, ExitIP: ip})
+	}
 	return nil
 }
 

@@ -1,0 +1,81 @@
+package upstream
+
+import (
+	"slices"
+	"time"
+)
+
+// Fleet carries session news between the proxy instances that drive the
+// same upstream sessions (a Redis channel in production). Without it each
+// instance learns alone: a session rate-limited through one instance keeps
+// being sent requests by the others until each has collected its own 429,
+// and a rotation made by one leaves the others on tunnels to the old exit
+// IP.
+type Fleet interface {
+	// PublishSession tells the other instances about ev. It must not
+	// block: news that cannot be sent is dropped.
+	PublishSession(ev SessionEvent)
+}
+
+// SessionEvent is one piece of session news.
+type SessionEvent struct {
+	Session string `json:"session"`
+	// Kind is EventCooldown or EventRotated.
+	Kind string `json:"kind"`
+	// For and Reason describe a cooldown: how long from now (not an
+	// instant: the instances' clocks need not agree), and the outcome that
+	// caused it (rate_limited, banned, connection_error, server_error).
+	For    time.Duration `json:"for,omitempty"`
+	Reason string        `json:"reason,omitempty"`
+	// ExitIP is the session's new exit IP after a rotation, when known.
+	ExitIP string `json:"exit_ip,omitempty"`
+}
+
+// The kinds of SessionEvent.
+const (
+	EventCooldown = "cooldown"
+	EventRotated  = "rotated"
+)
+
+// WithFleet shares cooldowns and rotations with the other instances of a
+// fleet; news from them arrives through Pool.ApplySessionEvent.
+func WithFleet(f Fleet) Option {
+	return func(o *options) { o.fleet = f }
+}
+
+// mark records an outcome of s and tells the fleet when it benched s.
+func (p *Pool) mark(s *session, o outcome, retryAfter time.Duration, msg string) {
+	if d := s.h.mark(o, p.now(), retryAfter, msg); d > 0 && p.fleet != nil {
+		p.fleet.PublishSession(SessionEvent{Session: s.id, Kind: EventCooldown, For: d, Reason: o.String()})
+	}
+}
+
+// ApplySessionEvent applies news from another instance: a cooldown benches
+// the session here too; a rotation means the tunnels this instance keeps
+// through the session lead to the old exit IP, so they are closed, and
+// flights that failed before it count it as their rotation. Unknown
+// sessions (not in this instance's list yet) are ignored.
+func (p *Pool) ApplySessionEvent(ev SessionEvent) {
+	s := p.sessions.Load().byID[ev.Session]
+	if s == nil {
+		return
+	}
+	switch ev.Kind {
+	case EventCooldown:
+		reason := outcome(slices.Index(outcomeNames[:], ev.Reason))
+		if !reason.failure() {
+			reason = outcomeRateLimited
+		}
+		if s.h.coolFor(ev.For, reason, p.now()) {
+			p.log.Info("upstream session cooling down: another instance saw it fail",
+				"session", s.id, "outcome", reason.String(), "for", ev.For)
+		}
+	case EventRotated:
+		if ev.ExitIP != "" {
+			s.setExitIP(ev.ExitIP)
+		}
+		s.gen.Add(1)
+		s.closeIdle()
+		p.log.Info("upstream session rotated by another instance", "session", s.id, "exit_ip", ev.ExitIP)
+	}
+}
