@@ -96,24 +96,9 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	if err != nil {
 		return err
 	}
-	up, err := upstream.New(cfg.Upstream, logger, upstream.WithDialControl(lns.guardControl(guard)))
-	if err != nil {
-		return err
-	}
-	defer up.Close()
-	logger.Info("upstream", "egress", up.Describe())
-
 	local := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
 	defer local.Close()
-	// Politeness pacing sits behind dedup: only requests that really go
-	// upstream wait for their turn at a host.
-	polite := ratelimit.NewPolite(cfg.RateLimit, up)
-	if p, ok := polite.(*ratelimit.Polite); ok {
-		defer p.Close()
-	}
-	dopts := dedup.Options{Store: local, Next: polite, Logger: logger}
 	var shared *rediscache.Store
-	var counter ratelimit.Counter
 	if cfg.Redis.Enabled() {
 		rediscache.RouteLogs(logger)
 		shared, err = rediscache.New(cfg.Redis, local, logger)
@@ -121,10 +106,35 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 			return err
 		}
 		defer shared.Close()
-		dopts.Store, dopts.Fleet, dopts.Recorder = shared, shared, shared
-		counter = shared
 	} else {
 		logger.Info("no redis configured: cache and flights are this process's only")
+	}
+
+	upOpts := []upstream.Option{upstream.WithDialControl(lns.guardControl(guard))}
+	if shared != nil {
+		// Session cooldowns and rotations are fleet news.
+		upOpts = append(upOpts, upstream.WithFleet(sessionNews{shared}))
+	}
+	up, err := upstream.New(cfg.Upstream, logger, upOpts...)
+	if err != nil {
+		return err
+	}
+	defer up.Close()
+	logger.Info("upstream", "egress", up.Describe())
+	if shared != nil {
+		shared.Subscribe(sessionTopic, func(msg string) { applySessionNews(logger, up, msg) })
+	}
+	// Politeness pacing sits behind dedup: only requests that really go
+	// upstream wait for their turn at a host.
+	polite := ratelimit.NewPolite(cfg.RateLimit, up)
+	if p, ok := polite.(*ratelimit.Polite); ok {
+		defer p.Close()
+	}
+	dopts := dedup.Options{Store: local, Next: polite, Logger: logger}
+	var counter ratelimit.Counter
+	if shared != nil {
+		dopts.Store, dopts.Fleet, dopts.Recorder = shared, shared, shared
+		counter = shared
 	}
 	engine, err := dedup.New(cfg.Dedup, dopts)
 	if err != nil {

@@ -23,8 +23,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+	"slices"
 )
 
 // testEnv returns a configuration, as environment overrides, that runs
@@ -546,5 +549,72 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 		if st, body := status(t, ca, fmt.Sprintf("%s/down%d", origin.URL, i)); st != 200 {
 			t.Fatalf("with Redis down, request %d: %d %q (want fail-open)", i, st, body)
 		}
+	}
+}
+
+// TestSessionCooldownAcrossInstances: two instances share one Redis and one
+// provider. A session rate-limited through A is benched on B within a
+// moment, without B ever sending it a request: B's request that names the
+// session leaves through another one, and the rate-limited exit IP sees
+// the fleet once.
+func TestSessionCooldownAcrossInstances(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	bad, ok := fp.Session("s1")
+	if !ok {
+		t.Fatal("no session s1")
+	}
+	var badHits atomic.Int64
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if ip, _, _ := net.SplitHostPort(r.RemoteAddr); ip == bad.ExitIP {
+			badHits.Add(1)
+			w.Header().Set("Retry-After", "600")
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+		io.WriteString(w, "page")
+	}))
+	defer origin.Close()
+	rs := redistest.Start(t)
+	env := func() []string {
+		return append(testEnv(t, httptest.NewTLSServer(nil)), "ONCEPROXY_REDIS_URL="+rs.URL,
+			"ONCEPROXY_UPSTREAM_PROVIDER_API="+fp.APIURL(), "ONCEPROXY_UPSTREAM_PROVIDER_API_KEY="+fp.APIKey())
+	}
+	a, _ := startInstance(t, env())
+	b, bAdmin := startInstance(t, env())
+	get := func(proxyAddr, path string) *http.Response {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, origin.URL+path, nil)
+		req.Header.Set("X-Onceproxy-Session", "s1")
+		resp, err := plainClient(proxyAddr, "", "").Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp
+	}
+	if resp := get(a, "/a"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
+		t.Fatalf("A: %d via %q, want 200 via s2 after s1's 429", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st struct {
+			Sessions []upstream.SessionStatus `json:"sessions"`
+		}
+		getJSON(t, "http://"+bAdmin+"/upstream/sessions", &st)
+		i := slices.IndexFunc(st.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
+		if i >= 0 && !st.Sessions[i].Available && st.Sessions[i].CooldownReason == "rate_limited" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("B never benched s1: %+v", st.Sessions)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if resp := get(b, "/b"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
+		t.Fatalf("B: %d via %q, want 200 via s2", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
+	}
+	if n := badHits.Load(); n != 1 {
+		t.Errorf("the rate-limited exit IP saw the fleet %d times, want 1", n)
 	}
 }

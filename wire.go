@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -248,4 +249,28 @@ func boolValue(b bool) float64 {
 		return 1
 	}
 	return 0
+}
+
+// sessionTopic is the fleet note topic of upstream session news.
+const sessionTopic = "session"
+
+// sessionNews carries upstream session news over the Redis events channel.
+type sessionNews struct{ st *rediscache.Store }
+
+func (n sessionNews) PublishSession(ev upstream.SessionEvent) {
+	b, err := json.Marshal(ev)
+	if err != nil {
+		return
+	}
+	n.st.Publish(sessionTopic, string(b))
+}
+
+// applySessionNews hands news from another instance to the pool.
+func applySessionNews(logger *slog.Logger, up *upstream.Pool, msg string) {
+	var ev upstream.SessionEvent
+	if err := json.Unmarshal([]byte(msg), &ev); err != nil {
+		logger.Debug("ignored a malformed session note from the fleet", "err", err)
+		return
+	}
+	up.ApplySessionEvent(ev)
 }

@@ -18,6 +18,7 @@ func (s *Store) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { s.subscribe(ctx); return nil })
 	g.Go(func() error { s.flushStats(ctx); return nil })
+	g.Go(func() error { s.sendNotes(ctx); return nil })
 	return g.Wait()
 }
 
@@ -39,7 +40,8 @@ func (s *Store) subscribe(ctx context.Context) {
 }
 
 // handleEvent applies one message: "d <tag>" a flight ended, "i <tag>" a
-// key was invalidated, "u <urlkey>" a URL was invalidated.
+// key was invalidated, "u <urlkey>" a URL was invalidated, "n ..." a note
+// (notes.go).
 func (s *Store) handleEvent(payload string) {
 	kind, arg, ok := strings.Cut(payload, " ")
 	if !ok {
@@ -52,6 +54,8 @@ func (s *Store) handleEvent(payload string) {
 		_ = s.local.Delete(context.Background(), s.fullKey(arg))
 	case "u":
 		_, _ = s.local.DeleteURL(context.Background(), arg)
+	case "n":
+		s.handleNote(arg)
 	}
 }
 

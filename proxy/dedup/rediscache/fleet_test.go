@@ -538,3 +538,40 @@ func TestConcurrentLookupsShareOneGet(t *testing.T) {
 		t.Fatalf("%d concurrent lookups made %d GETs, want 1\n%s", n, calls, info)
 	}
 }
+
+// TestNotesReachTheOtherInstances: a note published by one instance
+// reaches the others' handler for its topic, never its own, and a note on
+// another topic reaches nobody's handler for this one.
+func TestNotesReachTheOtherInstances(t *testing.T) {
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	a, b := f.insts[0], f.insts[1]
+	var mu sync.Mutex
+	got := map[string][]string{}
+	for _, inst := range f.insts {
+		inst.store.Subscribe("session", func(msg string) {
+			mu.Lock()
+			got[inst.name] = append(got[inst.name], msg)
+			mu.Unlock()
+		})
+	}
+	received := func(name string) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), got[name]...)
+	}
+	// The subscription may take a moment to be live: publish until heard.
+	waitFor(t, "b to hear a", func() bool {
+		a.store.Publish("other", "not for session handlers")
+		a.store.Publish("session", `{"session":"s1","kind":"cooldown"}`)
+		time.Sleep(20 * time.Millisecond)
+		return len(received(b.name)) > 0
+	})
+	for _, m := range received(b.name) {
+		if m != `{"session":"s1","kind":"cooldown"}` {
+			t.Errorf("b heard %q", m)
+		}
+	}
+	if m := received(a.name); len(m) != 0 {
+		t.Errorf("a heard its own notes: %q", m)
+	}
+}

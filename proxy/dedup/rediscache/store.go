@@ -50,6 +50,7 @@ type Store struct {
 
 	waiters waiterSet
 	stats   statsBuf
+	notes   notes
 	// fleetWaits counts Joins waiting on another process's flight.
 	fleetWaits atomic.Int64
 	// gets shares one Redis GET among concurrent lookups of a key: a
@@ -117,6 +118,8 @@ func New(cfg Config, local *dedup.MemoryStore, logger *slog.Logger) (*Store, err
 		},
 	})
 	s.waiters.m = make(map[string]map[chan struct{}]struct{})
+	s.notes.handlers = make(map[string]func(string))
+	s.notes.out = make(chan string, noteQueue)
 
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout+cfg.Timeout)
 	defer cancel()
