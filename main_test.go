@@ -270,8 +270,11 @@ func TestFleetOfThree(t *testing.T) {
 		env := append(testEnv(t, origin), "ONCEPROXY_REDIS_URL="+rs.URL, "ONCEPROXY_MITM_CA_DIR="+certs, "ONCEPROXY_LOG_ACCESS=false",
 			// 300 TLS handshakes on two cores under -race can delay a
 			// Redis dial or reply past the production 200/250ms, which would
-			// (correctly) trip the breaker and let instances fetch alone.
-			"ONCEPROXY_REDIS_TIMEOUT=3s", "ONCEPROXY_REDIS_DIAL_TIMEOUT=3s", "ONCEPROXY_REDIS_LEASE=15s")
+			// (correctly) trip the breaker and let instances fetch alone,
+			// and a client's first request in its tunnel past the header
+			// timeout (which would, correctly, close the connection).
+			"ONCEPROXY_REDIS_TIMEOUT=3s", "ONCEPROXY_REDIS_DIAL_TIMEOUT=3s", "ONCEPROXY_REDIS_LEASE=15s",
+			"ONCEPROXY_PROXY_READ_HEADER_TIMEOUT=60s")
 		ready := make(chan [2]string, 1)
 		wg.Add(1)
 		go func() {

@@ -121,6 +121,12 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	if o.proxy.Listen == "" {
 		o.proxy.Listen = "127.0.0.1:0"
 	}
+	if o.proxy.ReadHeaderTimeout == 0 {
+		// Hundreds of TLS handshakes on two cores under -race can delay a
+		// client's first request past the production 10s; the tests that
+		// are about the header timeout set their own.
+		o.proxy.ReadHeaderTimeout = time.Minute
+	}
 	srv, err := proxy.New(o.proxy, opts)
 	if err != nil {
 		t.Fatalf("proxy.New: %v", err)
