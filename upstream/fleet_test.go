@@ -2,7 +2,6 @@ package upstream_test
 
 import (
 	"context"
-	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -66,14 +65,7 @@ func TestCooldownSharedWithTheFleet(t *testing.T) {
 	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
 	o := newOrigin(t, false)
 	bad := exitIP(t, fp, "s1")
-	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
-		if ip != bad {
-			return false
-		}
-		w.Header().Set("Retry-After", "600")
-		http.Error(w, "slow down", http.StatusTooManyRequests)
-		return true
-	})
+	o.rateLimit(bad, 600*time.Second)
 	a, b, h := twoInstances(t, upstream.Config{Sessions: []upstream.SessionConfig{
 		{ID: "one", URL: fp.URL("s1", "http")},
 		{ID: "two", URL: fp.URL("s2", "http")},

@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -74,6 +75,18 @@ func (o *origin) setBehave(f func(ip string, w http.ResponseWriter, r *http.Requ
 	o.mu.Lock()
 	o.behave = f
 	o.mu.Unlock()
+}
+
+// rateLimit makes the origin answer 429 with Retry-After to exit IP ip.
+func (o *origin) rateLimit(ip string, retryAfter time.Duration) {
+	o.setBehave(func(from string, w http.ResponseWriter, r *http.Request) bool {
+		if from != ip {
+			return false
+		}
+		w.Header().Set("Retry-After", strconv.Itoa(int(retryAfter/time.Second)))
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+		return true
+	})
 }
 
 func (o *origin) ips() []string {
@@ -360,14 +373,7 @@ func TestRateLimitedSingleCaller(t *testing.T) {
 	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
 	o := newOrigin(t, false)
 	bad := exitIP(t, fp, "s1")
-	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
-		if ip != bad {
-			return false
-		}
-		w.Header().Set("Retry-After", "600")
-		http.Error(w, "slow down", http.StatusTooManyRequests)
-		return true
-	})
+	o.rateLimit(bad, 600*time.Second)
 	logger, _ := testLogger(t)
 	p := newPool(t, providerConfig(fp), logger)
 	r := mustGet(t, p, o.URL, clientinfo.Info{Session: "s1"})
