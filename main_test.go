@@ -584,6 +584,18 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	}
 	a, _ := startInstance(t, env())
 	b, bAdmin := startInstance(t, env())
+	// News is pub/sub: wait until both instances listen, as a fleet that
+	// has been up for a while does.
+	rc := rs.Client()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := rc.PubSubNumSub(context.Background(), "onceproxy:v1:events").Result()
+		if err == nil && n["onceproxy:v1:events"] == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("instances not subscribed: %v %v", n, err)
+		}
+	}
 	get := func(proxyAddr, path string) *http.Response {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, origin.URL+path, nil)
