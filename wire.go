@@ -257,12 +257,19 @@ const sessionTopic = "session"
 // sessionNews carries upstream session news over the Redis events channel.
 type sessionNews struct{ st *rediscache.Store }
 
+var _ upstream.RotationLocker = sessionNews{}
+
 func (n sessionNews) PublishSession(ev upstream.SessionEvent) {
 	b, err := json.Marshal(ev)
 	if err != nil {
 		return
 	}
 	n.st.Publish(sessionTopic, string(b))
+}
+
+// LockRotation makes one instance of the fleet rotate a session at a time.
+func (n sessionNews) LockRotation(ctx context.Context, session string, ttl time.Duration) (func(), bool) {
+	return n.st.Claim(ctx, "rotate:"+session, ttl)
 }
 
 // applySessionNews hands news from another instance to the pool.

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"context"
 	"slices"
 	"time"
 )
@@ -29,6 +30,52 @@ type SessionEvent struct {
 	Reason string        `json:"reason,omitempty"`
 	// ExitIP is the session's new exit IP after a rotation, when known.
 	ExitIP string `json:"exit_ip,omitempty"`
+}
+
+// RotationLocker is an optional part of a Fleet: it makes one instance at a
+// time rotate a session. When many instances hit the same 429 at once,
+// each would otherwise call the provider's rotate API (paid, rate-limited,
+// and every extra rotation throws away the fresh IP the previous one got).
+type RotationLocker interface {
+	// LockRotation claims the rotation of session for ttl. ok is false
+	// when another instance holds the claim; release gives it up early
+	// (a rotation that failed). A fleet that cannot tell (its store is
+	// away) says ok: rotating twice beats not rotating.
+	LockRotation(ctx context.Context, session string, ttl time.Duration) (release func(), ok bool)
+}
+
+// rotationQuiet is how long a rotation's claim is kept after it succeeded:
+// 429s still arriving from the old exit IP (requests sent before the
+// rotation) must not rotate the new one away.
+const rotationQuiet = 5 * time.Second
+
+// claimRotation is rotateAfterFailure's fleet step, for an attempt made at
+// rotation generation gen. It reports whether this instance should call
+// the rotate API; when it should not, rotated says whether the session
+// got a new exit IP meanwhile (another instance's rotation, heard as news).
+func (p *Pool) claimRotation(ctx context.Context, s *session, gen uint64) (proceed bool, release func(), rotated bool) {
+	l, ok := p.fleet.(RotationLocker)
+	if !ok {
+		return true, func() {}, false
+	}
+	release, ok = l.LockRotation(ctx, s.id, rotationQuiet+p.cfg.Provider.Timeout)
+	if ok {
+		return true, release, false
+	}
+	// Another instance is rotating: wait for its news, as long as a
+	// rotation may take.
+	wait, cancel := context.WithTimeout(ctx, p.cfg.Provider.Timeout)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	for s.gen.Load() == gen {
+		select {
+		case <-wait.Done():
+			return false, nil, false
+		case <-t.C:
+		}
+	}
+	return false, nil, true
 }
 
 // The kinds of SessionEvent.

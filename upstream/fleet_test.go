@@ -2,6 +2,7 @@ package upstream_test
 
 import (
 	"context"
+	"net/http"
 	"sync"
 	"testing"
 	"time"
@@ -14,9 +15,28 @@ import (
 // hub is the fleet seam for these tests: it hands each pool's news to the
 // other pools, as the Redis channel does between processes.
 type hub struct {
-	mu    sync.Mutex
-	pools []*upstream.Pool
-	sent  []upstream.SessionEvent
+	mu     sync.Mutex
+	pools  []*upstream.Pool
+	sent   []upstream.SessionEvent
+	claims map[string]int // session → instance claiming its rotation
+}
+
+// LockRotation is the hub's claim table, as Redis keeps it for a fleet.
+func (m member) LockRotation(_ context.Context, session string, _ time.Duration) (func(), bool) {
+	m.h.mu.Lock()
+	defer m.h.mu.Unlock()
+	if m.h.claims == nil {
+		m.h.claims = map[string]int{}
+	}
+	if holder, held := m.h.claims[session]; held && holder != m.i {
+		return nil, false
+	}
+	m.h.claims[session] = m.i
+	return func() {
+		m.h.mu.Lock()
+		delete(m.h.claims, session)
+		m.h.mu.Unlock()
+	}, true
 }
 
 type member struct {
@@ -121,5 +141,48 @@ func TestRotationSharedWithTheFleet(t *testing.T) {
 	}
 	if st := statusOf(t, b, "s1"); st.ExitIP != after.body {
 		t.Errorf("B's status of s1: exit_ip %q, want %s", st.ExitIP, after.body)
+	}
+}
+
+// TestOneRotationForTheFleet: two instances get a 429 from the same
+// session at the same moment; the provider's rotate API is called once,
+// and both clients get their page (one from the new exit IP or the other
+// session).
+func TestOneRotationForTheFleet(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	o := newOrigin(t, false)
+	bad := exitIP(t, fp, "s1")
+	var arrived sync.WaitGroup
+	arrived.Add(2)
+	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
+		if ip != bad {
+			return false
+		}
+		// Both instances' requests are at the origin before either
+		// gets its 429.
+		arrived.Done()
+		arrived.Wait()
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+		return true
+	})
+	a, b, _ := twoInstances(t, providerConfig(fp))
+	type outcome struct {
+		r   result
+		err error
+	}
+	res := make(chan outcome, 2)
+	for _, p := range []*upstream.Pool{a, b} {
+		go func() {
+			r, err := send(t, p, http.MethodGet, o.URL, clientinfo.Info{Session: "s1"}, "")
+			res <- outcome{r, err}
+		}()
+	}
+	for range 2 {
+		if o := <-res; o.err != nil || o.r.status != 200 {
+			t.Fatalf("client: %+v %v", o.r, o.err)
+		}
+	}
+	if n := fp.Rotations("s1"); n != 1 {
+		t.Errorf("the fleet rotated s1 %d times for one wall of 429s, want 1", n)
 	}
 }

@@ -515,7 +515,15 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 	if s.gen.Load() != gen {
 		return true // rotated since this attempt started
 	}
+	proceed, release, rotated := p.claimRotation(ctx, s, gen)
+	if !proceed {
+		return rotated
+	}
+	if s.gen.Load() != gen {
+		return true // rotated (here, or by news) while we claimed it
+	}
 	if err := p.rotateLocked(ctx, s, "after a 429 or ban"); err != nil {
+		release()
 		if errors.Is(err, errProviderNotFound) && s.source == sourceConfig {
 			// A configured plain proxy next to a provider: stop asking.
 			s.notAtProvider.Store(true)

@@ -575,3 +575,34 @@ func TestNotesReachTheOtherInstances(t *testing.T) {
 		t.Errorf("a heard its own notes: %q", m)
 	}
 }
+
+// TestClaimIsExclusiveAcrossInstances: one instance at a time holds a
+// claim; releasing it lets the next in; it lapses by itself; with Redis
+// gone every caller may proceed.
+func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
+	f := newFleet(t, 2, Config{BreakerFailures: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	a, b := f.insts[0].store, f.insts[1].store
+	ctx := context.Background()
+	release, ok := a.Claim(ctx, "rotate:s1", time.Minute)
+	if !ok {
+		t.Fatal("first claim refused")
+	}
+	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); ok {
+		t.Fatal("a held claim was granted to another instance")
+	}
+	if _, ok := b.Claim(ctx, "rotate:s2", time.Minute); !ok {
+		t.Fatal("claims on other names interfere")
+	}
+	release()
+	if _, ok := b.Claim(ctx, "rotate:s1", 100*time.Millisecond); !ok {
+		t.Fatal("a released claim stayed held")
+	}
+	waitFor(t, "the claim to lapse", func() bool {
+		_, ok := a.Claim(ctx, "rotate:s1", time.Minute)
+		return ok
+	})
+	f.redis.Kill()
+	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); !ok {
+		t.Fatal("with Redis gone a claim must not block the work it guards")
+	}
+}

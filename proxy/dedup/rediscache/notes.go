@@ -2,8 +2,12 @@ package rediscache
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Notes are small messages between the instances of a fleet for other
@@ -74,4 +78,38 @@ func (s *Store) handleNote(arg string) {
 	if f != nil {
 		f(msg)
 	}
+}
+
+// unlockScript deletes a claim only while it is still ours.
+var unlockScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+// Claim makes this instance the fleet's only holder of name for ttl (SET
+// NX PX). ok is false while another instance holds it; release gives it up
+// early. While Redis is away every caller gets ok: a claim that cannot be
+// checked must not stop the work it guards.
+func (s *Store) Claim(ctx context.Context, name string, ttl time.Duration) (release func(), ok bool) {
+	key := s.prefix + "claim:{" + name + "}"
+	token := s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 36)
+	var won bool
+	err := s.exec(ctx, func(ctx context.Context) error {
+		var err error
+		won, err = s.rdb.SetNX(ctx, key, token, ttl).Result()
+		return err
+	})
+	if err != nil {
+		return func() {}, true
+	}
+	if !won {
+		return nil, false
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+		defer cancel()
+		_ = s.exec(ctx, func(ctx context.Context) error {
+			return unlockScript.Run(ctx, s.rdb, []string{key}, token).Err()
+		})
+	}, true
 }
