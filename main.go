@@ -123,6 +123,13 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	logger.Info("upstream", "egress", up.Describe())
 	if shared != nil {
 		shared.Subscribe(sessionTopic, func(msg string) { applySessionNews(logger, up, msg) })
+		recall := func() {
+			rctx, cancel := context.WithTimeout(ctx, cfg.Redis.WithDefaults().Timeout)
+			defer cancel()
+			recallSessionNews(rctx, logger, shared, up)
+		}
+		recall()
+		shared.OnReconnect(recall)
 	}
 	// Politeness pacing sits behind dedup: only requests that really go
 	// upstream wait for their turn at a host.

@@ -632,4 +632,18 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	if n := badHits.Load(); n != 1 {
 		t.Errorf("the rate-limited exit IP saw the fleet %d times, want 1", n)
 	}
+
+	// An instance that starts now recalls the cooldown from Redis.
+	c, cAdmin := startInstance(t, env())
+	var st struct {
+		Sessions []upstream.SessionStatus `json:"sessions"`
+	}
+	getJSON(t, "http://"+cAdmin+"/upstream/sessions", &st)
+	i := slices.IndexFunc(st.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
+	if i < 0 || st.Sessions[i].Available || time.Until(st.Sessions[i].CooldownUntil) < 9*time.Minute {
+		t.Fatalf("a new instance did not recall s1's cooldown: %+v", st.Sessions)
+	}
+	if resp := get(c, "/c"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
+		t.Fatalf("C: %d via %q, want 200 via s2", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
+	}
 }

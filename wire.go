@@ -264,7 +264,30 @@ func (n sessionNews) PublishSession(ev upstream.SessionEvent) {
 	if err != nil {
 		return
 	}
+	if ev.Kind == upstream.EventCooldown {
+		// Kept while it holds: instances that start later recall it.
+		n.st.PublishLasting(sessionTopic, ev.Session, string(b), ev.For)
+		return
+	}
 	n.st.Publish(sessionTopic, string(b))
+}
+
+// recallSessionNews applies the cooldowns the fleet knows of that still
+// hold: at start, and when Redis comes back after an outage.
+func recallSessionNews(ctx context.Context, logger *slog.Logger, st *rediscache.Store, up *upstream.Pool) {
+	notes, err := st.Recall(ctx, sessionTopic)
+	if err != nil {
+		logger.Debug("could not recall the fleet's session cooldowns", "err", err)
+		return
+	}
+	for _, n := range notes {
+		var ev upstream.SessionEvent
+		if json.Unmarshal([]byte(n.Msg), &ev) != nil {
+			continue
+		}
+		ev.For = n.Left
+		up.ApplySessionEvent(ev)
+	}
 }
 
 // LockRotation makes one instance of the fleet rotate a session at a time.

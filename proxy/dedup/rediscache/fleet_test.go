@@ -606,3 +606,63 @@ func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
 		t.Fatal("with Redis gone a claim must not block the work it guards")
 	}
 }
+
+// TestLastingNotesAreRecalled: a lasting note is kept until it expires,
+// in Redis's clock; a shorter note on the same key does not replace a
+// longer one; expired notes are gone.
+func TestLastingNotesAreRecalled(t *testing.T) {
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	a, b := f.insts[0].store, f.insts[1].store
+	ctx := context.Background()
+	recall := func() map[string]Recalled {
+		t.Helper()
+		rs, err := b.Recall(ctx, "session")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[string]Recalled{}
+		for _, r := range rs {
+			m[r.Msg] = r
+		}
+		return m
+	}
+	a.PublishLasting("session", "s1", "long", time.Minute)
+	waitFor(t, "the note to be kept", func() bool { return len(recall()) == 1 })
+	a.PublishLasting("session", "s1", "short", 200*time.Millisecond)
+	a.PublishLasting("session", "s2", "brief", 200*time.Millisecond)
+	waitFor(t, "the second key", func() bool { _, ok := recall()["brief"]; return ok })
+	got := recall()
+	if r, ok := got["long"]; !ok || r.Left < 50*time.Second || r.Left > time.Minute {
+		t.Errorf("long note: %+v (all %+v)", r, got)
+	}
+	if _, ok := got["short"]; ok {
+		t.Errorf("a shorter note replaced a longer one: %+v", got)
+	}
+	waitFor(t, "the brief note to expire", func() bool { _, ok := recall()["brief"]; return !ok })
+	if _, ok := recall()["long"]; !ok {
+		t.Error("the long note went with the brief one")
+	}
+}
+
+// TestOnReconnectAfterOutage: the functions registered with OnReconnect run
+// once Redis is back after the breaker opened, and not before.
+func TestOnReconnectAfterOutage(t *testing.T) {
+	f := newFleet(t, 1, Config{BreakerFailures: 1, BreakerInterval: 100 * time.Millisecond}, dedup.Config{},
+		func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") })
+	inst := f.insts[0]
+	var calls atomic.Int64
+	inst.store.OnReconnect(func() { calls.Add(1) })
+	f.redis.Kill()
+	waitFor(t, "the breaker to open", func() bool {
+		inst.get(fmt.Sprintf("%s/down/%d", f.origin.URL, time.Now().UnixNano()))
+		return !inst.store.Available()
+	})
+	if calls.Load() != 0 {
+		t.Fatal("OnReconnect ran while Redis was down")
+	}
+	f.redis.Restart()
+	waitFor(t, "OnReconnect to run", func() bool {
+		inst.get(fmt.Sprintf("%s/up/%d", f.origin.URL, time.Now().UnixNano()))
+		return calls.Load() == 1
+	})
+}

@@ -63,6 +63,7 @@ type Store struct {
 	life   context.Context
 	cancel context.CancelFunc
 	leases sync.WaitGroup
+	bg     sync.WaitGroup // OnReconnect functions running
 }
 
 var (
@@ -114,12 +115,15 @@ func New(cfg Config, local *dedup.MemoryStore, logger *slog.Logger) (*Store, err
 					"retry_in", cfg.BreakerInterval)
 			case gobreaker.StateClosed:
 				s.log.Info("redis is back: sharing cache and flights with the fleet again")
+				if from != gobreaker.StateClosed {
+					s.reconnected()
+				}
 			}
 		},
 	})
 	s.waiters.m = make(map[string]map[chan struct{}]struct{})
 	s.notes.handlers = make(map[string]func(string))
-	s.notes.out = make(chan string, noteQueue)
+	s.notes.out = make(chan note, noteQueue)
 
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.DialTimeout+cfg.Timeout)
 	defer cancel()
@@ -194,6 +198,7 @@ func (s *Store) Available() bool { return s.cb.State() != gobreaker.StateOpen }
 func (s *Store) Close() error {
 	s.cancel()
 	s.leases.Wait()
+	s.bg.Wait()
 	return s.rdb.Close()
 }
 
