@@ -34,7 +34,7 @@ func dedupOn(c dedup.Config) *dedup.Config {
 // waitUntil polls cond until it holds or 20 s pass.
 func waitUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
@@ -90,7 +90,7 @@ func TestStampedeThroughMITM(t *testing.T) {
 	for range n {
 		r := <-results
 		if r.err != nil || r.status != 200 {
-			t.Fatalf("request failed: %+v", r)
+			t.Fatalf("request failed: %+v (%v)", r, r.err)
 		}
 		if first == "" {
 			first = r.body
