@@ -49,18 +49,15 @@ func proxyUser(h http.Header) string {
 
 // handle is the one request handler of the proxy, for plain absolute-form
 // requests and for every request decrypted inside a MITM'd tunnel, over
-// HTTP/1.1 and HTTP/2 alike. It always returns a response: goproxy drops the
-// client connection without a word when an HTTP/1 MITM round trip fails, so
-// failures never leave this function as errors.
-func (s *Server) handle(req *http.Request, pctx *goproxy.ProxyCtx) (_ *http.Request, resp *http.Response) {
+// HTTP/1.1 and HTTP/2 alike. It always returns a response: goproxy would
+// answer a failure with a bare 500 carrying the raw error, so failures never
+// leave this function as errors.
+func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request, resp *http.Response) {
 	start := time.Now()
 	s.inflight.Add(1)
-	client, inTunnel := pctx.UserData.(*clientInfo)
+	client, inTunnel := &clientInfo{}, false
 	if t := tunnelFrom(req.Context()); t != nil {
 		client, inTunnel = t.client, true
-	}
-	if !inTunnel {
-		client = &clientInfo{}
 	}
 	defer func() {
 		if p := recover(); p != nil {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -152,19 +151,14 @@ func (s *Server) interceptTunnel(req *http.Request, client net.Conn, pctx *gopro
 	// Waiting for the first byte is bounded by the idle deadline only: a
 	// browser opens tunnels ahead of need and may leave them unused for a
 	// while, which is no reason to cut them.
-	br := bufio.NewReader(client)
-	first, err := br.Peek(1)
-	if err != nil {
+	var first [1]byte
+	if _, err := io.ReadFull(client, first[:]); err != nil {
 		client.Close()
 		return
 	}
-	buffered, _ := br.Peek(br.Buffered())
 	t := &tunnel{client: ci, host: ci.connect, remoteAddr: req.RemoteAddr, scheme: "http"}
-	var conn net.Conn = &interceptedConn{
-		Conn: &prefixConn{Conn: client, prefix: append([]byte(nil), buffered...)},
-		t:    t,
-	}
-	if first[0] == tlsHandshakeRecord {
+	var conn net.Conn = &interceptedConn{Conn: &prefixConn{Conn: client, prefix: first[:]}, t: t}
+	if first[0] == recordTypeHandshake {
 		t.scheme = "https"
 		cfg := s.certs.ServerConfig(t.host).Clone()
 		cfg.NextProtos = []string{"h2", "http/1.1"}
@@ -175,9 +169,6 @@ func (s *Server) interceptTunnel(req *http.Request, client net.Conn, pctx *gopro
 		conn.Close() // shutting down
 	}
 }
-
-// tlsHandshakeRecord is the first byte of a TLS ClientHello.
-const tlsHandshakeRecord = 0x16
 
 // serveIntercepted completes a decrypted request into the absolute form a
 // proxy request has, then runs it through goproxy like one.
