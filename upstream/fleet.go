@@ -118,11 +118,7 @@ func (p *Pool) ApplySessionEvent(ev SessionEvent) {
 				"session", s.id, "outcome", reason.String(), "for", ev.For)
 		}
 	case EventRotated:
-		if ev.ExitIP != "" {
-			s.setExitIP(ev.ExitIP)
-		}
-		s.gen.Add(1)
-		s.closeIdle()
+		s.rotatedTo(ev.ExitIP)
 		p.log.Info("upstream session rotated by another instance", "session", s.id, "exit_ip", ev.ExitIP)
 	}
 }

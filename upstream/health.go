@@ -146,14 +146,21 @@ func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg
 	if h.failures >= escalateAfter && escalatedCooldown > cool {
 		cool = escalatedCooldown
 	}
-	if cool > 0 {
-		if until := now.Add(cool); until.After(h.coolUntil) {
-			h.coolUntil, h.coolReason = until, reason
-			cooling = cool
-		}
+	if cool > 0 && h.benchUntil(now.Add(cool), reason) {
+		cooling = cool
 	}
 	h.publish()
 	return cooling
+}
+
+// benchUntil extends the cooldown to until, never shortening it, and
+// reports whether it did. Caller holds mu and publishes.
+func (h *health) benchUntil(until time.Time, reason outcome) bool {
+	if !until.After(h.coolUntil) {
+		return false
+	}
+	h.coolUntil, h.coolReason = until, reason
+	return true
 }
 
 // coolFor applies a cooldown another instance of the fleet started: it
@@ -163,11 +170,9 @@ func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg
 func (h *health) coolFor(d time.Duration, reason outcome, now time.Time) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	until := now.Add(min(d, maxRetryAfter))
-	if d <= 0 || !until.After(h.coolUntil) {
+	if d <= 0 || !h.benchUntil(now.Add(min(d, maxRetryAfter)), reason) {
 		return false
 	}
-	h.coolUntil, h.coolReason = until, reason
 	h.publish()
 	return true
 }

@@ -542,11 +542,8 @@ func (p *Pool) rotateLocked(ctx context.Context, s *session, why string) error {
 	if err != nil {
 		return err
 	}
-	s.setExitIP(ip)
-	s.gen.Add(1)
+	s.rotatedTo(ip)
 	s.rotations.Add(1)
-	// Pooled connections lead to the old exit IP.
-	s.closeIdle()
 	p.log.Info("upstream session rotated", "session", s.id, "why", why, "exit_ip", ip)
 	if p.fleet != nil {
 		p.fleet.PublishSession(SessionEvent{Session: s.id, Kind: EventRotated, ExitIP: ip})

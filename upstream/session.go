@@ -98,6 +98,15 @@ func (s *session) currentExitIP() string {
 	return ""
 }
 
+// rotatedTo records a rotation (made here, or by another instance of the
+// fleet): the new exit IP when known, a new generation, and no pooled
+// connections, which lead to the old exit IP.
+func (s *session) rotatedTo(ip string) {
+	s.setExitIP(ip)
+	s.gen.Add(1)
+	s.closeIdle()
+}
+
 // closeIdle drops the session's pooled connections: after a rotation they
 // lead to the old exit IP.
 func (s *session) closeIdle() {
