@@ -123,11 +123,8 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	logger.Info("upstream", "egress", up.Describe())
 	if shared != nil {
 		shared.Subscribe(sessionTopic, func(msg string) { applySessionNews(logger, up, msg) })
-		recall := func() {
-			rctx, cancel := context.WithTimeout(ctx, cfg.Redis.WithDefaults().Timeout)
-			defer cancel()
-			recallSessionNews(rctx, logger, shared, up)
-		}
+		// Bounded by redis.timeout, like every Redis command.
+		recall := func() { recallSessionNews(ctx, logger, shared, up) }
 		recall()
 		shared.OnReconnect(recall)
 	}

@@ -281,12 +281,10 @@ func recallSessionNews(ctx context.Context, logger *slog.Logger, st *rediscache.
 		return
 	}
 	for _, n := range notes {
-		var ev upstream.SessionEvent
-		if json.Unmarshal([]byte(n.Msg), &ev) != nil {
-			continue
+		if ev, ok := decodeSessionNews(logger, n.Msg); ok {
+			ev.For = n.Left // what is left of it now
+			up.ApplySessionEvent(ev)
 		}
-		ev.For = n.Left
-		up.ApplySessionEvent(ev)
 	}
 }
 
@@ -297,10 +295,16 @@ func (n sessionNews) LockRotation(ctx context.Context, session string, ttl time.
 
 // applySessionNews hands news from another instance to the pool.
 func applySessionNews(logger *slog.Logger, up *upstream.Pool, msg string) {
+	if ev, ok := decodeSessionNews(logger, msg); ok {
+		up.ApplySessionEvent(ev)
+	}
+}
+
+func decodeSessionNews(logger *slog.Logger, msg string) (upstream.SessionEvent, bool) {
 	var ev upstream.SessionEvent
 	if err := json.Unmarshal([]byte(msg), &ev); err != nil {
 		logger.Debug("ignored a malformed session note from the fleet", "err", err)
-		return
+		return ev, false
 	}
-	up.ApplySessionEvent(ev)
+	return ev, true
 }

@@ -70,7 +70,7 @@ func (s *Store) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	// check and the wait must still wake us.
 	wake := s.waiters.add(tag)
 	defer s.waiters.remove(tag, wake)
-	token := s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 36)
+	token := s.newToken()
 	keys := []string{s.lockKey(tag), s.valueKey(tag), s.outcomeKey(tag)}
 	lease := strconv.FormatInt(s.cfg.Lease.Milliseconds(), 10)
 	var poll *time.Ticker
@@ -126,6 +126,12 @@ func (s *Store) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			return nil, nil, dedup.ErrUnavailable
 		}
 	}
+}
+
+// newToken names one lock held by this process (a flight's lease, a
+// claim): only its holder may release it.
+func (s *Store) newToken() string {
+	return s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 36)
 }
 
 func stringAt(res []any, i int) string {

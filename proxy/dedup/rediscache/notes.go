@@ -2,7 +2,6 @@ package rediscache
 
 import (
 	"context"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -211,7 +210,7 @@ return 0
 // checked must not stop the work it guards.
 func (s *Store) Claim(ctx context.Context, name string, ttl time.Duration) (release func(), ok bool) {
 	key := s.prefix + "claim:{" + name + "}"
-	token := s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 36)
+	token := s.newToken()
 	var won bool
 	err := s.exec(ctx, func(ctx context.Context) error {
 		var err error
