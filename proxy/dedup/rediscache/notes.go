@@ -224,9 +224,8 @@ func (s *Store) Claim(ctx context.Context, name string, ttl time.Duration) (rele
 		return nil, false
 	}
 	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
-		defer cancel()
-		_ = s.exec(ctx, func(ctx context.Context) error {
+		// Not the claimer's context, which may be over; exec bounds it.
+		_ = s.exec(context.Background(), func(ctx context.Context) error {
 			return unlockScript.Run(ctx, s.rdb, []string{key}, token).Err()
 		})
 	}, true
