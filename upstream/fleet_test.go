@@ -12,31 +12,13 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
-// hub is the fleet seam for these tests: it hands each pool's news to the
-// other pools, as the Redis channel does between processes.
+// hub is the fleet seam for these tests: it hands each pool's notes to the
+// other pools, as the shared store's events channel does between processes.
 type hub struct {
-	mu     sync.Mutex
-	pools  []*upstream.Pool
-	sent   []upstream.SessionEvent
-	claims map[string]int // session → instance claiming its rotation
-}
-
-// LockRotation is the hub's claim table, as Redis keeps it for a fleet.
-func (m member) LockRotation(_ context.Context, session string, _ time.Duration) (func(), bool) {
-	m.h.mu.Lock()
-	defer m.h.mu.Unlock()
-	if m.h.claims == nil {
-		m.h.claims = map[string]int{}
-	}
-	if holder, held := m.h.claims[session]; held && holder != m.i {
-		return nil, false
-	}
-	m.h.claims[session] = m.i
-	return func() {
-		m.h.mu.Lock()
-		delete(m.h.claims, session)
-		m.h.mu.Unlock()
-	}, true
+	mu       sync.Mutex
+	handlers map[int]func(msg string, left time.Duration)
+	sent     []string
+	claims   map[string]int // claim name → instance holding it
 }
 
 type member struct {
@@ -44,19 +26,46 @@ type member struct {
 	i int
 }
 
-func (m member) PublishSession(ev upstream.SessionEvent) {
+func (m member) Publish(_, _, msg string, _ time.Duration) {
 	m.h.mu.Lock()
-	m.h.sent = append(m.h.sent, ev)
-	others := make([]*upstream.Pool, 0, len(m.h.pools))
-	for j, p := range m.h.pools {
+	m.h.sent = append(m.h.sent, msg)
+	var others []func(string, time.Duration)
+	for j, f := range m.h.handlers {
 		if j != m.i {
-			others = append(others, p)
+			others = append(others, f)
 		}
 	}
 	m.h.mu.Unlock()
-	for _, p := range others {
-		p.ApplySessionEvent(ev)
+	for _, f := range others {
+		f(msg, 0)
 	}
+}
+
+func (m member) Subscribe(_ string, f func(msg string, left time.Duration)) {
+	m.h.mu.Lock()
+	defer m.h.mu.Unlock()
+	if m.h.handlers == nil {
+		m.h.handlers = map[int]func(string, time.Duration){}
+	}
+	m.h.handlers[m.i] = f
+}
+
+// Claim is the hub's claim table, as the shared store keeps it for a fleet.
+func (m member) Claim(_ context.Context, name string, _ time.Duration) (func(), bool) {
+	m.h.mu.Lock()
+	defer m.h.mu.Unlock()
+	if m.h.claims == nil {
+		m.h.claims = map[string]int{}
+	}
+	if holder, held := m.h.claims[name]; held && holder != m.i {
+		return nil, false
+	}
+	m.h.claims[name] = m.i
+	return func() {
+		m.h.mu.Lock()
+		delete(m.h.claims, name)
+		m.h.mu.Unlock()
+	}, true
 }
 
 // twoInstances builds two pools over cfg that share news through a hub.
@@ -64,17 +73,16 @@ func twoInstances(t *testing.T, cfg upstream.Config) (a, b *upstream.Pool, h *hu
 	t.Helper()
 	h = &hub{}
 	logger, _ := testLogger(t)
+	var pools []*upstream.Pool
 	for i := range 2 {
-		p, err := upstream.New(cfg, logger.With("instance", i), upstream.WithFleet(member{h, i}))
+		p, err := upstream.New(cfg, logger.With("instance", i), upstream.WithBus(member{h, i}))
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(p.Close)
-		h.mu.Lock()
-		h.pools = append(h.pools, p)
-		h.mu.Unlock()
+		pools = append(pools, p)
 	}
-	return h.pools[0], h.pools[1], h
+	return pools[0], pools[1], h
 }
 
 // TestCooldownSharedWithTheFleet: a session rate-limited through one
@@ -184,5 +192,55 @@ func TestOneRotationForTheFleet(t *testing.T) {
 	}
 	if n := fp.Rotations("s1"); n != 1 {
 		t.Errorf("the fleet rotated s1 %d times for one wall of 429s, want 1", n)
+	}
+}
+
+// TestMalformedNotesAreIgnored: what arrives over the bus is untrusted. A
+// note with an unknown reason used to crash the instance that heard it
+// (outcome 255 passed failure() and String() indexed past its names);
+// every bad note is now counted and ignored, live or recalled, and the
+// session keeps serving.
+func TestMalformedNotesAreIgnored(t *testing.T) {
+	_, b, h := twoInstances(t, upstream.Config{Sessions: []upstream.SessionConfig{
+		{ID: "s1", URL: "http://127.0.0.1:9"},
+	}})
+	bad := []string{
+		`{"session":"s1","kind":"cooldown","for":60000000000,"reason":"bogus"}`,
+		`{"session":"s1","kind":"cooldown","for":60000000000}`,
+		`{"session":"s1","kind":"cooldown","for":-5,"reason":"rate_limited"}`,
+		`{"session":"s1","kind":"cooldown","for":9223372036854775807,"reason":"rate_limited"}`,
+		`{"session":"s1","kind":"cooldown","for":60000000000,"reason":"ok"}`,
+		`{"session":"s1","kind":"explode"}`,
+		`{"session":"s1","kind":"rotated","exit_ip":"not an ip"}`,
+		`{"session":"../../etc","kind":"rotated"}`,
+		`{"kind":"cooldown","for":60000000000,"reason":"rate_limited"}`,
+		`{"session":"s1","kind":"cooldown","for":"soon","reason":"rate_limited"}`,
+		`not json at all`,
+		``,
+	}
+	a := member{h, 0}
+	for _, msg := range bad {
+		a.Publish("session", "", msg, 0)
+	}
+	if n := b.NotesRejected(); n != int64(len(bad)) {
+		t.Errorf("NotesRejected = %d, want %d", n, len(bad))
+	}
+	// A recalled lasting note carries what is left of it: a bad one is
+	// ignored the same way.
+	h.mu.Lock()
+	hear := h.handlers[1]
+	h.mu.Unlock()
+	hear(`{"session":"s1","kind":"cooldown","for":60000000000,"reason":"bogus"}`, time.Minute)
+	hear(`{"session":"s1","kind":"cooldown","for":60000000000,"reason":"rate_limited"}`, 2*time.Hour)
+	if n := b.NotesRejected(); n != int64(len(bad))+2 {
+		t.Errorf("NotesRejected = %d after two bad recalled notes, want %d", n, len(bad)+2)
+	}
+	if st := statusOf(t, b, "s1"); !st.Available {
+		t.Fatalf("a rejected note benched s1: %+v", st)
+	}
+	// A good note still works afterwards.
+	a.Publish("session", "s1", `{"session":"s1","kind":"cooldown","for":60000000000,"reason":"rate_limited"}`, time.Minute)
+	if st := statusOf(t, b, "s1"); st.Available || st.CooldownReason != "rate_limited" {
+		t.Fatalf("a good note after bad ones did not bench s1: %+v", st)
 	}
 }

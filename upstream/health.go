@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,7 +29,22 @@ const (
 
 var outcomeNames = [...]string{"none", "ok", "rate_limited", "banned", "connection_error", "server_error"}
 
-func (o outcome) String() string { return outcomeNames[o] }
+func (o outcome) String() string {
+	if int(o) < len(outcomeNames) {
+		return outcomeNames[o]
+	}
+	return "outcome(" + strconv.Itoa(int(o)) + ")"
+}
+
+// parseOutcome is String's inverse.
+func parseOutcome(name string) (outcome, bool) {
+	for i, n := range outcomeNames {
+		if n == name {
+			return outcome(i), true
+		}
+	}
+	return outcomeNone, false
+}
 
 // failure reports whether o counts against the session.
 func (o outcome) failure() bool { return o >= outcomeRateLimited }

@@ -70,7 +70,8 @@ type Pool struct {
 
 	exhausted atomic.Bool // inside an "every session is cooling" episode (logged once)
 
-	fleet Fleet // nil: this instance learns alone
+	bus           Bus // nil: this instance learns alone
+	notesRejected atomic.Int64
 }
 
 // Option adjusts a Pool at construction.
@@ -78,7 +79,7 @@ type Option func(*options)
 
 type options struct {
 	control func(ctx context.Context, network, address string, c syscall.RawConn) error
-	fleet   Fleet
+	bus     Bus
 }
 
 // WithDialControl sets the net.Dialer ControlContext of connections the
@@ -112,11 +113,11 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
 	}
 	p := &Pool{
-		cfg:   cfg,
-		log:   logger,
-		kit:   kit,
-		now:   time.Now,
-		fleet: o.fleet,
+		cfg: cfg,
+		log: logger,
+		kit: kit,
+		now: time.Now,
+		bus: o.bus,
 	}
 	p.rules, p.defRule = compileRules(cfg)
 	p.direct = kit.transport(kit.dialDirect, nil, true, cfg.IdleConnTimeout)
@@ -161,6 +162,10 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	p.isDirect = cfg.URL == "" && len(cfg.Sessions) == 0 && cfg.Provider.API == ""
 	if !p.isDirect && cfg.WhenExhausted == ExhaustedDirect {
 		logger.Warn("upstream.when_exhausted=direct: when every session is cooling down, requests leave from this host's own IP")
+	}
+	if p.bus != nil && !p.isDirect {
+		// Last: the recalled cooldowns apply to the sessions known by now.
+		p.bus.Subscribe(sessionTopic, p.hear)
 	}
 	return p, nil
 }
@@ -545,9 +550,7 @@ func (p *Pool) rotateLocked(ctx context.Context, s *session, why string) error {
 	s.rotatedTo(ip)
 	s.rotations.Add(1)
 	p.log.Info("upstream session rotated", "session", s.id, "why", why, "exit_ip", ip)
-	if p.fleet != nil {
-		p.fleet.PublishSession(SessionEvent{Session: s.id, Kind: EventRotated, ExitIP: ip})
-	}
+	p.publish(SessionEvent{Session: s.id, Kind: EventRotated, ExitIP: ip})
 	return nil
 }
 
