@@ -80,3 +80,25 @@ func savingsPct(saved, all uint64) float64 {
 	}
 	return float64(int64(float64(saved)*1000/float64(all)+0.5)) / 10
 }
+
+// DayStats is one day of fleet-wide counters, as a shared store keeps them.
+type DayStats struct {
+	Date         string           `json:"date"`
+	Requests     int64            `json:"requests"`
+	XCache       map[string]int64 `json:"x_cache"`
+	BySource     map[string]int64 `json:"by_source"`
+	BytesAvoided int64            `json:"bytes_avoided"`
+	SavingsPct   float64          `json:"savings_pct"`
+}
+
+// FleetStats is the whole fleet's savings, from every instance's counters
+// in the shared store.
+type FleetStats struct {
+	// Store names the shared store ("redis"); Available is false while
+	// it is away (its breaker is open).
+	Store     string     `json:"store"`
+	Available bool       `json:"available"`
+	Today     DayStats   `json:"today"`
+	Last7Days DayStats   `json:"last_7_days"`
+	Days      []DayStats `json:"days"`
+}

@@ -3,27 +3,12 @@ package rediscache
 import (
 	"context"
 	"strings"
-
-	"golang.org/x/sync/errgroup"
-
-	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
-// Run keeps the fleet connection alive until ctx ends: the one events
-// subscription of this process (flight completions wake local waiters,
-// invalidations clear the local tier) and the periodic flush of statistics.
-// go-redis re-subscribes by itself after Redis comes back; while the
-// subscription is down, waiters fall back on polling.
-func (s *Store) Run(ctx context.Context) error {
-	g, ctx := errgroup.WithContext(ctx)
-	g.Go(func() error { s.subscribe(ctx); return nil })
-	g.Go(func() error { s.flushStats(ctx); return nil })
-	g.Go(func() error { s.sendNotes(ctx); return nil })
-	return g.Wait()
-}
-
-func (s *Store) subscribe(ctx context.Context) {
-	ps := s.rdb.Subscribe(ctx, s.channel)
+// subscribe is the one events subscription of this process: flight
+// completions and invalidations for the cache, notes for the bus.
+func (b *Backend) subscribe(ctx context.Context) {
+	ps := b.c.rdb.Subscribe(ctx, b.c.channel)
 	defer ps.Close()
 	ch := ps.Channel()
 	for {
@@ -34,29 +19,47 @@ func (s *Store) subscribe(ctx context.Context) {
 			if !ok {
 				return
 			}
-			s.handleEvent(m.Payload)
+			b.handleEvent(m.Payload)
 		}
 	}
 }
 
 // handleEvent applies one message: "d <tag>" a flight ended, "i <tag>" a
-// key was invalidated, "u <urlkey>" a URL was invalidated, "n ..." a note
-// (notes.go).
-func (s *Store) handleEvent(payload string) {
-	kind, arg, ok := strings.Cut(payload, " ")
-	if !ok {
-		return
-	}
-	switch kind {
-	case "d":
-		s.waiters.wake(arg)
-	case "i":
-		_ = s.local.Delete(context.Background(), s.fullKey(arg))
-	case "u":
-		_, _ = s.local.DeleteURL(context.Background(), arg)
-	case "n":
-		s.handleNote(arg)
-	}
+// key was invalidated, "u <urlkey>" a URL was invalidated, "n ..." a note.
+// Anything else is counted and ignored: another version or a person with
+// redis-cli may have written it.
+func (b *Backend) handleEvent(payload string) {
+	defer b.c.recoverInput("event")
+	b.handleEventUnguarded(payload)
 }
 
-func (s *Store) fullKey(tag string) string { return dedup.KeyPrefix + tag }
+// handleEventUnguarded is handleEvent without its recover, for the fuzzer.
+func (b *Backend) handleEventUnguarded(payload string) {
+	kind, arg, ok := strings.Cut(payload, " ")
+	if ok && arg != "" {
+		switch kind {
+		case "d":
+			b.Cache.flightEnded(arg)
+			return
+		case "i":
+			b.Cache.invalidated(arg)
+			return
+		case "u":
+			b.Cache.invalidatedURL(arg)
+			return
+		case "n":
+			if b.Bus.handleNote(arg) {
+				return
+			}
+		}
+	}
+	b.c.rejected.Add(1)
+	b.c.log.Debug("redis: ignored an event it cannot read", "event", clip(payload, 200))
+}
+
+func clip(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

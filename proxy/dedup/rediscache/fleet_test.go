@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -25,7 +26,9 @@ import (
 // tier, Redis client, engine and events loop.
 type instance struct {
 	name   string
-	store  *Store
+	be     *Backend
+	store  *Cache
+	bus    *Bus
 	engine *dedup.Engine
 	stop   func()
 }
@@ -73,26 +76,27 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	dc = dc.WithDefaults()
 	local := dedup.NewMemoryStore(int64(dc.Memory.MaxBytes))
-	st, err := New(rc, local, logger)
+	be, err := Open(rc, local, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
+	st := be.Cache
 	tr := &http.Transport{}
-	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: st, Next: tr, Logger: logger})
+	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: tr, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { defer close(done); st.Run(ctx) }()
-	inst := &instance{name: name, store: st, engine: eng}
+	go func() { defer close(done); be.Run(ctx) }()
+	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng}
 	var once sync.Once
 	inst.stop = func() {
 		once.Do(func() {
 			eng.Close()
 			cancel()
 			<-done
-			st.Close()
+			be.Close()
 			local.Close()
 			tr.CloseIdleConnections()
 		})
@@ -405,7 +409,7 @@ func TestRedisOutageDuringLoad(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	f.redis.Kill()
-	waitFor(t, "breaker open on both instances", func() bool { return !a.store.Available() && !b.store.Available() })
+	waitFor(t, "breaker open on both instances", func() bool { return !a.be.Available() && !b.be.Available() })
 	// The load's 50 pages sit in each instance's local tier by now; a page
 	// nobody has fetched yet goes upstream alone, marked BYPASS.
 	for i, inst := range f.insts {
@@ -444,17 +448,18 @@ func TestRedisDownAtStart(t *testing.T) {
 	srv.Kill()
 	local := dedup.NewMemoryStore(1 << 20)
 	defer local.Close()
-	st, err := New(Config{URL: srv.URL, BreakerInterval: 200 * time.Millisecond}, local, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	be, err := Open(Config{URL: srv.URL, BreakerInterval: 200 * time.Millisecond}, local, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err != nil {
 		t.Fatalf("New with Redis down: %v", err)
 	}
-	defer st.Close()
+	defer be.Close()
+	st := be.Cache
 	for range 5 {
 		if _, _, err := st.Join(context.Background(), "v1:ab"); err == nil {
 			t.Fatal("Join succeeded without Redis")
 		}
 	}
-	if st.Available() {
+	if be.Available() {
 		t.Fatal("breaker still closed after repeated failures")
 	}
 	srv.Restart()
@@ -477,10 +482,10 @@ func TestFleetStatsAddUp(t *testing.T) {
 	b.get(f.origin.URL + "/s") // HIT (10 bytes avoided)
 	b.get(f.origin.URL + "/s") // HIT
 	a.get(f.origin.URL + "/t") // MISS
-	var fs FleetStats
+	var fs dedup.FleetStats
 	waitFor(t, "stats flushed", func() bool {
 		var err error
-		fs, err = a.store.FleetStats(context.Background())
+		fs, err = a.bus.FleetStats(context.Background())
 		return err == nil && fs.Today.Requests == 4
 	})
 	d := fs.Today
@@ -548,7 +553,7 @@ func TestNotesReachTheOtherInstances(t *testing.T) {
 	var mu sync.Mutex
 	got := map[string][]string{}
 	for _, inst := range f.insts {
-		inst.store.Subscribe("session", func(msg string) {
+		inst.bus.Subscribe("session", func(msg string, _ time.Duration) {
 			mu.Lock()
 			got[inst.name] = append(got[inst.name], msg)
 			mu.Unlock()
@@ -561,8 +566,8 @@ func TestNotesReachTheOtherInstances(t *testing.T) {
 	}
 	// The subscription may take a moment to be live: publish until heard.
 	waitFor(t, "b to hear a", func() bool {
-		a.store.Publish("other", "not for session handlers")
-		a.store.Publish("session", `{"session":"s1","kind":"cooldown"}`)
+		a.bus.Publish("other", "", "not for session handlers", 0)
+		a.bus.Publish("session", "", `{"session":"s1","kind":"cooldown"}`, 0)
 		time.Sleep(20 * time.Millisecond)
 		return len(received(b.name)) > 0
 	})
@@ -581,7 +586,7 @@ func TestNotesReachTheOtherInstances(t *testing.T) {
 // gone every caller may proceed.
 func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
 	f := newFleet(t, 2, Config{BreakerFailures: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0].store, f.insts[1].store
+	a, b := f.insts[0].bus, f.insts[1].bus
 	ctx := context.Background()
 	release, ok := a.Claim(ctx, "rotate:s1", time.Minute)
 	if !ok {
@@ -608,32 +613,36 @@ func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
 }
 
 // TestLastingNotesAreRecalled: a lasting note is kept until it expires,
-// in Redis's clock; a shorter note on the same key does not replace a
-// longer one; expired notes are gone.
+// in Redis's clock, and handed to instances that subscribe later; a
+// shorter note on the same key does not replace a longer one; expired
+// notes are gone.
 func TestLastingNotesAreRecalled(t *testing.T) {
 	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0].store, f.insts[1].store
-	ctx := context.Background()
-	recall := func() map[string]Recalled {
-		t.Helper()
-		rs, err := b.Recall(ctx, "session")
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := map[string]Recalled{}
-		for _, r := range rs {
-			m[r.Msg] = r
-		}
-		return m
+	a, b := f.insts[0].bus, f.insts[1].bus
+	// A fresh subscription recalls what is kept (left > 0); notes heard
+	// live meanwhile (left 0, on the events goroutine) are not recalls.
+	recall := func() map[string]time.Duration {
+		var mu sync.Mutex
+		m := map[string]time.Duration{}
+		b.Subscribe("session", func(msg string, left time.Duration) {
+			if left > 0 {
+				mu.Lock()
+				m[msg] = left
+				mu.Unlock()
+			}
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		return maps.Clone(m)
 	}
-	a.PublishLasting("session", "s1", "long", time.Minute)
+	a.Publish("session", "s1", "long", time.Minute)
 	waitFor(t, "the note to be kept", func() bool { return len(recall()) == 1 })
-	a.PublishLasting("session", "s1", "short", 200*time.Millisecond)
-	a.PublishLasting("session", "s2", "brief", 200*time.Millisecond)
+	a.Publish("session", "s1", "short", 200*time.Millisecond)
+	a.Publish("session", "s2", "brief", 200*time.Millisecond)
 	waitFor(t, "the second key", func() bool { _, ok := recall()["brief"]; return ok })
 	got := recall()
-	if r, ok := got["long"]; !ok || r.Left < 50*time.Second || r.Left > time.Minute {
-		t.Errorf("long note: %+v (all %+v)", r, got)
+	if left, ok := got["long"]; !ok || left < 50*time.Second || left > time.Minute {
+		t.Errorf("long note: %v (all %+v)", left, got)
 	}
 	if _, ok := got["short"]; ok {
 		t.Errorf("a shorter note replaced a longer one: %+v", got)
@@ -644,18 +653,19 @@ func TestLastingNotesAreRecalled(t *testing.T) {
 	}
 }
 
-// TestOnReconnectAfterOutage: the functions registered with OnReconnect run
-// once Redis is back after the breaker opened, and not before.
+// TestOnReconnectAfterOutage: the functions registered with onReconnect
+// (the bus's recall of lasting notes) run once Redis is back after the
+// breaker opened, and not before.
 func TestOnReconnectAfterOutage(t *testing.T) {
 	f := newFleet(t, 1, Config{BreakerFailures: 1, BreakerInterval: 100 * time.Millisecond}, dedup.Config{},
 		func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") })
 	inst := f.insts[0]
 	var calls atomic.Int64
-	inst.store.OnReconnect(func() { calls.Add(1) })
+	inst.be.c.onReconnect(func() { calls.Add(1) })
 	f.redis.Kill()
 	waitFor(t, "the breaker to open", func() bool {
 		inst.get(fmt.Sprintf("%s/down/%d", f.origin.URL, time.Now().UnixNano()))
-		return !inst.store.Available()
+		return !inst.be.Available()
 	})
 	if calls.Load() != 0 {
 		t.Fatal("OnReconnect ran while Redis was down")

@@ -21,7 +21,7 @@ type statsBuf struct {
 }
 
 // Record implements dedup.Recorder.
-func (s *Store) Record(xcache string, avoided int) {
+func (s *Bus) Record(xcache string, avoided int) {
 	switch xcache {
 	case dedup.CacheHit:
 		s.stats.hit.Add(1)
@@ -35,11 +35,11 @@ func (s *Store) Record(xcache string, avoided int) {
 	s.stats.avoided.Add(int64(avoided))
 }
 
-func (s *Store) dayKey(t time.Time) string {
+func (s *Bus) dayKey(t time.Time) string {
 	return s.prefix + "stats:" + t.UTC().Format("2006-01-02")
 }
 
-func (s *Store) flushStats(ctx context.Context) {
+func (s *Bus) flushStats(ctx context.Context) {
 	t := time.NewTicker(s.cfg.StatsFlush)
 	defer t.Stop()
 	for {
@@ -58,7 +58,7 @@ func (s *Store) flushStats(ctx context.Context) {
 
 // flushOnce adds the buffered counts to today's hash. Counts that could not
 // be written are put back for the next flush.
-func (s *Store) flushOnce(ctx context.Context) {
+func (s *Bus) flushOnce(ctx context.Context) {
 	fields := []struct {
 		name string
 		v    *atomic.Int64
@@ -95,26 +95,8 @@ func (s *Store) flushOnce(ctx context.Context) {
 	}
 }
 
-// DayStats is one day of fleet-wide counters.
-type DayStats struct {
-	Date         string           `json:"date"`
-	Requests     int64            `json:"requests"`
-	XCache       map[string]int64 `json:"x_cache"`
-	BySource     map[string]int64 `json:"by_source"`
-	BytesAvoided int64            `json:"bytes_avoided"`
-	SavingsPct   float64          `json:"savings_pct"`
-}
-
-// FleetStats is the whole fleet's savings, from every instance's flushes.
-type FleetStats struct {
-	Available bool       `json:"redis_available"`
-	Today     DayStats   `json:"today"`
-	Last7Days DayStats   `json:"last_7_days"`
-	Days      []DayStats `json:"days"`
-}
-
 // FleetStats reads the last seven days of counters.
-func (s *Store) FleetStats(ctx context.Context) (FleetStats, error) {
+func (s *Bus) FleetStats(ctx context.Context) (dedup.FleetStats, error) {
 	now := time.Now()
 	cmds := make([]*redis.MapStringStringCmd, statsDays)
 	err := s.exec(ctx, func(ctx context.Context) error {
@@ -126,7 +108,7 @@ func (s *Store) FleetStats(ctx context.Context) (FleetStats, error) {
 		})
 		return err
 	})
-	fs := FleetStats{Available: s.Available()}
+	fs := dedup.FleetStats{Store: "redis", Available: s.available()}
 	if err != nil {
 		return fs, err
 	}
@@ -150,10 +132,10 @@ func (s *Store) FleetStats(ctx context.Context) (FleetStats, error) {
 	return fs, nil
 }
 
-func dayStats(date string, raw map[string]string) DayStats {
+func dayStats(date string, raw map[string]string) dedup.DayStats {
 	n := func(k string) int64 { v, _ := strconv.ParseInt(raw[k], 10, 64); return v }
 	hit, co, miss, by := n("hit"), n("coalesced"), n("miss"), n("bypass")
-	d := DayStats{
+	d := dedup.DayStats{
 		Date:         date,
 		Requests:     hit + co + miss + by,
 		XCache:       map[string]int64{dedup.CacheHit: hit, dedup.CacheCoalesced: co, dedup.CacheMiss: miss, dedup.CacheBypass: by},

@@ -61,8 +61,8 @@ return 1
 `)
 
 // Join implements dedup.Fleet.
-func (s *Store) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outcome, error) {
-	if !s.Available() {
+func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outcome, error) {
+	if !s.available() {
 		return nil, nil, dedup.ErrUnavailable
 	}
 	tag := tagOf(key)
@@ -128,12 +128,6 @@ func (s *Store) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	}
 }
 
-// newToken names one lock held by this process (a flight's lease, a
-// claim): only its holder may release it.
-func (s *Store) newToken() string {
-	return s.instance + "-" + strconv.FormatUint(s.seq.Add(1), 36)
-}
-
 func stringAt(res []any, i int) string {
 	if i < len(res) {
 		if s, ok := res[i].(string); ok {
@@ -146,14 +140,14 @@ func stringAt(res []any, i int) string {
 // lease is one fleet flight this process leads. It renews its lock until
 // Finish or Release.
 type lease struct {
-	s     *Store
+	s     *Cache
 	tag   string
 	token string
 	stop  context.CancelFunc
 	once  sync.Once
 }
 
-func (s *Store) newLease(tag, token string) *lease {
+func (s *Cache) newLease(tag, token string) *lease {
 	ctx, stop := context.WithCancel(s.life)
 	l := &lease{s: s, tag: tag, token: token, stop: stop}
 	s.leases.Add(1)
@@ -202,10 +196,10 @@ func (l *lease) Release() {
 	})
 }
 
-func (s *Store) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
+func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
 	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
-		s.putLocal(s.fullKey(l.tag), out.Entry)
+		s.putLocal(fullKey(l.tag), out.Entry)
 		value = encode(out.Entry)
 		if int64(len(value)) > int64(s.cfg.MaxValueBytes) {
 			// Too big to share as a cached value; the waiters still
@@ -231,7 +225,7 @@ func (s *Store) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	// The URL index lives in another slot: not part of the script.
 	return s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			s.index(ctx, p, out.Entry.URLKey, s.fullKey(l.tag), ttl)
+			s.index(ctx, p, out.Entry.URLKey, fullKey(l.tag), ttl)
 			return nil
 		})
 		return err

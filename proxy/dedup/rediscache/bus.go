@@ -1,0 +1,287 @@
+package rediscache
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// Bus carries notes, claims and counters between the instances of a
+// fleet: upstream session news (upstream.Bus, upstream.Claimer), the
+// fleet-wide rate limit (ratelimit.Counter) and the per-day statistics
+// (dedup.Recorder, FleetStats).
+//
+// Notes ride the events channel the flights already use, as
+// "n <instance> <topic> <message>"; an instance ignores its own. Delivery is
+// best effort, like everything on a Redis channel: a note lost while Redis
+// is away costs the fleet what it would cost without Redis.
+//
+// A lasting note (a cooldown: true for a while) is also kept in Redis until
+// it expires, so that an instance that subscribes later, or comes back
+// after losing Redis, hears what the fleet knows.
+type Bus struct {
+	*client
+	stats statsBuf
+
+	mu       sync.RWMutex
+	handlers map[string]func(msg string, left time.Duration)
+	out      chan note
+}
+
+var _ dedup.Recorder = (*Bus)(nil)
+
+// noteQueue bounds the notes waiting to be published: a burst (every
+// session failing at once) never blocks a request or grows without bound.
+const noteQueue = 256
+
+func newBus(c *client) *Bus {
+	b := &Bus{client: c, handlers: make(map[string]func(string, time.Duration)), out: make(chan note, noteQueue)}
+	// Notes sent while Redis was away were lost: catch up on the lasting
+	// ones.
+	c.onReconnect(b.recallAll)
+	return b
+}
+
+// note is one note on its way out.
+type note struct {
+	topic, msg string
+	key        string        // lasting notes: what it is about (one kept per key)
+	ttl        time.Duration // lasting notes: how long it holds
+}
+
+// Publish sends msg on topic to the other instances; with ttl > 0 it is
+// also kept for ttl under key (a later note on the same key replaces it
+// unless it would expire sooner) for instances that subscribe later. It
+// never blocks: with the queue full (Redis slow or away) the note is
+// dropped.
+func (b *Bus) Publish(topic, key, msg string, ttl time.Duration) {
+	n := note{topic: topic, msg: msg}
+	if ttl > 0 && key != "" {
+		n.key, n.ttl = key, ttl
+	}
+	select {
+	case b.out <- n:
+	default:
+		b.log.Debug("redis: note dropped, queue full", "topic", topic)
+	}
+}
+
+// Subscribe makes f receive the notes other instances publish on topic, on
+// the events goroutine (f must be quick), and the lasting notes that still
+// hold: before Subscribe returns (bounded by redis.timeout) and again each
+// time Redis comes back after an outage. One handler per topic.
+func (b *Bus) Subscribe(topic string, f func(msg string, left time.Duration)) {
+	b.mu.Lock()
+	b.handlers[topic] = f
+	b.mu.Unlock()
+	b.recall(b.life, topic, f)
+}
+
+// keepScript keeps a lasting note in the topic's hash as "<until> <msg>",
+// until in Redis's own clock (instances' clocks need not agree), unless
+// the note already kept for that key lasts longer.
+var keepScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl = tonumber(ARGV[2])
+local untl = now + ttl
+local old = redis.call('HGET', KEYS[1], ARGV[1])
+if old then
+  local ou = tonumber(string.match(old, '^(%d+) '))
+  if ou and ou >= untl then return 0 end
+end
+redis.call('HSET', KEYS[1], ARGV[1], untl .. ' ' .. ARGV[3])
+if redis.call('PTTL', KEYS[1]) < ttl then redis.call('PEXPIRE', KEYS[1], ttl) end
+return 1
+`)
+
+// recallScript returns the topic's lasting notes that still hold, each with
+// the milliseconds it has left, and drops the expired ones.
+var recallScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local all = redis.call('HGETALL', KEYS[1])
+local out = {}
+for i = 1, #all, 2 do
+  local untl, msg = string.match(all[i + 1], '^(%d+) (.*)$')
+  if untl and tonumber(untl) > now then
+    table.insert(out, msg)
+    table.insert(out, tonumber(untl) - now)
+  else
+    redis.call('HDEL', KEYS[1], all[i])
+  end
+end
+return out
+`)
+
+func (b *Bus) lastingKey(topic string) string { return b.prefix + "notes:" + topic }
+
+// recall hands f the lasting notes on topic that still hold.
+func (b *Bus) recall(ctx context.Context, topic string, f func(msg string, left time.Duration)) {
+	var res []any
+	err := b.exec(ctx, func(ctx context.Context) error {
+		var err error
+		res, err = recallScript.Run(ctx, b.rdb, []string{b.lastingKey(topic)}).Slice()
+		return err
+	})
+	if err != nil {
+		b.log.Debug("redis: could not recall the fleet's lasting notes", "topic", topic, "err", err)
+		return
+	}
+	defer b.recoverInput("recall " + topic)
+	notes, bad := recalledNotes(res)
+	if bad > 0 {
+		b.rejected.Add(int64(bad))
+		b.log.Debug("redis: ignored unreadable lasting notes", "topic", topic, "count", bad)
+	}
+	for _, n := range notes {
+		f(n.msg, n.left)
+	}
+}
+
+// recallAll recalls every subscribed topic.
+func (b *Bus) recallAll() {
+	b.mu.RLock()
+	subs := make(map[string]func(string, time.Duration), len(b.handlers))
+	for t, f := range b.handlers {
+		subs[t] = f
+	}
+	b.mu.RUnlock()
+	for t, f := range subs {
+		b.recall(b.life, t, f)
+	}
+}
+
+// recalled is one lasting note that still holds.
+type recalled struct {
+	msg  string
+	left time.Duration
+}
+
+// recalledNotes reads the recall script's reply: pairs of a message and
+// the milliseconds it has left. Pairs that are not that are counted as bad.
+func recalledNotes(res []any) (out []recalled, bad int) {
+	for i := 0; i+1 < len(res); i += 2 {
+		msg, ok1 := res[i].(string)
+		ms, ok2 := res[i+1].(int64)
+		if !ok1 || !ok2 || ms <= 0 || ms > int64(maxLasting/time.Millisecond) {
+			bad++
+			continue
+		}
+		out = append(out, recalled{msg: msg, left: time.Duration(ms) * time.Millisecond})
+	}
+	if len(res)%2 != 0 {
+		bad++
+	}
+	return out, bad
+}
+
+// maxLasting bounds how long a recalled note may claim to hold: anything
+// longer was not written by onceproxy.
+const maxLasting = 7 * 24 * time.Hour
+
+// sendNotes publishes queued notes until ctx ends.
+func (b *Bus) sendNotes(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case n := <-b.out:
+			payload := "n " + b.instance + " " + n.topic + " " + n.msg
+			err := b.exec(ctx, func(ctx context.Context) error {
+				if n.key != "" {
+					if err := keepScript.Run(ctx, b.rdb, []string{b.lastingKey(n.topic)},
+						n.key, n.ttl.Milliseconds(), n.msg).Err(); err != nil {
+						return err
+					}
+				}
+				return b.rdb.Publish(ctx, b.channel, payload).Err()
+			})
+			if err != nil {
+				b.log.Debug("redis: note not published", "err", err)
+			}
+		}
+	}
+}
+
+// handleNote delivers "<instance> <topic> <message>" to its topic's
+// handler. It reports false for a note it cannot read.
+func (b *Bus) handleNote(arg string) bool {
+	from, rest, ok := strings.Cut(arg, " ")
+	if !ok || from == "" {
+		return false
+	}
+	if from == b.instance {
+		return true
+	}
+	topic, msg, ok := strings.Cut(rest, " ")
+	if !ok || topic == "" {
+		return false
+	}
+	b.mu.RLock()
+	f := b.handlers[topic]
+	b.mu.RUnlock()
+	if f != nil {
+		f(msg, 0)
+	}
+	return true
+}
+
+// unlockScript deletes a claim only while it is still ours.
+var unlockScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+`)
+
+// Claim makes this instance the fleet's only holder of name for ttl (SET
+// NX PX). ok is false while another instance holds it; release gives it up
+// early. While Redis is away every caller gets ok: a claim that cannot be
+// checked must not stop the work it guards.
+func (b *Bus) Claim(ctx context.Context, name string, ttl time.Duration) (release func(), ok bool) {
+	key := b.prefix + "claim:{" + name + "}"
+	token := b.newToken()
+	var won bool
+	err := b.exec(ctx, func(ctx context.Context) error {
+		var err error
+		won, err = b.rdb.SetNX(ctx, key, token, ttl).Result()
+		return err
+	})
+	if err != nil {
+		return func() {}, true
+	}
+	if !won {
+		return nil, false
+	}
+	return func() {
+		// Not the claimer's context, which may be over; exec bounds it.
+		_ = b.exec(context.Background(), func(ctx context.Context) error {
+			return unlockScript.Run(ctx, b.rdb, []string{key}, token).Err()
+		})
+	}, true
+}
+
+// windowScript is a fixed-window counter: the first hit of a window sets
+// its expiry.
+var windowScript = redis.NewScript(`
+local n = redis.call('INCR', KEYS[1])
+if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return n
+`)
+
+// IncrWindow counts one hit on key for the fleet-wide rate limiter and
+// returns the new count; the key expires after ttl. It fails fast with
+// dedup.ErrUnavailable while the breaker is open.
+func (b *Bus) IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error) {
+	var n int64
+	err := b.exec(ctx, func(ctx context.Context) error {
+		var err error
+		n, err = windowScript.Run(ctx, b.rdb, []string{b.prefix + key}, ttl.Milliseconds()).Int64()
+		return err
+	})
+	return n, err
+}

@@ -1,0 +1,235 @@
+package rediscache
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+	"github.com/sony/gobreaker/v2"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// client is what the Cache and the Bus share: the connections, the
+// breaker, the names, and this process's identity in the fleet.
+type client struct {
+	cfg Config
+	rdb redis.UniversalClient
+	cb  *gobreaker.CircuitBreaker[any]
+	log *slog.Logger
+
+	instance string        // random id of this process: prefixes tokens, marks its own notes
+	seq      atomic.Uint64 // token counter
+	prefix   string        // cfg.KeyPrefix + "v1:"
+	channel  string        // the one events channel
+
+	// rejected counts input from Redis that was ignored (Backend.Rejected).
+	rejected atomic.Int64
+
+	mu     sync.Mutex
+	onBack []func() // run each time Redis comes back after an outage
+
+	// life is canceled by Close: lease renewals, waits and reconnect work
+	// stop with it.
+	life   context.Context
+	cancel context.CancelFunc
+	bg     sync.WaitGroup // onBack functions running
+}
+
+func newClient(cfg Config, logger *slog.Logger) (*client, error) {
+	opts, err := clientOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	c := &client{
+		cfg:      cfg,
+		rdb:      redis.NewUniversalClient(opts),
+		log:      logger,
+		instance: randomHex(6),
+		prefix:   cfg.KeyPrefix + "v1:",
+	}
+	c.channel = c.prefix + "events"
+	c.life, c.cancel = context.WithCancel(context.Background())
+	c.cb = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
+		Name:        "redis",
+		MaxRequests: 1, // one probe when the interval is over
+		Timeout:     cfg.BreakerInterval,
+		ReadyToTrip: func(n gobreaker.Counts) bool { return n.ConsecutiveFailures >= uint32(cfg.BreakerFailures) },
+		IsSuccessful: func(err error) bool {
+			return err == nil || errors.Is(err, redis.Nil)
+		},
+		// A caller that gave up says nothing about Redis.
+		IsExcluded: func(err error) bool { return errors.Is(err, context.Canceled) },
+		OnStateChange: func(_ string, from, to gobreaker.State) {
+			switch to {
+			case gobreaker.StateOpen:
+				c.log.Warn("redis unavailable: deduplicating per instance (memory store, local flights) until it is back",
+					"retry_in", cfg.BreakerInterval)
+			case gobreaker.StateClosed:
+				c.log.Info("redis is back: sharing cache and flights with the fleet again")
+				if from != gobreaker.StateClosed {
+					c.reconnected()
+				}
+			}
+		},
+	})
+	return c, nil
+}
+
+// ping checks Redis once at start, for the log: a Redis that is down is
+// not an error, the breaker takes it from here.
+func (c *client) ping() {
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout+c.cfg.Timeout)
+	defer cancel()
+	if err := c.exec(ctx, func(ctx context.Context) error { return c.rdb.Ping(ctx).Err() }); err != nil {
+		c.log.Warn("redis not reachable at start; running alone until it is", "redis", describe(c.cfg), "err", err)
+	} else {
+		c.log.Info("redis connected: cache and flights shared with the fleet", "redis", describe(c.cfg))
+	}
+}
+
+func clientOptions(cfg Config) (*redis.UniversalOptions, error) {
+	o := &redis.UniversalOptions{
+		Addrs:      cfg.Addrs,
+		MasterName: cfg.MasterName,
+		Username:   cfg.Username,
+		Password:   cfg.Password,
+		// Fail fast, never retry on the hot path: a client request must
+		// not wait for Redis to come back. The breaker handles the rest.
+		DialTimeout:           cfg.DialTimeout,
+		DialerRetries:         1,
+		ReadTimeout:           cfg.Timeout,
+		WriteTimeout:          cfg.Timeout,
+		PoolTimeout:           cfg.Timeout + cfg.DialTimeout,
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		PoolSize:              cfg.PoolSize,
+		ClientName:            "onceproxy",
+		// Maintenance push notifications need Redis 8; off, not probed.
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}
+	if cfg.URL != "" {
+		u, err := redis.ParseURL(cfg.URL)
+		if err != nil {
+			return nil, fmt.Errorf("url: %w", err)
+		}
+		o.Addrs = []string{u.Addr}
+		o.DB = u.DB
+		o.Username, o.Password = u.Username, u.Password
+		o.TLSConfig = u.TLSConfig
+	}
+	return o, nil
+}
+
+// describe names the Redis deployment for logs, without credentials.
+func describe(cfg Config) string {
+	if cfg.URL != "" {
+		if u, err := redis.ParseURL(cfg.URL); err == nil {
+			return u.Addr
+		}
+	}
+	if cfg.MasterName != "" {
+		return "sentinel " + cfg.MasterName + " via " + strings.Join(cfg.Addrs, ",")
+	}
+	return "cluster " + strings.Join(cfg.Addrs, ",")
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// available reports whether the shared layer is in use (breaker not open).
+func (c *client) available() bool { return c.cb.State() != gobreaker.StateOpen }
+
+// exec runs one Redis operation through the breaker with the command
+// timeout. It returns nil, redis.Nil, the caller's context error, or an
+// error wrapping dedup.ErrUnavailable.
+func (c *client) exec(ctx context.Context, op func(context.Context) error) error {
+	_, err := c.cb.Execute(func() (any, error) {
+		ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
+		defer cancel()
+		return nil, op(ctx)
+	})
+	switch {
+	case err == nil, errors.Is(err, redis.Nil):
+		return err
+	case errors.Is(err, context.Canceled) && ctx.Err() != nil:
+		return ctx.Err()
+	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
+		return dedup.ErrUnavailable
+	default:
+		return fmt.Errorf("%w: %v", dedup.ErrUnavailable, err)
+	}
+}
+
+// newToken names one lock held by this process (a flight's lease, a
+// claim): only its holder may release it.
+func (c *client) newToken() string {
+	return c.instance + "-" + strconv.FormatUint(c.seq.Add(1), 36)
+}
+
+// onReconnect registers f to run each time Redis comes back after the
+// breaker opened.
+func (c *client) onReconnect(f func()) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.onBack = append(c.onBack, f)
+}
+
+// reconnected runs the onReconnect functions. It is called from the
+// breaker's state change, under the breaker's lock, where a Redis call
+// would deadlock: hence goroutines, which Close waits for.
+func (c *client) reconnected() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life.Err() != nil {
+		return
+	}
+	for _, f := range c.onBack {
+		c.bg.Add(1)
+		go func() {
+			defer c.bg.Done()
+			defer c.recoverInput("reconnect")
+			f()
+		}()
+	}
+}
+
+// recoverInput keeps a panic while handling what came from Redis from
+// taking the process down: it is logged and counted as rejected input.
+// Deferred by every goroutine that handles fleet input.
+func (c *client) recoverInput(where string) {
+	if r := recover(); r != nil {
+		c.rejected.Add(1)
+		c.log.Error("panic while handling input from redis; ignored", "where", where,
+			"panic", r, "stack", string(debug.Stack()))
+	}
+}
+
+// Key names. A dedup key is "v1:<64 hex>"; the hex is the hash tag, so
+// the value, lock and outcome of one key live in one Cluster slot.
+func tagOf(key string) string {
+	if _, h, ok := strings.Cut(key, ":"); ok && h != "" {
+		return h
+	}
+	return key
+}
+
+func fullKey(tag string) string { return dedup.KeyPrefix + tag }
+
+func (c *client) valueKey(tag string) string   { return c.prefix + "{" + tag + "}:v" }
+func (c *client) lockKey(tag string) string    { return c.prefix + "{" + tag + "}:l" }
+func (c *client) outcomeKey(tag string) string { return c.prefix + "{" + tag + "}:o" }
+func (c *client) urlKey(urlKey string) string  { return c.prefix + "u:{" + tagOf(urlKey) + "}" }

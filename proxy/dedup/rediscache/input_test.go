@@ -1,0 +1,128 @@
+package rediscache
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// TestHostileEventsAreIgnored: whatever lands on the events channel or in
+// the lasting notes (another version, a person with redis-cli) is counted
+// and ignored; the instance keeps serving and keeps hearing good notes.
+func TestHostileEventsAreIgnored(t *testing.T) {
+	f := newFleet(t, 1, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") })
+	inst := f.insts[0]
+	var heard []string
+	var heardMu = make(chan struct{}, 1)
+	heardMu <- struct{}{}
+	inst.bus.Subscribe("session", func(msg string, _ time.Duration) {
+		<-heardMu
+		heard = append(heard, msg)
+		heardMu <- struct{}{}
+	})
+	opts, err := redis.ParseURL(f.redis.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rc := redis.NewClient(opts)
+	defer rc.Close()
+	ctx := context.Background()
+	channel := inst.be.c.channel
+	garbage := []string{"", "x", "d", "d ", "zz top", "n", "n onlyinstance", "n other", "n other session", "\x00\xff"}
+	good := `{"session":"s1","kind":"rotated"}`
+	waitFor(t, "the subscription to hear a good note", func() bool {
+		rc.Publish(ctx, channel, "n other session "+good)
+		time.Sleep(20 * time.Millisecond)
+		<-heardMu
+		defer func() { heardMu <- struct{}{} }()
+		return len(heard) > 0
+	})
+	before := inst.be.Rejected()
+	for _, g := range garbage {
+		if err := rc.Publish(ctx, channel, g).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, "every garbage event to be counted", func() bool {
+		return inst.be.Rejected()-before == int64(len(garbage))
+	})
+	if g := inst.get(f.origin.URL + "/after"); g.status != 200 || g.body != "page" {
+		t.Fatalf("after garbage events: %+v", g)
+	}
+
+	// Lasting notes in Redis's hash that onceproxy did not write: the
+	// unreadable ones are dropped, the ones that claim to last for ever are
+	// counted and ignored, the good one is recalled.
+	key := inst.bus.lastingKey("session")
+	rc.HSet(ctx, key, "a", "garbage", "b", "99999999999999999 forever", "c", fmt.Sprintf("%d %s", time.Now().Add(time.Hour).UnixMilli(), good))
+	var recalledMsgs []string
+	inst.bus.Subscribe("session", func(msg string, left time.Duration) {
+		if left > 0 {
+			recalledMsgs = append(recalledMsgs, msg)
+		}
+	})
+	if len(recalledMsgs) != 1 || recalledMsgs[0] != good {
+		t.Errorf("recalled %q, want only the good note", recalledMsgs)
+	}
+}
+
+// FuzzEvent feeds arbitrary events to the dispatcher with no recover in
+// between: a panic fails the fuzzer. An event is either used or counted
+// as rejected, never both and never neither.
+func FuzzEvent(f *testing.F) {
+	for _, s := range []string{"d abc", "i abc", "u v1:abc", "n other session {}", "n me session x", "n", "q q", ""} {
+		f.Add(s)
+	}
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c := &client{log: logger, instance: "me", prefix: "t:v1:"}
+	c.life, c.cancel = context.WithCancel(context.Background())
+	defer c.cancel()
+	local := dedup.NewMemoryStore(1 << 20)
+	defer local.Close()
+	b := &Backend{c: c, Cache: newCache(c, local), Bus: &Bus{client: c, handlers: map[string]func(string, time.Duration){}}}
+	var delivered int
+	b.Bus.handlers["session"] = func(string, time.Duration) { delivered++ }
+	f.Fuzz(func(t *testing.T, payload string) {
+		before, rejected := delivered, c.rejected.Load()
+		b.handleEventUnguarded(payload)
+		used := delivered > before
+		kind, arg, ok := strings.Cut(payload, " ")
+		wellFormed := ok && arg != "" && (kind == "d" || kind == "i" || kind == "u" || kind == "n")
+		if c.rejected.Load() > rejected && used {
+			t.Fatalf("%q was both delivered and rejected", payload)
+		}
+		if !wellFormed && c.rejected.Load() == rejected {
+			t.Fatalf("%q was not rejected", payload)
+		}
+	})
+}
+
+// FuzzRecalledNotes: the recall script's reply, as another version could
+// shape it. What is accepted has a positive, bounded time left.
+func FuzzRecalledNotes(f *testing.F) {
+	f.Add("msg", int64(1000), "other", int64(-1), true)
+	f.Fuzz(func(t *testing.T, m1 string, ms1 int64, m2 string, ms2 int64, odd bool) {
+		res := []any{m1, ms1, m2, ms2}
+		if odd {
+			res = append(res, "dangling")
+		}
+		out, bad := recalledNotes(res)
+		if len(out)+bad != len(res)/2+len(res)%2 {
+			t.Fatalf("%v: %d accepted + %d bad", res, len(out), bad)
+		}
+		for _, n := range out {
+			if n.left <= 0 || n.left > maxLasting {
+				t.Fatalf("accepted %+v", n)
+			}
+		}
+	})
+}

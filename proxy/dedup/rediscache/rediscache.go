@@ -1,0 +1,98 @@
+// Package rediscache shares onceproxy's cache, flights and fleet news
+// across the instances of a fleet through Redis (a single server, Sentinel
+// or Cluster).
+//
+// A Backend is one Redis deployment, seen as the two parts its consumers
+// use:
+//   - Cache: the shared cache and flights, what package dedup declares
+//     (dedup.Store, dedup.Fleet). A small in-process tier sits in front of
+//     the Redis values. A flight's lock, value and outcome share one hash
+//     tag, so every script touches one Cluster slot.
+//   - Bus: notes, claims and counters, what the upstream pool, the rate
+//     limiter and the statistics declare (upstream.Bus and Claimer,
+//     ratelimit.Counter, dedup.Recorder, the fleet's per-day statistics).
+//
+// Completion messages, invalidations and notes travel on one channel that
+// each process subscribes to once; waiters also poll, so a lost message
+// costs latency, never a duplicate fetch or a stuck client. Everything read
+// back from Redis is untrusted input (another version, a person with
+// redis-cli): it is checked, and what cannot be read is ignored.
+//
+// Redis trouble never fails a request: commands have short timeouts and no
+// retries, and a circuit breaker skips Redis for breaker_interval after
+// breaker_failures consecutive failures. Meanwhile the engine runs on the
+// memory tier and local flights (X-Cache: BYPASS for what goes upstream) and
+// a probe after the interval brings the shared layer back by itself.
+package rediscache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// Backend is one Redis deployment shared by the fleet. Open it, run its
+// background loops with Run, release it with Close.
+type Backend struct {
+	// Cache is the shared cache and flights.
+	Cache *Cache
+	// Bus carries notes, claims and counters between the instances.
+	Bus *Bus
+	c   *client
+}
+
+// Open connects to the configured Redis. It does not fail when Redis is
+// down at start: the breaker opens, the proxy runs alone, and the shared
+// layer comes back when Redis does. local is the in-process tier of the
+// cache (and the fallback while Redis is away).
+func Open(cfg Config, local *dedup.MemoryStore, logger *slog.Logger) (*Backend, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("rediscache: %w", err)
+	}
+	if !cfg.Enabled() {
+		return nil, errors.New("rediscache: no redis.url or redis.addrs configured")
+	}
+	c, err := newClient(cfg, logger)
+	if err != nil {
+		return nil, fmt.Errorf("rediscache: %w", err)
+	}
+	b := &Backend{c: c, Cache: newCache(c, local), Bus: newBus(c)}
+	c.ping()
+	return b, nil
+}
+
+// Run keeps the fleet connection alive until ctx ends: the one events
+// subscription of this process (flight completions wake local waiters,
+// invalidations clear the local tier, notes reach their subscribers), the
+// notes' sender and the periodic flush of statistics. go-redis
+// re-subscribes by itself after Redis comes back; while the subscription is
+// down, waiters fall back on polling.
+func (b *Backend) Run(ctx context.Context) error {
+	g, ctx := errgroup.WithContext(ctx)
+	g.Go(func() error { b.subscribe(ctx); return nil })
+	g.Go(func() error { b.Bus.flushStats(ctx); return nil })
+	g.Go(func() error { b.Bus.sendNotes(ctx); return nil })
+	return g.Wait()
+}
+
+// Available reports whether the shared layer is in use (breaker not open).
+func (b *Backend) Available() bool { return b.c.available() }
+
+// Rejected counts what this instance read from Redis and ignored because
+// it could not use it: malformed events, notes and recalled notes.
+func (b *Backend) Rejected() int64 { return b.c.rejected.Load() }
+
+// Close stops renewals, waits and reconnect work, and closes the
+// connections. Call it after Run returned.
+func (b *Backend) Close() error {
+	b.c.cancel()
+	b.Cache.leases.Wait()
+	b.c.bg.Wait()
+	return b.c.rdb.Close()
+}
