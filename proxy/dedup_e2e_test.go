@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
-	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -291,8 +291,8 @@ func TestAdminCacheEndpoints(t *testing.T) {
 		io.WriteString(rw, "x")
 	}), false)
 	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
-	admin := httptest.NewServer(proxy.NewAdmin(proxy.AdminOptions{Cache: w.engine}))
-	defer admin.Close()
+	adm := httptest.NewServer(admin.New(admin.Options{Cache: w.engine}))
+	defer adm.Close()
 	c := w.client(false)
 
 	var key string
@@ -307,7 +307,7 @@ func TestAdminCacheEndpoints(t *testing.T) {
 	var stats struct {
 		Instance dedup.Stats `json:"instance"`
 	}
-	getJSON(t, admin.URL+"/cache/stats", &stats)
+	getJSON(t, adm.URL+"/cache/stats", &stats)
 	s := stats.Instance
 	if s.Requests != 5 || s.XCache["HIT"] != 3 || s.XCache["MISS"] != 2 || s.UpstreamRequests != 2 ||
 		s.BySource["dedup_cache"] != 3 || s.BySource["api"] != 2 || s.SavingsPct != 60 || s.BytesAvoided != 3 || s.Store.Entries != 2 {
@@ -315,7 +315,7 @@ func TestAdminCacheEndpoints(t *testing.T) {
 	}
 
 	post := func(body string) (int, string) {
-		resp, err := http.Post(admin.URL+"/cache/invalidate", "application/json", strings.NewReader(body))
+		resp, err := http.Post(adm.URL+"/cache/invalidate", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}

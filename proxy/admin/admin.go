@@ -1,4 +1,9 @@
-package proxy
+// Package admin is onceproxy's admin API and status page: health, the CA
+// download, cache statistics and invalidation, the upstream sessions and
+// their rotation, and Prometheus metrics. It is served on its own listener,
+// never through the proxy port, and reads the running parts through the
+// small interfaces below.
+package admin
 
 import (
 	"context"
@@ -10,7 +15,9 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // Cache is what the admin API needs from the dedup engine.
@@ -20,18 +27,45 @@ type Cache interface {
 	InvalidateKey(ctx context.Context, key string) error
 }
 
-// AdminOptions are what the admin API shows.
-type AdminOptions struct {
+// Fleet is the store the instances of a fleet share.
+type Fleet interface {
+	// Name names the store ("redis").
+	Name() string
+	// Available reports whether the shared layer is in use now.
+	Available() bool
+	// FleetStats reads the whole fleet's per-day savings.
+	FleetStats(ctx context.Context) (dedup.FleetStats, error)
+}
+
+// Sessions is what the admin API needs from the upstream pool.
+type Sessions interface {
+	Sessions() []upstream.SessionStatus
+	ProviderStatus() upstream.ProviderStatus
+	Describe() string
+	Rotate(ctx context.Context, id string) error
+}
+
+// Inflight counts the requests being served (the proxy server).
+type Inflight interface {
+	Inflight() int64
+}
+
+// Options are what the admin API shows. Nil parts turn their endpoints
+// off, except the two that always work: /health and /ca.pem.
+type Options struct {
 	// CAPEM is the CA certificate clients must trust, served at /ca.pem.
 	CAPEM []byte
-	// Health reports extra health details; nil means just "ok".
-	Health func() map[string]any
-	// Cache serves /cache/stats and /cache/invalidate; nil disables them.
+	// Proxy adds the requests in flight to /health.
+	Proxy Inflight
+	// Cache serves /cache/stats and /cache/invalidate.
 	Cache Cache
-	// FleetStats adds the whole fleet's savings to /cache/stats; nil when
-	// this instance runs alone.
-	FleetStats func(context.Context) (any, error)
-	// Metrics serves GET /metrics (Prometheus); nil disables it.
+	// Fleet adds the shared store to /health and the whole fleet's savings
+	// to /cache/stats; nil when this instance runs alone.
+	Fleet Fleet
+	// Sessions serves /upstream/sessions and the rotate endpoint, and the
+	// status page's sessions table.
+	Sessions Sessions
+	// Metrics serves GET /metrics (Prometheus).
 	Metrics http.Handler
 	// Token, when set, is required as "Authorization: Bearer <token>" on
 	// every endpoint but /health and /ca.pem (which hold nothing secret).
@@ -39,25 +73,20 @@ type AdminOptions struct {
 	// ProxyAddr is the proxy port's address, shown in the status page's
 	// recipes.
 	ProxyAddr string
-	// Sessions lists the upstream sessions and names the egress, for the
-	// status page; nil shows none.
-	Sessions func() ([]SessionView, string)
-	// Extra registers more routes (the upstream sessions API) on the mux;
-	// they get the same token check.
-	Extra func(mux *http.ServeMux)
 }
 
-// NewAdmin returns the admin API. It is served on its own listener, never
-// through the proxy port.
-func NewAdmin(o AdminOptions) http.Handler {
+// New returns the admin API handler.
+func New(o Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", statusPage(o))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
 		body := map[string]any{"status": "ok"}
-		if o.Health != nil {
-			for k, v := range o.Health() {
-				body[k] = v
-			}
+		if o.Proxy != nil {
+			body["inflight"] = o.Proxy.Inflight()
+		}
+		if o.Fleet != nil {
+			body["store"] = o.Fleet.Name()
+			body["store_available"] = o.Fleet.Available()
 		}
 		WriteJSON(w, http.StatusOK, body)
 	})
@@ -69,14 +98,14 @@ func NewAdmin(o AdminOptions) http.Handler {
 	if o.Metrics != nil {
 		mux.Handle("GET /metrics", o.Metrics)
 	}
-	if o.Extra != nil {
-		o.Extra(mux)
+	if o.Sessions != nil {
+		sessionRoutes(mux, o.Sessions)
 	}
 	if o.Cache != nil {
 		mux.HandleFunc("GET /cache/stats", func(w http.ResponseWriter, r *http.Request) {
 			body := map[string]any{"instance": o.Cache.Stats()}
-			if o.FleetStats != nil {
-				if fs, err := o.FleetStats(r.Context()); err != nil {
+			if o.Fleet != nil {
+				if fs, err := o.Fleet.FleetStats(r.Context()); err != nil {
 					body["fleet"] = map[string]any{"error": "fleet statistics unavailable: " + err.Error()}
 				} else {
 					body["fleet"] = fs
@@ -92,6 +121,29 @@ func NewAdmin(o AdminOptions) http.Handler {
 		return mux
 	}
 	return requireToken(o.Token, mux)
+}
+
+// sessionRoutes serves the upstream sessions API.
+func sessionRoutes(mux *http.ServeMux, up Sessions) {
+	mux.HandleFunc("GET /upstream/sessions", func(w http.ResponseWriter, r *http.Request) {
+		WriteJSON(w, http.StatusOK, map[string]any{
+			"egress":   up.Describe(),
+			"sessions": up.Sessions(),
+			"provider": up.ProviderStatus(),
+		})
+	})
+	mux.HandleFunc("POST /upstream/sessions/{id}/rotate", func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if err := up.Rotate(r.Context(), id); err != nil {
+			status, ok := httpstatus.Of(err)
+			if !ok {
+				status = http.StatusBadGateway
+			}
+			WriteJSON(w, status, map[string]string{"error": err.Error()})
+			return
+		}
+		WriteJSON(w, http.StatusOK, map[string]any{"rotated": id})
+	})
 }
 
 // requireToken guards every admin route except the two public ones with a

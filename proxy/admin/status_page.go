@@ -1,4 +1,4 @@
-package proxy
+package admin
 
 import (
 	"crypto/sha256"
@@ -11,22 +11,15 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
-
-// SessionView is one upstream session as the status page shows it.
-type SessionView struct {
-	ID, Proxy, Rotation, ExitIP, LastOutcome, Cooldown string
-	Weight, BaseWeight                                 int
-	Available                                          bool
-	Requests, Failures, Rotations                      int64
-}
 
 // statusData is what the status page renders.
 type statusData struct {
 	Now      time.Time
 	Stats    dedup.Stats
-	Fleet    any
-	Sessions []SessionView
+	Fleet    *dedup.FleetStats
+	Sessions []upstream.SessionStatus
 	Egress   string
 	CAPEM    string
 	SPKI     string // base64 SHA-256 of the CA's public key, for Chromium
@@ -50,7 +43,7 @@ func spkiHash(caPEM []byte) string {
 }
 
 // statusPage serves GET /: what onceproxy is doing now, for people.
-func statusPage(o AdminOptions) http.HandlerFunc {
+func statusPage(o Options) http.HandlerFunc {
 	spki := spkiHash(o.CAPEM)
 	return func(w http.ResponseWriter, r *http.Request) {
 		d := statusData{Now: time.Now().UTC(), CAPEM: string(o.CAPEM), SPKI: spki, Cache: o.Cache != nil, Proxy: o.ProxyAddr}
@@ -60,13 +53,13 @@ func statusPage(o AdminOptions) http.HandlerFunc {
 		if o.Cache != nil {
 			d.Stats = o.Cache.Stats()
 		}
-		if o.FleetStats != nil {
-			if fs, err := o.FleetStats(r.Context()); err == nil {
-				d.Fleet = fs
+		if o.Fleet != nil {
+			if fs, err := o.Fleet.FleetStats(r.Context()); err == nil {
+				d.Fleet = &fs
 			}
 		}
 		if o.Sessions != nil {
-			d.Sessions, d.Egress = o.Sessions()
+			d.Sessions, d.Egress = o.Sessions.Sessions(), o.Sessions.Describe()
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
@@ -124,11 +117,11 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 · flights running: {{.Flights}}, clients waiting on them: {{.Waiters}}
 · cache: {{.Store.Entries}} responses, {{bytes .Store.Bytes}} of {{bytes .Store.MaxBytes}} ({{.Store.Kind}})</p>
 {{end}}{{end}}
-{{with .Fleet}}<p>Fleet-wide statistics (all instances sharing Redis) are at <a href="/cache/stats">/cache/stats</a>.</p>{{end}}
+{{with .Fleet}}<p>Fleet-wide statistics (all instances sharing {{.Store}}) are at <a href="/cache/stats">/cache/stats</a>.</p>{{end}}
 <h2>Upstream sessions</h2>
 {{if .Sessions}}<table><tr><th>session</th><th>gateway</th><th>rotation</th><th>exit IP</th><th>weight</th><th>state</th><th>requests</th><th>failures</th><th>rotations</th><th>last</th></tr>
 {{range .Sessions}}<tr><td>{{.ID}}</td><td><code>{{.Proxy}}</code></td><td>{{.Rotation}}</td><td>{{.ExitIP}}</td><td>{{.Weight}}/{{.BaseWeight}}</td>
-<td>{{if .Available}}<span class="ok">ready</span>{{else}}<span class="bad">cooling {{.Cooldown}}</span>{{end}}</td>
+<td>{{if .Available}}<span class="ok">ready</span>{{else}}<span class="bad">cooling {{.CooldownRemaining}}</span>{{end}}</td>
 <td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Rotations}}</td><td>{{.LastOutcome}}</td></tr>
 {{end}}</table>{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}
 <h2>Trust the CA</h2>

@@ -1,0 +1,140 @@
+package admin_test
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"html"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+func TestAdminToken(t *testing.T) {
+	admin := httptest.NewServer(admin.New(admin.Options{
+		CAPEM:   []byte("PEM"),
+		Token:   "s3cret-token",
+		Metrics: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "metrics") }),
+	}))
+	defer admin.Close()
+	get := func(path, auth string) int {
+		req, _ := http.NewRequest(http.MethodGet, admin.URL+path, nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, tc := range []struct {
+		path, auth string
+		want       int
+	}{
+		{"/health", "", 200},
+		{"/ca.pem", "", 200},
+		{"/metrics", "", 401},
+		{"/metrics", "Bearer wrong", 401},
+		{"/metrics", "Basic s3cret-token", 401},
+		{"/metrics", "Bearer s3cret-token", 200},
+		{"/nope", "Bearer s3cret-token", 404},
+	} {
+		if got := get(tc.path, tc.auth); got != tc.want {
+			t.Errorf("GET %s with %q: %d, want %d", tc.path, tc.auth, got, tc.want)
+		}
+	}
+	resp, _ := http.Get(admin.URL + "/metrics")
+	if !strings.Contains(resp.Header.Get("WWW-Authenticate"), "Bearer") {
+		t.Error("401 without a Bearer challenge")
+	}
+	resp.Body.Close()
+}
+
+// TestStatusPage renders the page from a real engine (one MISS, one HIT),
+// a real CA and a real upstream pool whose only session is cooling down
+// after its gateway refused a connection.
+func TestStatusPage(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ca, err := mitm.LoadOrCreate(mitm.Config{CADir: t.TempDir()}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	store := dedup.NewMemoryStore(1 << 20)
+	defer store.Close()
+	engine, err := dedup.New(dedup.Config{Enabled: true, TTL: time.Minute}, dedup.Options{Store: store, Next: http.DefaultTransport, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer engine.Close()
+	for range 2 {
+		req, _ := http.NewRequest(http.MethodGet, origin.URL+"/a", nil)
+		resp, err := engine.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	pool, err := upstream.New(upstream.Config{Sessions: []upstream.SessionConfig{{ID: "s1", URL: "http://u:pw@" + deadAddr(t)}}}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	req, _ := http.NewRequest(http.MethodGet, origin.URL+"/b", nil)
+	if _, err := pool.RoundTrip(req); err == nil {
+		t.Fatal("a request through a dead gateway succeeded")
+	}
+
+	srv := httptest.NewServer(admin.New(admin.Options{CAPEM: ca.CertPEM(), Cache: engine, Sessions: pool}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	// html/template escapes '+' in text; what a reader copies is unescaped.
+	page := html.UnescapeString(string(b))
+	sum := sha256.Sum256(ca.Certificate().RawSubjectPublicKeyInfo)
+	for _, want := range []string{
+		`<b id="savings">50%</b>`, `<b id="hit">1</b>`, `<b id="miss">1</b>`, "<td>s1</td>", "cooling 5m",
+		base64.StdEncoding.EncodeToString(sum[:]), `href="/ca.pem"`,
+	} {
+		if !strings.Contains(page, want) {
+			t.Errorf("status page lacks %q", want)
+		}
+	}
+	if strings.Contains(page, "pw@") {
+		t.Error("status page shows a gateway password")
+	}
+	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+		t.Errorf("Content-Type %q", ct)
+	}
+	if resp, _ := http.Get(srv.URL + "/nope"); resp.StatusCode != 404 {
+		t.Errorf("unknown path: %d", resp.StatusCode)
+	}
+}
+
+// deadAddr is a loopback address nothing listens on.
+func deadAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
