@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // errorKind names a failure for clients (in X-Onceproxy-Error) and logs.
@@ -33,14 +35,13 @@ const (
 // runs only at the edge: inner layers return wrapped errors.
 func classify(err error) (int, errorKind) {
 	var (
-		withStatus interface{ HTTPStatus() int }
-		netErr     net.Error
-		certErr    *tls.CertificateVerificationError
-		unknown    x509.UnknownAuthorityError
-		host       x509.HostnameError
+		netErr  net.Error
+		certErr *tls.CertificateVerificationError
+		unknown x509.UnknownAuthorityError
+		host    x509.HostnameError
 	)
-	if errors.As(err, &withStatus) {
-		switch st := withStatus.HTTPStatus(); {
+	if st, ok := httpstatus.Of(err); ok {
+		switch {
 		case st == http.StatusServiceUnavailable:
 			return st, kindUnavailable
 		case st == http.StatusForbidden:

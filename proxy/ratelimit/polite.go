@@ -22,11 +22,12 @@ type Polite struct {
 	hosts *otter.Cache[string, *rate.Limiter]
 }
 
-// NewPolite wraps next; with cfg.PerHostRPS == 0 it returns next itself.
-func NewPolite(cfg Config, next http.RoundTripper) http.RoundTripper {
+// NewPolite wraps next; with cfg.PerHostRPS == 0 requests pass straight
+// through (and no per-host table is kept).
+func NewPolite(cfg Config, next http.RoundTripper) *Polite {
 	cfg = cfg.WithDefaults()
 	if cfg.PerHostRPS <= 0 {
-		return next
+		return &Polite{next: next}
 	}
 	return &Polite{
 		next:  next,
@@ -41,6 +42,9 @@ func NewPolite(cfg Config, next http.RoundTripper) http.RoundTripper {
 
 // RoundTrip implements http.RoundTripper.
 func (p *Polite) RoundTrip(req *http.Request) (*http.Response, error) {
+	if p.hosts == nil {
+		return p.next.RoundTrip(req)
+	}
 	host := strings.ToLower(req.URL.Hostname())
 	lim, _ := p.hosts.ComputeIfAbsent(host, func() (*rate.Limiter, bool) { return rate.NewLimiter(p.rps, p.burst), false })
 	if err := lim.Wait(req.Context()); err != nil {
@@ -50,4 +54,8 @@ func (p *Polite) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // Close stops the per-host table's background work.
-func (p *Polite) Close() { p.hosts.StopAllGoroutines() }
+func (p *Polite) Close() {
+	if p.hosts != nil {
+		p.hosts.StopAllGoroutines()
+	}
+}

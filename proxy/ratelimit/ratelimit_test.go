@@ -105,7 +105,7 @@ func TestPolitePacesPerHost(t *testing.T) {
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.Add(1) }))
 	defer origin.Close()
 	rt := NewPolite(Config{PerHostRPS: 5, PerHostBurst: 1}, http.DefaultTransport)
-	defer rt.(*Polite).Close()
+	defer rt.Close()
 	start := time.Now()
 	for range 3 {
 		req, _ := http.NewRequest(http.MethodGet, origin.URL, nil)
@@ -125,7 +125,7 @@ func TestPolitePacesPerHost(t *testing.T) {
 	if _, err := rt.RoundTrip(req); err == nil {
 		t.Fatal("request that could not get a turn went out")
 	}
-	if NewPolite(Config{}, http.DefaultTransport) != http.DefaultTransport {
-		t.Fatal("PerHostRPS 0 should not wrap")
+	if off := NewPolite(Config{}, http.DefaultTransport); off.hosts != nil {
+		t.Fatal("PerHostRPS 0 keeps a per-host table")
 	}
 }
