@@ -1,8 +1,7 @@
-package main
+package app
 
 import (
 	"bytes"
-	_ "embed"
 	"errors"
 	"fmt"
 	"io"
@@ -26,13 +25,6 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
-
-// shippedConfig is config.yaml as shipped: the defaults every run starts
-// from, so the file users read and the defaults the binary uses are the same
-// text (a test keeps them consistent with the packages' own defaults).
-//
-//go:embed config.yaml
-var shippedConfig []byte
 
 // envPrefix starts every environment override: ONCEPROXY_PROXY_LISTEN sets
 // proxy.listen. The value is YAML, parsed exactly like the file.
@@ -72,13 +64,15 @@ type AdminConfig struct {
 	TokenEnv string `yaml:"token_env"`
 }
 
-// loadConfig reads the configuration: the shipped defaults, then the file at
-// path (skipped when path is "" ), then ONCEPROXY_* variables from environ.
-// Every problem is reported at once, each with its key.
-func loadConfig(path string, environ []string) (*Config, error) {
-	getenv := func(k string) string { return lookupEnv(environ, k) }
+// LoadConfig reads the configuration: shipped (config.yaml as shipped: the
+// defaults every run starts from, so the file users read and the defaults
+// the binary uses are the same text), then the file at path (skipped when
+// path is ""), then ONCEPROXY_* variables from environ. Every problem is
+// reported at once, each with its key.
+func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) {
+	getenv := func(k string) string { return LookupEnv(environ, k) }
 	var cfg Config
-	if err := decodeStrict(bytes.NewReader(shippedConfig), &cfg); err != nil {
+	if err := decodeStrict(bytes.NewReader(shipped), &cfg); err != nil {
 		return nil, fmt.Errorf("embedded config.yaml: %w", err)
 	}
 	if path != "" {
@@ -96,7 +90,7 @@ func loadConfig(path string, environ []string) (*Config, error) {
 	}
 	if !cfg.Redis.Enabled() {
 		// The conventional variable, for platforms that inject it.
-		if u := lookupEnv(environ, "REDIS_URL"); u != "" {
+		if u := LookupEnv(environ, "REDIS_URL"); u != "" {
 			cfg.Redis.URL = u
 		}
 	}
@@ -349,7 +343,8 @@ func loopbackListen(addr string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
-func lookupEnv(environ []string, name string) string {
+// LookupEnv returns the value of name in environ ("" if unset).
+func LookupEnv(environ []string, name string) string {
 	for _, kv := range environ {
 		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
 			return v
@@ -369,7 +364,8 @@ func envNames(cfg *Config) []string {
 	return names
 }
 
-func newLogger(c LogConfig, w io.Writer) *slog.Logger {
+// NewLogger builds the process logger from the log section.
+func NewLogger(c LogConfig, w io.Writer) *slog.Logger {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(c.Level))
 	opts := &slog.HandlerOptions{Level: level}

@@ -1,0 +1,252 @@
+// Package app is onceproxy as a program: the configuration (config.go), the
+// wiring of the parts from it (Build), and their life until shutdown
+// (Serve). main and the tests that run the whole proxy use the same Build,
+// so the tests exercise the wiring users run.
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
+	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
+	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// Options are what Build needs besides the configuration.
+type Options struct {
+	// Logger receives every log line. Required.
+	Logger *slog.Logger
+	// Getenv reads the process environment (auth.users[].password_env,
+	// upstream.provider.api_key_env, admin.token_env). nil reads nothing.
+	Getenv func(string) string
+}
+
+// App is a built onceproxy: listeners bound, CA loaded, every part wired.
+// Serve runs it; Close releases what Build made (Serve calls it).
+type App struct {
+	cfg    *Config
+	log    *slog.Logger
+	lns    *listeners
+	shared *shared // nil: this instance runs alone
+	up     *upstream.Pool
+	px     *proxy.Server
+	admin  *http.Server // nil when admin.listen is ""
+	// Engine is the dedup engine, for tests that look inside.
+	Engine *dedup.Engine
+	// CA is the local certificate authority.
+	CA *mitm.Authority
+
+	closers []func() // in the order they were made; run backwards
+}
+
+// Build wires onceproxy from cfg. It binds the listeners first: the SSRF
+// guard must know the proxy's own addresses before the upstream can dial
+// anything, and a busy port should fail start-up before a CA is created.
+// On error, everything built so far is released.
+func Build(cfg *Config, o Options) (_ *App, err error) {
+	if o.Logger == nil {
+		return nil, errors.New("app: Options.Logger is required")
+	}
+	getenv := o.Getenv
+	if getenv == nil {
+		getenv = func(string) string { return "" }
+	}
+	a := &App{cfg: cfg, log: o.Logger}
+	defer func() {
+		if err != nil {
+			a.Close()
+		}
+	}()
+	logger := a.log
+
+	if a.lns, err = listen(cfg); err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, a.lns.close)
+	if a.CA, err = mitm.LoadOrCreate(cfg.MITM, logger); err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, a.CA.Close)
+	guard, err := netguard.New(cfg.Guard)
+	if err != nil {
+		return nil, err
+	}
+	local := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
+	a.closers = append(a.closers, local.Close)
+	if a.shared, err = openShared(cfg, local, logger); err != nil {
+		return nil, err
+	}
+	if a.shared != nil {
+		a.closers = append(a.closers, func() { _ = a.shared.life.Close() })
+	}
+
+	upOpts := []upstream.Option{upstream.WithDialControl(a.lns.guardControl(guard))}
+	if a.shared != nil {
+		// Session cooldowns and rotations are fleet news.
+		upOpts = append(upOpts, upstream.WithBus(a.shared.bus))
+	}
+	if a.up, err = upstream.New(cfg.Upstream, logger, upOpts...); err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, a.up.Close)
+	logger.Info("upstream", "egress", a.up.Describe())
+	// Politeness pacing sits behind dedup: only requests that really go
+	// upstream wait for their turn at a host.
+	polite := ratelimit.NewPolite(cfg.RateLimit, a.up)
+	a.closers = append(a.closers, polite.Close)
+
+	dopts := dedup.Options{Store: local, Next: polite, Logger: logger}
+	var counter ratelimit.Counter
+	if a.shared != nil {
+		dopts.Store, dopts.Fleet, dopts.Recorder = a.shared.cache, a.shared.cache, a.shared.bus
+		counter = a.shared.bus
+	}
+	if a.Engine, err = dedup.New(cfg.Dedup, dopts); err != nil {
+		return nil, err
+	}
+	// Flights still running after the proxy drained are cut here.
+	a.closers = append(a.closers, a.Engine.Close)
+	warnTTLOverRotation(logger, cfg, a.up)
+
+	limiter, err := ratelimit.New(cfg.RateLimit, counter)
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, limiter.Close)
+	users, err := auth.New(cfg.Auth, getenv)
+	if err != nil {
+		return nil, err
+	}
+	a.closers = append(a.closers, users.Close)
+	popts := proxy.Options{
+		Logger:    logger,
+		Certs:     a.CA,
+		Upstream:  a.up,
+		Next:      a.Engine,
+		AccessLog: cfg.Log.Access,
+		Realm:     cfg.Auth.Realm,
+		Limiter:   limiter,
+		Guard:     guard,
+		Metrics:   metrics.New(),
+	}
+	if users.Enabled() {
+		popts.Users = users
+	} else {
+		logger.Warn("no proxy users configured: the proxy ports accept anyone who can reach them",
+			"proxy", cfg.Proxy.Listen, "socks5", cfg.SOCKS5.Listen)
+	}
+	if a.px, err = proxy.New(cfg.Proxy, popts); err != nil {
+		return nil, err
+	}
+	registerMetrics(popts.Metrics, a.Engine, a.CA, a.up, a.shared)
+
+	if a.lns.admin != nil {
+		ao := admin.Options{
+			CAPEM:     a.CA.CertPEM(),
+			Proxy:     a.px,
+			Cache:     a.Engine,
+			Sessions:  a.up,
+			Metrics:   popts.Metrics.Handler(),
+			Token:     adminToken(cfg.Admin, getenv),
+			ProxyAddr: a.lns.proxy.Addr().String(),
+		}
+		if a.shared != nil {
+			ao.Fleet = a.shared
+		}
+		a.admin = &http.Server{
+			Handler:           admin.New(ao),
+			ReadHeaderTimeout: 5 * time.Second,
+			IdleTimeout:       time.Minute,
+			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		}
+		logger.Info("admin listening", "addr", a.lns.admin.Addr().String(),
+			"ca_download", "http://"+a.lns.admin.Addr().String()+"/ca.pem")
+	}
+	return a, nil
+}
+
+// Addrs are the bound listener addresses ("" for a listener that is off).
+type Addrs struct {
+	Proxy, SOCKS5, Admin string
+}
+
+// Addrs returns where the app listens.
+func (a *App) Addrs() Addrs {
+	var out Addrs
+	out.Proxy = a.lns.proxy.Addr().String()
+	if a.lns.socks != nil {
+		out.SOCKS5 = a.lns.socks.Addr().String()
+	}
+	if a.lns.admin != nil {
+		out.Admin = a.lns.admin.Addr().String()
+	}
+	return out
+}
+
+// Serve runs the app until ctx ends, then shuts down gracefully: in-flight
+// requests get proxy.shutdown_grace, then every part is released.
+func (a *App) Serve(ctx context.Context) error {
+	defer a.Close()
+	cfg := a.cfg
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return a.px.Serve(a.lns.proxy) })
+	if a.lns.socks != nil {
+		g.Go(func() error { return a.px.ServeSOCKS5(a.lns.socks, cfg.SOCKS5) })
+	}
+	g.Go(func() error { return a.up.Run(gctx) })
+	if a.shared != nil {
+		g.Go(func() error { return a.shared.life.Run(gctx) })
+	}
+	if a.admin != nil {
+		g.Go(func() error {
+			if err := a.admin.Serve(a.lns.admin); !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("admin: %w", err)
+			}
+			return nil
+		})
+	}
+	g.Go(func() error {
+		<-gctx.Done()
+		a.log.Info("shutting down", "grace", cfg.Proxy.ShutdownGrace)
+		sctx, cancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace)
+		defer cancel()
+		err := a.px.Shutdown(sctx)
+		if a.admin != nil {
+			_ = a.admin.Shutdown(sctx)
+		}
+		return err
+	})
+	err := g.Wait()
+	a.log.Info("stopped")
+	return err
+}
+
+// Close releases everything Build made, newest first. It is idempotent.
+func (a *App) Close() {
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		a.closers[i]()
+	}
+	a.closers = nil
+}
+
+// adminToken reads the admin bearer token from the variable named by
+// admin.token_env ("" = no token).
+func adminToken(c AdminConfig, getenv func(string) string) string {
+	if c.TokenEnv == "" {
+		return ""
+	}
+	return getenv(c.TokenEnv)
+}

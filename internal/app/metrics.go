@@ -1,0 +1,70 @@
+package app
+
+import (
+	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
+	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// registerMetrics exposes the totals the components keep themselves.
+func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authority, up *upstream.Pool, shared *shared) {
+	stat := func(f func(dedup.Stats) float64) func() float64 {
+		return func() float64 { return f(engine.Stats()) }
+	}
+	m.Gauge("flights_in_progress", "Upstream fetches others may be waiting on, running now.",
+		stat(func(s dedup.Stats) float64 { return float64(s.Flights) }))
+	m.Gauge("flight_waiters", "Requests waiting on a flight (this process), the leader included.",
+		stat(func(s dedup.Stats) float64 { return float64(s.Waiters) }))
+	m.Gauge("cache_bytes", "Bytes of responses held in the memory cache.",
+		stat(func(s dedup.Stats) float64 { return float64(s.Store.Bytes) }))
+	m.Gauge("cache_entries", "Responses held in the memory cache.",
+		stat(func(s dedup.Stats) float64 { return float64(s.Store.Entries) }))
+	m.Counter("cache_evictions_total", "Responses evicted from the memory cache to stay within its size.",
+		stat(func(s dedup.Stats) float64 { return float64(s.Store.Evictions) }))
+	m.Counter("upstream_requests_total", "Requests the dedup layer sent upstream (misses and bypasses).",
+		stat(func(s dedup.Stats) float64 { return float64(s.UpstreamRequests) }))
+	m.Counter("upstream_bytes_avoided_total", "Response body bytes served without an upstream request (HIT, COALESCED).",
+		stat(func(s dedup.Stats) float64 { return float64(s.BytesAvoided) }))
+	m.Counter("certificates_minted_total", "Leaf certificates signed by the local CA.",
+		func() float64 { return float64(ca.Stats().Mints) })
+	m.Gauge("certificates_cached", "Leaf certificates held in memory.",
+		func() float64 { return float64(ca.Stats().Cached) })
+	for _, v := range []struct {
+		name, help string
+		counter    bool
+		value      func(upstream.SessionStatus) float64
+	}{
+		{"upstream_session_requests_total", "Requests sent through each upstream session.", true,
+			func(s upstream.SessionStatus) float64 { return float64(s.Requests) }},
+		{"upstream_session_failures_total", "Failed requests (429, ban, 5xx, connection error) per upstream session.", true,
+			func(s upstream.SessionStatus) float64 { return float64(s.Failures) }},
+		{"upstream_session_weight", "Current health weight (1-10) of each upstream session.", false,
+			func(s upstream.SessionStatus) float64 { return float64(s.Weight) }},
+		{"upstream_session_available", "1 when the session is usable, 0 while it cools down.", false,
+			func(s upstream.SessionStatus) float64 { return boolValue(s.Available) }},
+	} {
+		m.Register(metrics.NewVec(v.name, v.help, v.counter, []string{"session"}, func(emit func(float64, ...string)) {
+			for _, s := range up.Sessions() {
+				emit(v.value(s), s.ID)
+			}
+		}))
+	}
+	rejected := func() float64 { return float64(up.NotesRejected()) }
+	if shared != nil {
+		m.Register(metrics.NewVec("store_available", "1 when the store shared by the fleet is in use, 0 while its breaker is open.",
+			false, []string{"store"}, func(emit func(float64, ...string)) {
+				emit(boolValue(shared.Available()), shared.Name())
+			}))
+		rejected = func() float64 { return float64(up.NotesRejected() + shared.life.Rejected()) }
+	}
+	m.Counter("fleet_notes_rejected_total", "Events, notes and stored values from the shared store that were ignored because they could not be read (another version, a person with redis-cli, a bug).",
+		rejected)
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
