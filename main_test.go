@@ -656,3 +656,81 @@ func writeConfig(t *testing.T, text string) string {
 	}
 	return p
 }
+
+// TestMalformedFleetNoteKeepsTheFleetUp is the reproduction of a crash:
+// one note with an unknown reason on the events channel took down every
+// instance that heard it, and, kept as a lasting cooldown, every instance
+// started afterwards. Now the instance keeps serving, its sessions API
+// answers, the rejection is counted, and a new instance with the bad note
+// still in Redis starts and serves.
+func TestMalformedFleetNoteKeepsTheFleetUp(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 1})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	rs := redistest.Start(t)
+	env := func() []string {
+		return append(testEnv(t, httptest.NewTLSServer(nil)), "ONCEPROXY_REDIS_URL="+rs.URL,
+			"ONCEPROXY_UPSTREAM_SESSIONS=[{id: s1, url: '"+fp.URL("s1", "http")+"'}]")
+	}
+	a, aAdmin := startInstance(t, env())
+	rc := rs.Client()
+	ctx := context.Background()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		n, err := rc.PubSubNumSub(ctx, "onceproxy:v1:events").Result()
+		if err == nil && n["onceproxy:v1:events"] == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("instance not subscribed: %v %v", n, err)
+		}
+	}
+	const bad = `{"session":"s1","kind":"cooldown","for":60000000000,"reason":"bogus"}`
+	if err := rc.Publish(ctx, "onceproxy:v1:events", "n other session "+bad).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The same note kept as a lasting cooldown, as an instance would keep
+	// it, for instances that start later.
+	now, err := rc.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rc.HSet(ctx, "onceproxy:v1:notes:session", "s1",
+		fmt.Sprintf("%d %s", now.Add(time.Minute).UnixMilli(), bad)).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rejected := func(admin string) int {
+		resp, err := http.Get("http://" + admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var n int
+		fmt.Sscanf(grepLines(string(b), "onceproxy_fleet_notes_rejected_total "), "onceproxy_fleet_notes_rejected_total %d", &n)
+		return n
+	}
+	for deadline := time.Now().Add(10 * time.Second); rejected(aAdmin) < 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the bad note was never counted as rejected")
+		}
+	}
+	check := func(name, proxyAddr, admin string) {
+		t.Helper()
+		if code, body := status(t, plainClient(proxyAddr, "", ""), origin.URL+"/"+name); code != 200 || !strings.HasSuffix(body, "page") {
+			t.Fatalf("%s after the bad note: %d %q", name, code, body)
+		}
+		var st struct {
+			Sessions []upstream.SessionStatus `json:"sessions"`
+		}
+		getJSON(t, "http://"+admin+"/upstream/sessions", &st)
+		if len(st.Sessions) != 1 || !st.Sessions[0].Available {
+			t.Fatalf("%s: sessions after the bad note: %+v", name, st.Sessions)
+		}
+	}
+	check("a", a, aAdmin)
+	b, bAdmin := startInstance(t, env())
+	check("b", b, bAdmin)
+	if n := rejected(bAdmin); n < 1 {
+		t.Errorf("the instance started afterwards did not count the recalled bad note (%d)", n)
+	}
+}
