@@ -50,7 +50,7 @@ func parseOutcome(name string) (outcome, bool) {
 func (o outcome) failure() bool { return o >= outcomeRateLimited }
 
 // penalty is what one failure costs a session. The numbers follow the
-// ProxyPool design the issue cites: a 429 says "this IP, right now" (short
+// usual rotating-pool practice: a 429 says "this IP, right now" (short
 // cooldown), a connection error says "this gateway/session is broken"
 // (long cooldown), a 5xx is usually the origin's (no cooldown).
 type penalty struct {

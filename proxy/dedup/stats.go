@@ -2,7 +2,11 @@ package dedup
 
 import "sync/atomic"
 
-// X-Cache values (see DESIGN.md, "The X-Cache contract").
+// X-Cache values: HIT (served from the cache, no upstream request),
+// COALESCED (waited on an identical request in flight, here or on another
+// instance), MISS (went upstream; stored if cacheable), BYPASS (went
+// upstream without dedup: not dedupable, too large, or the shared store is
+// away).
 const (
 	CacheHit       = "HIT"
 	CacheCoalesced = "COALESCED"
@@ -42,8 +46,8 @@ func (c *counters) count(xcache string, avoided int) {
 }
 
 // Stats is a snapshot of what deduplication saved, for /cache/stats.
-// by_source uses the names of the savings report of the CAPTCHA-dedup
-// seed: api (went upstream), dedup_cache (HIT), dedup_wait (COALESCED).
+// by_source uses the names CAPTCHA-solver dedup layers report savings in:
+// api (went upstream), dedup_cache (HIT), dedup_wait (COALESCED).
 type Stats struct {
 	Requests         uint64            `json:"requests"`
 	XCache           map[string]uint64 `json:"x_cache"`
