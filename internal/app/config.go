@@ -2,6 +2,7 @@ package app
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +44,7 @@ type Config struct {
 	Auth      auth.Config        `yaml:"auth"`
 	RateLimit ratelimit.Config   `yaml:"rate_limit"`
 	Guard     netguard.Config    `yaml:"guard"`
+	Process   ProcessConfig      `yaml:"process"`
 }
 
 // LogConfig is the `log:` section.
@@ -248,13 +250,20 @@ func sectionNames() map[string]string {
 			for ft.Kind() == reflect.Slice || ft.Kind() == reflect.Pointer {
 				ft = ft.Elem()
 			}
-			if ft.Kind() == reflect.Struct && ft.PkgPath() != "time" {
+			if isSection(ft) {
 				walk(ft, strings.TrimPrefix(path+"."+name, "."))
 			}
 		}
 	}
 	walk(reflect.TypeFor[Config](), "")
 	return out
+}
+
+// isSection reports whether a struct type is a section of keys rather than
+// one value: time.Duration-like and text-unmarshalled types are values.
+func isSection(t reflect.Type) bool {
+	return t.Kind() == reflect.Struct && t.PkgPath() != "time" &&
+		!reflect.PointerTo(t).Implements(reflect.TypeFor[encoding.TextUnmarshaler]())
 }
 
 func yamlName(f reflect.StructField) string {
@@ -286,7 +295,7 @@ func envKeys(cfg *Config) map[string]configKey {
 			}
 			p := strings.TrimPrefix(path+"."+name, ".")
 			fv := v.Field(i)
-			if fv.Kind() == reflect.Struct && fv.Type().PkgPath() != "time" {
+			if isSection(fv.Type()) {
 				walk(fv, p)
 				continue
 			}
