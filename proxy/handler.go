@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -101,12 +102,23 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 	req.RequestURI = ""
 	req.Header.Del(headerProxyError)
 
+	var body *clientBody
+	if req.Body != nil && req.Body != http.NoBody {
+		body = &clientBody{ReadCloser: req.Body}
+		req.Body = body
+	}
 	next := s.next
 	if upgrade {
 		// A protocol switch is a live two-way stream: never deduplicated.
 		next = s.upstream
 	}
 	up, err := next.RoundTrip(req.WithContext(clientinfo.With(ctx, info)))
+	if err != nil && body != nil && body.failed() != nil {
+		// The client's own body was malformed (a bad chunk, cut short):
+		// its fault, not the upstream's.
+		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,
+			"malformed request body: "+body.failed().Error())
+	}
 	if err != nil {
 		resp, status, kind := failureResponse(req, err)
 		if kind == kindForbidden {
@@ -121,6 +133,35 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 		removeHopHeaders(up.Header, false)
 	}
 	return req, up
+}
+
+// clientBody remembers the first error reading a client's request body,
+// so that a failure it caused is answered as the client's (400), not as
+// an upstream failure.
+type clientBody struct {
+	io.ReadCloser
+	mu  sync.Mutex
+	err error
+}
+
+func (b *clientBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	// A read after the transport closed the body says nothing about the
+	// client's bytes.
+	if err != nil && err != io.EOF && !errors.Is(err, http.ErrBodyReadAfterClose) {
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+		}
+		b.mu.Unlock()
+	}
+	return n, err
+}
+
+func (b *clientBody) failed() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
 }
 
 // finish attaches the access log line and the in-flight accounting to the

@@ -403,3 +403,37 @@ func TestUntrustedCAIsExplained(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestMalformedChunkedBodyIs400: a client whose chunked body is malformed
+// gets a 400 that says so, on the proxy port and inside a tunnel, with
+// dedup on or off, whether the body is read for the key (GET) or streamed
+// upstream (POST); it used to be a 502 "upstream_error".
+func TestMalformedChunkedBodyIs400(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.ReadAll(r.Body)
+		io.WriteString(w, "ok")
+	}))
+	host := strings.TrimPrefix(origin.URL, "http://")
+	for _, dd := range []*dedup.Config{nil, dedupOn(dedup.Config{})} {
+		w := newWorld(t, worldOpts{dedup: dd})
+		for _, method := range []string{"GET", "POST"} {
+			for _, bad := range []string{"zz\r\nabc\r\n0\r\n\r\n", "5\r\nabc\r\n0\r\n\r\n"} {
+				head := method + " %s HTTP/1.1\r\nHost: " + host + "\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+				resp, body := rawExchange(t, w.proxyURL.Host, fmt.Sprintf(head, origin.URL+"/a")+bad)
+				if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "malformed request body") {
+					t.Errorf("dedup %v, %s on the proxy port: %d %q", dd != nil, method, resp.StatusCode, body)
+				}
+				c := insideTunnel(t, w, host, false)
+				io.WriteString(c, fmt.Sprintf(head, "/a")+bad)
+				resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+				if err != nil {
+					t.Fatalf("inside a tunnel: %v", err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(b), "malformed request body") {
+					t.Errorf("dedup %v, %s inside a tunnel: %d %q", dd != nil, method, resp.StatusCode, b)
+				}
+			}
+		}
+	}
+}
