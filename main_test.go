@@ -9,6 +9,7 @@ import (
 	"encoding/pem"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +17,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -27,7 +29,6 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
-	"slices"
 )
 
 // testEnv returns a configuration, as environment overrides, that runs
@@ -732,5 +733,54 @@ func TestMalformedFleetNoteKeepsTheFleetUp(t *testing.T) {
 	check("b", b, bAdmin)
 	if n := rejected(bAdmin); n < 1 {
 		t.Errorf("the instance started afterwards did not count the recalled bad note (%d)", n)
+	}
+}
+
+// TestMoneySaved: 4 HITs of a 2 KiB page at 2 per 1,000 requests and 8 per
+// GB saved 4 x (0.002 + 2048 x 8 / 10^9) = 0.008065536, in /cache/stats,
+// in /metrics and on the status page.
+func TestMoneySaved(t *testing.T) {
+	page := strings.Repeat("x", 2048)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, page) }))
+	defer origin.Close()
+	proxyAddr, admin := startInstance(t, append(testEnv(t, httptest.NewTLSServer(nil)),
+		"ONCEPROXY_SAVINGS_PRICE_PER_1000_REQUESTS=2", "ONCEPROXY_SAVINGS_PRICE_PER_GB=8", "ONCEPROXY_SAVINGS_CURRENCY=EUR"))
+	c := plainClient(proxyAddr, "", "")
+	for i := range 5 {
+		if code, body := status(t, c, origin.URL+"/page"); code != 200 || !strings.HasSuffix(body, page) {
+			t.Fatalf("request %d: %d", i, code)
+		}
+	}
+	const want = 4 * (2.0/1000 + 2048*8/1e9)
+	var st struct {
+		Instance struct {
+			XCache     map[string]int `json:"x_cache"`
+			MoneySaved float64        `json:"money_saved"`
+			Currency   string         `json:"currency"`
+		} `json:"instance"`
+	}
+	getJSON(t, "http://"+admin+"/cache/stats", &st)
+	if st.Instance.XCache["HIT"] != 4 || math.Abs(st.Instance.MoneySaved-want) > 1e-9 || st.Instance.Currency != "EUR" {
+		t.Fatalf("stats: %+v, want 4 HITs saving %v EUR", st.Instance, want)
+	}
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	line := grepLines(string(b), `onceproxy_money_saved_total{currency="EUR"} `)
+	var got float64
+	if _, err := fmt.Sscanf(line, `onceproxy_money_saved_total{currency="EUR"} %g`, &got); err != nil || math.Abs(got-want) > 1e-9 {
+		t.Fatalf("metric line %q, want %v", line, want)
+	}
+	resp, err = http.Get("http://" + admin + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `<b id="money">0.008066 EUR</b>`) {
+		t.Errorf("status page lacks the money saved: %s", grepLines(string(b), `<div class="card"><span>money`))
 	}
 }

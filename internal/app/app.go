@@ -108,7 +108,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	polite := ratelimit.NewPolite(cfg.RateLimit, a.up)
 	a.closers = append(a.closers, polite.Close)
 
-	dopts := dedup.Options{Store: local, Next: polite, Logger: logger}
+	dopts := dedup.Options{Store: local, Next: polite, Logger: logger, Savings: cfg.Savings}
 	var counter ratelimit.Counter
 	if a.shared != nil {
 		dopts.Store, dopts.Fleet, dopts.Recorder = a.shared.cache, a.shared.cache, a.shared.bus

@@ -33,18 +33,19 @@ const envPrefix = "ONCEPROXY_"
 
 // Config is the whole configuration, one section per package.
 type Config struct {
-	Log       LogConfig          `yaml:"log"`
-	Proxy     proxy.Config       `yaml:"proxy"`
-	SOCKS5    proxy.SOCKS5Config `yaml:"socks5"`
-	Admin     AdminConfig        `yaml:"admin"`
-	MITM      mitm.Config        `yaml:"mitm"`
-	Upstream  upstream.Config    `yaml:"upstream"`
-	Dedup     dedup.Config       `yaml:"dedup"`
-	Redis     rediscache.Config  `yaml:"redis"`
-	Auth      auth.Config        `yaml:"auth"`
-	RateLimit ratelimit.Config   `yaml:"rate_limit"`
-	Guard     netguard.Config    `yaml:"guard"`
-	Process   ProcessConfig      `yaml:"process"`
+	Log       LogConfig           `yaml:"log"`
+	Proxy     proxy.Config        `yaml:"proxy"`
+	SOCKS5    proxy.SOCKS5Config  `yaml:"socks5"`
+	Admin     AdminConfig         `yaml:"admin"`
+	MITM      mitm.Config         `yaml:"mitm"`
+	Upstream  upstream.Config     `yaml:"upstream"`
+	Dedup     dedup.Config        `yaml:"dedup"`
+	Redis     rediscache.Config   `yaml:"redis"`
+	Auth      auth.Config         `yaml:"auth"`
+	RateLimit ratelimit.Config    `yaml:"rate_limit"`
+	Guard     netguard.Config     `yaml:"guard"`
+	Savings   dedup.SavingsConfig `yaml:"savings"`
+	Process   ProcessConfig       `yaml:"process"`
 }
 
 // LogConfig is the `log:` section.
@@ -112,6 +113,7 @@ func (c *Config) withDefaults() {
 	c.Redis = c.Redis.WithDefaults()
 	c.Auth = c.Auth.WithDefaults()
 	c.RateLimit = c.RateLimit.WithDefaults()
+	c.Savings = c.Savings.WithDefaults()
 }
 
 // validate checks every section and returns all problems, one per line, each
@@ -152,6 +154,7 @@ func (c *Config) validate(getenv func(string) string) error {
 	add("auth", c.Auth.Validate(getenv))
 	add("rate_limit", c.RateLimit.Validate())
 	add("guard", c.Guard.Validate())
+	add("savings", c.Savings.Validate())
 	if len(c.Auth.Users) == 0 && !c.Auth.AllowUnauthenticated {
 		// An open MITM proxy on a network is a liability: without users,
 		// only loopback listeners are accepted.

@@ -26,6 +26,11 @@ func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authorit
 		stat(func(s dedup.Stats) float64 { return float64(s.UpstreamRequests) }))
 	m.Counter("upstream_bytes_avoided_total", "Response body bytes served without an upstream request (HIT, COALESCED).",
 		stat(func(s dedup.Stats) float64 { return float64(s.BytesAvoided) }))
+	m.Register(metrics.NewVec("money_saved_total", "Money not paid upstream: requests avoided times the per-request price plus bytes avoided times the per-GB price (savings.*).",
+		true, []string{"currency"}, func(emit func(float64, ...string)) {
+			s := engine.Stats()
+			emit(s.MoneySaved, s.Currency)
+		}))
 	m.Counter("certificates_minted_total", "Leaf certificates signed by the local CA.",
 		func() float64 { return float64(ca.Stats().Mints) })
 	m.Gauge("certificates_cached", "Leaf certificates held in memory.",
@@ -50,6 +55,20 @@ func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authorit
 			}
 		}))
 	}
+	m.Gauge("upstream_sessions_cooling_ratio", "Share of the upstream sessions cooling down now (0 with no sessions).",
+		func() float64 {
+			list := up.Sessions()
+			cooling := 0
+			for _, s := range list {
+				if !s.Available {
+					cooling++
+				}
+			}
+			if len(list) == 0 {
+				return 0
+			}
+			return float64(cooling) / float64(len(list))
+		})
 	rejected := func() float64 { return float64(up.NotesRejected()) }
 	if shared != nil {
 		m.Register(metrics.NewVec("store_available", "1 when the store shared by the fleet is in use, 0 while its breaker is open.",

@@ -33,6 +33,12 @@ type Options struct {
 	Fleet Fleet
 	// Recorder also receives every outcome (fleet statistics); optional.
 	Recorder Recorder
+	// Savings prices what a HIT or COALESCED answer saved; zero prices
+	// count no money.
+	Savings SavingsConfig
+	// Prices, when set, prices each upstream on its own (providers with
+	// their own prices); Savings otherwise.
+	Prices Prices
 }
 
 // Engine deduplicates requests: it answers from the cache, makes identical
@@ -47,8 +53,11 @@ type Engine struct {
 	log   *slog.Logger
 	fleet Fleet
 	rec   Recorder
-	sf    singleflight.Group
-	st    counters
+	// prices and currency price the savings report.
+	prices   Prices
+	currency string
+	sf       singleflight.Group
+	st       counters
 
 	// base is canceled by Close: flights run detached from their clients
 	// but not from the engine's lifetime.
@@ -71,8 +80,15 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if o.Store == nil || o.Next == nil || o.Logger == nil {
 		return nil, errors.New("dedup: Store, Next and Logger are required")
 	}
+	savings := o.Savings.WithDefaults()
+	if err := savings.Validate(); err != nil {
+		return nil, fmt.Errorf("dedup: savings: %w", err)
+	}
 	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
-		perClient: map[string]int{}}
+		prices: o.Prices, currency: savings.Currency, perClient: map[string]int{}}
+	if e.prices == nil {
+		e.prices = savings
+	}
 	e.base, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
@@ -381,24 +397,33 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http
 	}
 	resp := ent.response(req, body, header)
 	markCache(resp.Header, xcache, key)
-	avoided := 0
-	if xcache == CacheHit {
-		resp.Header.Set("Age", strconv.FormatInt(int64(time.Since(ent.StoredAt)/time.Second), 10))
+	avoided, money := 0, int64(0)
+	if xcache == CacheHit || xcache == CacheCoalesced {
+		if xcache == CacheHit {
+			resp.Header.Set("Age", strconv.FormatInt(int64(time.Since(ent.StoredAt)/time.Second), 10))
+		}
 		avoided = len(ent.Body)
-	} else if xcache == CacheCoalesced {
-		avoided = len(ent.Body)
+		money = nano(e.prices.PriceOf(ent.Header.Get(headerUpstream)).saved(avoided))
 	}
-	e.count(xcache, avoided)
+	e.countSaved(xcache, avoided, money)
 	return resp, true
 }
 
-// count records one response's outcome, here and for the fleet.
-func (e *Engine) count(xcache string, avoided int) {
-	e.st.count(xcache, avoided)
+// count records one response's outcome that saved nothing, here and for
+// the fleet.
+func (e *Engine) count(xcache string, avoided int) { e.countSaved(xcache, avoided, 0) }
+
+// countSaved records one response's outcome and the money it saved.
+func (e *Engine) countSaved(xcache string, avoided int, moneyNano int64) {
+	e.st.count(xcache, avoided, moneyNano)
 	if e.rec != nil {
 		e.rec.Record(xcache, avoided)
 	}
 }
+
+// headerUpstream names the upstream session that fetched a response (set
+// by the upstream pool, stored with the entry): it picks the price.
+const headerUpstream = "X-Onceproxy-Upstream"
 
 func markCache(h http.Header, xcache, key string) {
 	h.Set(HeaderCache, xcache)
@@ -694,6 +719,7 @@ func varyValues(resp, req http.Header) (vals []HeaderValue, all bool) {
 // Stats returns what deduplication saved so far.
 func (e *Engine) Stats() Stats {
 	s := e.st.snapshot()
+	s.Currency = e.currency
 	s.Store = e.store.Stats()
 	return s
 }
