@@ -24,6 +24,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -40,17 +41,17 @@ const envPrefix = "ONCEPROXY_"
 
 // Config is the whole configuration, one section per package.
 type Config struct {
-	Log       LogConfig          `yaml:"log"`
-	Proxy     proxy.Config       `yaml:"proxy"`
-	SOCKS5    proxy.SOCKS5Config `yaml:"socks5"`
-	Admin     AdminConfig        `yaml:"admin"`
-	MITM      mitm.Config        `yaml:"mitm"`
-	Upstream  upstream.Config    `yaml:"upstream"`
-	Dedup     dedup.Config       `yaml:"dedup"`
-	Redis     rediscache.Config  `yaml:"redis"`
-	Auth      auth.Config        `yaml:"auth"`
-	RateLimit ratelimit.Config   `yaml:"rate_limit"`
-	Guard     netguard.Config    `yaml:"guard"`
+	Log       LogConfig         `yaml:"log"`
+	Proxy     proxy.Config      `yaml:"proxy"`
+	SOCKS5    socks.Config      `yaml:"socks5"`
+	Admin     AdminConfig       `yaml:"admin"`
+	MITM      mitm.Config       `yaml:"mitm"`
+	Upstream  upstream.Config   `yaml:"upstream"`
+	Dedup     dedup.Config      `yaml:"dedup"`
+	Redis     rediscache.Config `yaml:"redis"`
+	Auth      auth.Config       `yaml:"auth"`
+	RateLimit ratelimit.Config  `yaml:"rate_limit"`
+	Guard     netguard.Config   `yaml:"guard"`
 }
 
 // LogConfig is the `log:` section.

@@ -108,8 +108,9 @@ func (l *Listener) CloseAll() {
 // conn is a client connection of a Listener; Close gives its slot back.
 type conn struct {
 	halfclose.Conn // half-close passes through: tunnels forward a client's EOF
-	l              *Listener
-	once           sync.Once
+
+	l    *Listener
+	once sync.Once
 }
 
 func (c *conn) Close() error {

@@ -30,6 +30,7 @@ const refreshEvery = time.Second
 // deadline but never extend it. A zero owner deadline means "idle only".
 type Conn struct {
 	halfclose.Conn // CloseWrite, CloseRead and Unwrap pass through
+
 	timeout time.Duration
 	last    atomic.Int64 // unix nanos of the last idle refresh
 	rd, wd  atomic.Int64 // the owner's read/write deadlines, unix nanos; 0 = none
