@@ -75,7 +75,7 @@ func TestClassifyStream(t *testing.T) {
 	}
 }
 
-func TestConfigDefaultsAndValidate(t *testing.T) {
+func TestSOCKS5ConfigDefaultsAndValidate(t *testing.T) {
 	d := Config{}.WithDefaults()
 	if d.Listen != "" || d.AllowNoAuth {
 		t.Errorf("WithDefaults touched listen/allow_no_auth: %+v", d)
