@@ -77,27 +77,33 @@ func checkConnectTarget(name, port string) error {
 	return nil
 }
 
-// dialTunnel opens the upstream side of a blind tunnel (bypass hosts).
+// dialTunnel is goproxy's dial for a bypass CONNECT, which handleConnect
+// authenticated and checked: its user picks the upstream session
+// (user-session-ID) like any request's would.
 func (s *Server) dialTunnel(req *http.Request, network, addr string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	return s.dialBlind(context.Background(), addr, proxyUser(req.Header), req.RemoteAddr, req.Header)
+}
+
+// dialBlind opens the upstream side of a blind tunnel to addr for a client
+// (its proxy user, its address, the headers of its CONNECT), within the
+// dial timeout. The guard runs again, on this context: the mark of an
+// allow-listed name must reach the dial.
+func (s *Server) dialBlind(ctx context.Context, addr, user, remoteAddr string, h http.Header) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
-	// The CONNECT was authenticated in handleConnect; here its user picks
-	// the upstream session (user-session-ID) like any request's would.
-	client := &clientInfo{user: proxyUser(req.Header), connect: addr}
-	ctx = clientinfo.With(ctx, client.info(req.Header, req.RemoteAddr))
-	if s.guard != nil {
-		host, _, _ := net.SplitHostPort(addr)
-		var err error
-		if ctx, err = s.guard.CheckHostContext(ctx, host); err != nil {
-			return nil, err
-		}
+	client := &clientInfo{user: user, connect: addr}
+	ctx = clientinfo.With(ctx, client.info(h, remoteAddr))
+	host, _, _ := net.SplitHostPort(addr)
+	ctx, err := s.guardHost(ctx, host)
+	if err != nil {
+		return nil, err
 	}
-	c, err := s.upstream.DialContext(ctx, network, addr)
+	c, err := s.upstream.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	s.metrics.Tunnel()
-	return &tunnelConn{Conn: c, start: time.Now(), addr: addr, client: req.RemoteAddr, s: s}, nil
+	return &tunnelConn{Conn: halfclose.Conn{Conn: c}, start: time.Now(), addr: addr, client: remoteAddr, s: s}, nil
 }
 
 // tunnelError is goproxy's ConnectionErrHandler: when a bypass tunnel cannot
@@ -114,9 +120,9 @@ func (s *Server) tunnelError(w io.Writer, pctx *goproxy.ProxyCtx, err error) {
 	_ = resp.Write(w)
 }
 
-// tunnelConn logs a bypass tunnel when it ends, with the bytes each way.
+// tunnelConn logs a blind tunnel when it ends, with the bytes each way.
 type tunnelConn struct {
-	net.Conn
+	halfclose.Conn
 	start       time.Time
 	addr        string
 	client      string
@@ -148,10 +154,9 @@ func (c *tunnelConn) Close() error {
 	return err
 }
 
-func (c *tunnelConn) CloseWrite() error {
-	return halfclose.CloseWrite(c.Conn)
-}
-
-func (c *tunnelConn) CloseRead() error {
-	return halfclose.CloseRead(c.Conn)
+// Discard closes a tunnel dialled for nothing (the SOCKS5 door found TLS
+// or HTTP inside, and intercepts it instead), without an access log line.
+func (c *tunnelConn) Discard() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }

@@ -81,17 +81,24 @@ func retryAfter(d time.Duration) string {
 	return strconv.Itoa(max(int((d+time.Second-1)/time.Second), 1))
 }
 
-// checkTarget applies the SSRF guard to a target host before anything is
-// dialled. It returns the context to dial with, or a 403 response.
-func (s *Server) checkTarget(ctx context.Context, req *http.Request, host string) (context.Context, *http.Response) {
+// guardHost applies the SSRF guard to a target host before anything is
+// dialled or looked up: the one early check of every door and path. It
+// returns the context to dial with (see TargetGuard).
+func (s *Server) guardHost(ctx context.Context, host string) (context.Context, error) {
 	if s.guard == nil {
 		return ctx, nil
 	}
-	ctx, err := s.guard.CheckHostContext(ctx, host)
-	if err == nil {
-		return ctx, nil
+	return s.guard.CheckHostContext(ctx, host)
+}
+
+// checkTarget is guardHost for a request or CONNECT: the context to dial
+// with, or a 403 response.
+func (s *Server) checkTarget(ctx context.Context, req *http.Request, host string) (context.Context, *http.Response) {
+	ctx, err := s.guardHost(ctx, host)
+	if err != nil {
+		return ctx, s.refused(req, err)
 	}
-	return ctx, s.refused(req, err)
+	return ctx, nil
 }
 
 // refused answers a target the guard (at the front door or at dial time)

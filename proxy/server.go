@@ -1,7 +1,10 @@
 // Package proxy is onceproxy's front door: the HTTP proxy port (absolute-form
 // requests and CONNECT, on goproxy), interception of CONNECT tunnels with the
 // local CA, and the one handler every request goes through on its way to the
-// next stage (the dedup engine, then the upstream).
+// next stage (the dedup engine, then the upstream). The SOCKS5 port is a
+// door of its own (package socks), which the Server runs (ServeSOCKS5) and
+// serves as its socks.Pipeline: the same early target check, blind tunnels
+// and interception as a CONNECT here.
 package proxy
 
 import (
@@ -20,8 +23,11 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
+	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 )
 
 // CertSource provides the server side of intercepted TLS: a config whose
@@ -29,6 +35,13 @@ import (
 // host when the client sends none. *mitm.Authority satisfies it.
 type CertSource interface {
 	ServerConfig(fallbackHost string) *tls.Config
+}
+
+// UserStore verifies proxy users. Verify receives the user name exactly as
+// the client sent it, session hints included ("acct-session-abc"); a store
+// that knows accounts only can split it with clientinfo.ParseUser.
+type UserStore interface {
+	Verify(user, password string) bool
 }
 
 // Upstream is where traffic leaves the proxy: requests through RoundTrip,
@@ -99,9 +112,12 @@ type Server struct {
 	innerStarted bool
 	innerClosed  bool
 	innerWG      sync.WaitGroup
-	socks        *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
 
-	ln       atomic.Pointer[connListener]
+	doorsMu     sync.Mutex
+	doors       []*socks.Server // SOCKS5 doors (ServeSOCKS5), stopped by Shutdown
+	doorsClosed bool
+
+	ln       atomic.Pointer[connlimit.Listener]
 	inflight atomic.Int64 // requests between the handler and the end of their response body
 }
 
@@ -126,7 +142,6 @@ func New(cfg Config, o Options) (*Server, error) {
 		limiter:   o.Limiter,
 		guard:     o.Guard,
 		metrics:   o.Metrics,
-		socks:     newSOCKSDoor(),
 	}
 	if s.next == nil {
 		s.next = o.Upstream
@@ -134,7 +149,7 @@ func New(cfg Config, o Options) (*Server, error) {
 	if s.realm == "" {
 		s.realm = "onceproxy"
 	}
-	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.interceptTunnel}
+	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.hijackConnect}
 
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = goproxyLogger{o.Logger}
@@ -188,10 +203,7 @@ func (k keepBufferedOnHijack) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if n := rw.Reader.Buffered(); n > 0 {
-		b, _ := rw.Reader.Peek(n)
-		c = &prefixConn{Conn: c, prefix: append([]byte(nil), b...)}
-	}
+	c = readahead.Buffered(c, rw.Reader)
 	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
 }
 
@@ -206,7 +218,7 @@ func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
 // Serve accepts proxy clients on ln until Shutdown. It returns nil after a
 // Shutdown, or the error that stopped it.
 func (s *Server) Serve(ln net.Listener) error {
-	cl := newConnListener(ln, s.cfg.MaxConns, s.cfg.IdleTimeout)
+	cl := connlimit.New(ln, connlimit.Config{MaxConns: s.cfg.MaxConns, IdleTimeout: s.cfg.IdleTimeout})
 	s.ln.Store(cl)
 	s.logger.Info("proxy listening", "addr", ln.Addr().String())
 	err := s.srv.Serve(cl)
@@ -220,12 +232,22 @@ func (s *Server) Serve(ln net.Listener) error {
 // requests finish until ctx ends, then cuts every remaining connection (idle
 // keep-alives, MITM sessions, tunnels, WebSockets, SOCKS5 clients).
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.socks.stopAccepting()
+	// The SOCKS5 doors stop accepting at once, and cut what is left of
+	// their connections (blind tunnels) when the drain below is over.
+	s.doorsMu.Lock()
+	s.doorsClosed = true
+	doors := s.doors
+	s.doorsMu.Unlock()
+	drained, cut := context.WithCancel(context.Background())
+	var doorsDone sync.WaitGroup
+	for _, d := range doors {
+		doorsDone.Go(func() { _ = d.Shutdown(drained) })
+	}
 	// Both at once: keep-alive clients inside tunnels must hear "go away"
 	// while plain requests drain, not after.
 	innerErr := make(chan error, 1)
 	go func() { innerErr <- s.shutdownInner(ctx) }()
-	// Closes the HTTP listener and the SOCKS5 bridge; waits for plain requests.
+	// Closes the HTTP listener; waits for plain requests.
 	err := s.srv.Shutdown(ctx)
 	if ierr := <-innerErr; err == nil {
 		err = ierr
@@ -242,9 +264,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	left := s.inflight.Load()
 	if cl := s.ln.Load(); cl != nil {
-		cl.closeAll()
+		cl.CloseAll()
 	}
-	s.socks.cut(s.logger)
+	cut()
+	doorsDone.Wait()
 	if left > 0 {
 		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left)
 		if err == nil {

@@ -27,6 +27,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -49,7 +50,9 @@ type world struct {
 type worldOpts struct {
 	proxy    proxy.Config
 	upstream upstream.Config
-	next     func(up http.RoundTripper) http.RoundTripper // wraps the upstream as Options.Next
+	// upstreamOpts are passed to upstream.New (a counting lookup, say).
+	upstreamOpts []upstream.Option
+	next         func(up http.RoundTripper) http.RoundTripper // wraps the upstream as Options.Next
 	// originCAs are trusted for origins (written to files for upstream.ca_files).
 	originCAs []*x509.Certificate
 	// dedup, when set, puts a dedup engine (memory store) in front of the
@@ -58,7 +61,7 @@ type worldOpts struct {
 	// quiet discards logs (benchmarks: the buffer would grow without bound).
 	quiet bool
 	// socks5, when set, also serves SOCKS5 on a loopback port (world.socksAddr).
-	socks5 *proxy.SOCKS5Config
+	socks5 *socks.Config
 	// users is Options.Users.
 	users proxy.UserStore
 	// wrapUpstream wraps Options.Upstream (blind tunnels), e.g. to record dials.
@@ -92,7 +95,7 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		}
 		o.upstream.CAFiles = append(o.upstream.CAFiles, f)
 	}
-	up, err := upstream.New(o.upstream, logger)
+	up, err := upstream.New(o.upstream, logger, o.upstreamOpts...)
 	if err != nil {
 		t.Fatalf("upstream.New: %v", err)
 	}

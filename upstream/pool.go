@@ -79,6 +79,7 @@ type Option func(*options)
 
 type options struct {
 	control func(ctx context.Context, network, address string, c syscall.RawConn) error
+	lookup  LookupFunc
 	bus     Bus
 }
 
@@ -88,6 +89,14 @@ type options struct {
 // of the resolved address.
 func WithDialControl(f func(ctx context.Context, network, address string, c syscall.RawConn) error) Option {
 	return func(o *options) { o.control = f }
+}
+
+// WithLookup sets how the pool resolves the host names of the connections
+// it opens directly to origins (requests and tunnels alike; gateways and
+// the provider API are the operator's own addresses and are dialled as
+// usual). Default: net.DefaultResolver.LookupNetIP.
+func WithLookup(f LookupFunc) Option {
+	return func(o *options) { o.lookup = f }
 }
 
 // New builds a Pool from cfg (defaults applied here). It starts no
@@ -111,6 +120,10 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	kit := &connKit{cfg: cfg, tls: tlsConf,
 		dialer: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
 		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
+		lookup: o.lookup,
+	}
+	if kit.lookup == nil {
+		kit.lookup = net.DefaultResolver.LookupNetIP
 	}
 	p := &Pool{
 		cfg: cfg,

@@ -24,6 +24,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -35,7 +36,7 @@ const envPrefix = "ONCEPROXY_"
 type Config struct {
 	Log       LogConfig           `yaml:"log"`
 	Proxy     proxy.Config        `yaml:"proxy"`
-	SOCKS5    proxy.SOCKS5Config  `yaml:"socks5"`
+	SOCKS5    socks.Config        `yaml:"socks5"`
 	Admin     AdminConfig         `yaml:"admin"`
 	MITM      mitm.Config         `yaml:"mitm"`
 	Upstream  upstream.Config     `yaml:"upstream"`

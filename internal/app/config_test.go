@@ -9,8 +9,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 )
 
 // shippedConfig is config.yaml as main embeds it.
@@ -43,7 +43,7 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	zero.Admin = AdminConfig{Listen: "127.0.0.1:9090"}
 	// Fields whose zero value is a meaningful setting get their shipped
 	// value from the file alone.
-	zero.SOCKS5 = proxy.SOCKS5Config{Listen: proxy.DefaultSOCKS5Listen, AllowNoAuth: true}
+	zero.SOCKS5 = socks.Config{Listen: socks.DefaultListen, AllowNoAuth: true}
 	zero.Guard.AllowCIDRs = []string{"127.0.0.0/8", "::1/128"}
 	zero.Dedup.Enabled = true
 	zero.Dedup.TTL = dedup.DefaultTTL
