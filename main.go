@@ -110,7 +110,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 		logger.Info("no redis configured: cache and flights are this process's only")
 	}
 
-	upOpts := []upstream.Option{upstream.WithDialControl(lns.guardControl(guard))}
+	upOpts := []upstream.Option{upstream.WithDialControl(lns.guardControl(guard)), upstream.WithGetenv(func(k string) string { return lookupEnv(environ, k) })}
 	if shared != nil {
 		// Session cooldowns and rotations are fleet news.
 		upOpts = append(upOpts, upstream.WithFleet(sessionNews{shared}))

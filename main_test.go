@@ -376,22 +376,27 @@ func startInstance(t *testing.T, env []string) (proxyAddr, adminAddr string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan [2]string, 1)
-	done := make(chan error, 1)
+	// done is closed once run returned and runErr holds its result, so
+	// both the start-up failure below and the cleanup can read it.
+	done := make(chan struct{})
+	var runErr error
 	go func() {
-		done <- run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, io.Discard,
+		defer close(done)
+		runErr = run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, io.Discard,
 			func(p, a string) { ready <- [2]string{p, a} })
 	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
+		<-done
+		if runErr != nil && !t.Failed() {
+			t.Errorf("run: %v", runErr)
 		}
 	})
 	select {
 	case a := <-ready:
 		return a[0], a[1]
-	case err := <-done:
-		t.Fatalf("run: %v", err)
+	case <-done:
+		t.Fatalf("run: %v", runErr)
 	}
 	return "", ""
 }
@@ -645,5 +650,33 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	}
 	if resp := get(c, "/c"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
 		t.Fatalf("C: %d via %q, want 200 via s2", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
+	}
+}
+
+// TestProviderKeyInjectedIntoRun: the provider API key named by
+// upstream.provider.api_key_env comes from the environment run is given,
+// not the process's: the pool lists the provider's sessions with it and a
+// request names one of them.
+func TestProviderKeyInjectedIntoRun(t *testing.T) {
+	const name = "PROVIDER_KEY_FOR_TEST_6d1f"
+	if os.Getenv(name) != "" {
+		t.Fatalf("%s is set in the process environment; the test needs it unset", name)
+	}
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	env := append(testEnv(t, httptest.NewTLSServer(nil)),
+		"ONCEPROXY_UPSTREAM_PROVIDER_API="+fp.APIURL(),
+		"ONCEPROXY_UPSTREAM_PROVIDER_API_KEY_ENV="+name, name+"="+fp.APIKey())
+	proxyAddr, _ := startInstance(t, env)
+	req, _ := http.NewRequest(http.MethodGet, origin.URL+"/", nil)
+	req.Header.Set("X-Onceproxy-Session", "s2")
+	resp, err := plainClient(proxyAddr, "", "").Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
+		t.Fatalf("%d via %q, want 200 via the provider's session s2", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
 	}
 }

@@ -14,8 +14,6 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
-	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
-
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
@@ -38,24 +36,42 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 		pctx.Resp = s.challenge(pctx.Req, "proxy credentials required (Proxy-Authorization: Basic)")
 		return goproxy.RejectConnect, host
 	}
-	client := &clientInfo{user: user, connect: host}
+	// Who the client is, decided once for the whole tunnel: its
+	// requests carry this identity, whatever they say themselves. The
+	// CONNECT's own X-Onceproxy-Session names the tunnel's session.
+	info, err := s.tunnelClient(user, pctx.Req)
+	if err != nil {
+		s.logger.Warn("refused CONNECT with a bad session hint", "target", host, "client", pctx.Req.RemoteAddr, "err", err)
+		pctx.Resp = badSession(pctx.Req, err)
+		return goproxy.RejectConnect, host
+	}
+	client := &clientInfo{info: info, connect: host}
 	if _, refused := s.checkTarget(pctx.Req.Context(), pctx.Req, name); refused != nil {
 		s.logger.Warn("refused CONNECT to a forbidden target", "target", host, "client", pctx.Req.RemoteAddr)
 		pctx.Resp = refused
 		return goproxy.RejectConnect, host
 	}
 	pctx.UserData = client
-	if hostmatch.Any(s.cfg.BypassHosts, name) {
+	if s.bypass.Match(name) {
 		// A blind tunnel is one request as far as the rate limit goes;
 		// intercepted tunnels are counted request by request.
-		account, _ := clientinfo.ParseUser(user)
-		if r := s.limit(pctx.Req.Context(), pctx.Req, account, name); r != nil {
+		if r := s.limit(pctx.Req.Context(), pctx.Req, info.Client, name); r != nil {
 			pctx.Resp = r
 			return goproxy.RejectConnect, host
 		}
 		return &goproxy.ConnectAction{Action: goproxy.ConnectAccept}, host
 	}
 	return s.mitmAction, host
+}
+
+// tunnelClient identifies the client of an authenticated CONNECT: its
+// proxy user, and its X-Onceproxy-Session header, if any.
+func (s *Server) tunnelClient(user string, req *http.Request) (clientinfo.Info, error) {
+	info, err := s.identify(user, req.RemoteAddr, req.Header)
+	if err != nil {
+		return info, err
+	}
+	return sessionHeader(info, req.Header)
 }
 
 func checkConnectTarget(name, port string) error {
@@ -81,13 +97,16 @@ func checkConnectTarget(name, port string) error {
 func (s *Server) dialTunnel(req *http.Request, network, addr string) (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
 	defer cancel()
-	// The CONNECT was authenticated in handleConnect; here its user picks
-	// the upstream session (user-session-ID) like any request's would.
-	client := &clientInfo{user: proxyUser(req.Header), connect: addr}
-	ctx = clientinfo.With(ctx, client.info(req.Header, req.RemoteAddr))
+	// The CONNECT was authenticated and identified in handleConnect
+	// (which refused bad hints); here its user and header pick the
+	// upstream session like any request's would.
+	info, err := s.tunnelClient(proxyUser(req.Header), req)
+	if err != nil {
+		return nil, err
+	}
+	ctx = clientinfo.With(ctx, info)
 	if s.guard != nil {
 		host, _, _ := net.SplitHostPort(addr)
-		var err error
 		if ctx, err = s.guard.CheckHostContext(ctx, host); err != nil {
 			return nil, err
 		}

@@ -19,7 +19,6 @@ import (
 	"github.com/things-go/go-socks5/statute"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
-	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // UserStore verifies proxy users. Verify receives the user name exactly as
@@ -354,7 +353,14 @@ func (s *Server) socksConnect(w io.Writer, req *socks5.Request, cfg SOCKS5Config
 		t.user, t.password, t.hasCreds = ac.Payload["username"], ac.Payload["password"], true
 	}
 
-	bypass := hostmatch.Any(s.cfg.BypassHosts, host)
+	info, err := s.identify(t.user, t.client, nil)
+	if err != nil {
+		s.logger.Warn("socks5: refused a CONNECT with a bad session hint", "target", t.target, "client", t.client, "err", err)
+		_ = sendReply(conn, statute.RepRuleFailure, nil)
+		return nil
+	}
+	t.info = info
+	bypass := s.bypass.Match(host)
 	if cfg.isMITMPort(req.DestAddr.Port) && !bypass {
 		return t.sniffFirst()
 	}
@@ -373,6 +379,7 @@ type socksTunnel struct {
 	user     string
 	password string
 	hasCreds bool
+	info     clientinfo.Info // who the client is (identify)
 }
 
 // sniffFirst serves a CONNECT to a MITM port: the usual case (HTTPS, HTTP)
@@ -454,8 +461,7 @@ func (t *socksTunnel) firstSpeakerDecides(up net.Conn) error {
 func (t *socksTunnel) dial() (net.Conn, error) {
 	ctx, cancel := context.WithTimeout(t.s.socks.ctx, t.s.cfg.DialTimeout)
 	defer cancel()
-	ci := &clientInfo{user: t.user, connect: t.target}
-	ctx = clientinfo.With(ctx, ci.info(http.Header{}, t.client))
+	ctx = clientinfo.With(ctx, t.info)
 	c, err := t.s.upstream.DialContext(ctx, "tcp", t.target)
 	if err != nil {
 		return nil, err

@@ -469,7 +469,7 @@ func TestBanBody(t *testing.T) {
 		return true
 	})
 	cfg := providerConfig(fp)
-	cfg.Rules = []upstream.RuleConfig{{Name: "shop", Host: "127.0.0.*", BanBody: "cf-captcha-wall", BanStatuses: []int{403}}}
+	cfg.Rules = []upstream.RuleConfig{{Name: "shop", Host: "127.0.0.1", BanBody: "cf-captcha-wall", BanStatuses: []int{403}}}
 	logger, _ := testLogger(t)
 	p := newPool(t, cfg, logger)
 

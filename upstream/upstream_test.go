@@ -325,7 +325,7 @@ func TestConfigValidate(t *testing.T) {
 		}, []string{"dial_timeout:", "max_idle_conns_per_host:", "ca_files[0]:", "insecure_skip_verify_hosts[0]:"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cfg.Validate()
+			err := tc.cfg.Validate(nil)
 			if len(tc.want) == 0 {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)

@@ -4,12 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"path"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Config is the `dedup:` section of config.yaml. Its top-level settings are
@@ -64,8 +64,10 @@ type MemoryConfig struct {
 type RuleConfig struct {
 	// Name identifies the rule in logs and errors.
 	Name string `yaml:"name"`
-	// Host is a glob on the request host without port ("*.example.com",
-	// "api.example.com"); empty matches any host.
+	// Host is a host pattern matched against the request host without
+	// port: "api.example.com" exactly, or "*.example.com" for every
+	// subdomain at any depth (not example.com itself); case and a trailing
+	// dot do not matter. Empty matches any host.
 	Host string `yaml:"host"`
 	// PathPrefix matches the start of the URL path; empty matches any.
 	PathPrefix string `yaml:"path_prefix"`
@@ -182,8 +184,8 @@ func ruleLabel(r RuleConfig) string {
 func (r RuleConfig) validate() []error {
 	var errs []error
 	if r.Host != "" {
-		if _, err := path.Match(r.Host, "x"); err != nil || strings.ContainsAny(r.Host, "/: ") {
-			errs = append(errs, fmt.Errorf("host: %q is not a valid host glob", r.Host))
+		if err := hostmatch.Valid(r.Host); err != nil {
+			errs = append(errs, fmt.Errorf("host: %w", err))
 		}
 	}
 	if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
