@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
@@ -26,6 +25,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 	"slices"
 )
@@ -248,9 +248,13 @@ func TestFleetOfThree(t *testing.T) {
 		hits.Add(1)
 		time.Sleep(200 * time.Millisecond)
 		// Answer once every client is waiting somewhere in the fleet.
-		deadline := time.Now().Add(50 * time.Second)
-		for waiting(t, admins) < n && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
+		var last int64
+		var lastErr error
+		if !testkit.Wait(t, testkit.Patience, func() bool {
+			last, lastErr = waiting(admins)
+			return last == n
+		}, "%d clients waiting in the fleet", n) {
+			t.Errorf("fleet waiters: %d (last error %v)", last, lastErr)
 		}
 		fmt.Fprintf(w, "fleet answer %d", time.Now().UnixNano())
 	}))
@@ -323,28 +327,25 @@ func TestFleetOfThree(t *testing.T) {
 		t.Fatalf("origin saw %d requests, want 1", hits.Load())
 	}
 	// The fleet statistics (flushed every second) count every instance.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var st struct {
-			Fleet struct {
-				Today struct {
-					Requests int64 `json:"requests"`
-				} `json:"today"`
-			} `json:"fleet"`
-		}
-		getJSON(t, "http://"+admins[0]+"/cache/stats", &st)
-		if st.Fleet.Today.Requests == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleet stats count %d requests, want %d", st.Fleet.Today.Requests, n)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var st struct {
+		Fleet struct {
+			Today struct {
+				Requests int64 `json:"requests"`
+			} `json:"today"`
+		} `json:"fleet"`
+	}
+	var statsErr error
+	if !testkit.Poll(testkit.Patience, func() bool {
+		statsErr = testkit.GetJSON("http://"+admins[0]+"/cache/stats", &st)
+		return statsErr == nil && st.Fleet.Today.Requests == n
+	}) {
+		t.Fatalf("fleet stats count %d requests, want %d (%v)", st.Fleet.Today.Requests, n, statsErr)
 	}
 }
 
-// waiting sums flight_waiters over the instances' admin APIs.
-func waiting(t *testing.T, admins []string) int64 {
+// waiting sums flight_waiters over the instances' admin APIs. It runs in
+// an origin handler: it reports errors rather than failing the test.
+func waiting(admins []string) (int64, error) {
 	var total int64
 	for _, a := range admins {
 		var st struct {
@@ -352,22 +353,12 @@ func waiting(t *testing.T, admins []string) int64 {
 				Waiters int64 `json:"flight_waiters"`
 			} `json:"instance"`
 		}
-		getJSON(t, "http://"+a+"/cache/stats", &st)
+		if err := testkit.GetJSON("http://"+a+"/cache/stats", &st); err != nil {
+			return total, err
+		}
 		total += st.Instance.Waiters
 	}
-	return total
-}
-
-func getJSON(t *testing.T, u string, v any) {
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Error(err)
-	}
+	return total, nil
 }
 
 // startInstance runs the whole program with extra environment on free
@@ -592,15 +583,10 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	// News is pub/sub: wait until both instances listen, as a fleet that
 	// has been up for a while does.
 	rc := rs.Client()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		n, err := rc.PubSubNumSub(context.Background(), "onceproxy:v1:events").Result()
-		if err == nil && n["onceproxy:v1:events"] == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("instances not subscribed: %v %v", n, err)
-		}
-	}
+		return err == nil && n["onceproxy:v1:events"] == 2
+	}, "both instances to subscribe to the events channel")
 	get := func(proxyAddr, path string) *http.Response {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, origin.URL+path, nil)
@@ -616,20 +602,17 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	if resp := get(a, "/a"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
 		t.Fatalf("A: %d via %q, want 200 via s2 after s1's 429", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var st struct {
-			Sessions []upstream.SessionStatus `json:"sessions"`
+	var bSessions struct {
+		Sessions []upstream.SessionStatus `json:"sessions"`
+	}
+	if !testkit.Poll(testkit.Patience, func() bool {
+		if err := testkit.GetJSON("http://"+bAdmin+"/upstream/sessions", &bSessions); err != nil {
+			return false
 		}
-		getJSON(t, "http://"+bAdmin+"/upstream/sessions", &st)
-		i := slices.IndexFunc(st.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
-		if i >= 0 && !st.Sessions[i].Available && st.Sessions[i].CooldownReason == "rate_limited" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("B never benched s1: %+v", st.Sessions)
-		}
-		time.Sleep(20 * time.Millisecond)
+		i := slices.IndexFunc(bSessions.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
+		return i >= 0 && !bSessions.Sessions[i].Available && bSessions.Sessions[i].CooldownReason == "rate_limited"
+	}) {
+		t.Fatalf("B never benched s1: %+v", bSessions.Sessions)
 	}
 	if resp := get(b, "/b"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
 		t.Fatalf("B: %d via %q, want 200 via s2", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
@@ -643,7 +626,9 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	var st struct {
 		Sessions []upstream.SessionStatus `json:"sessions"`
 	}
-	getJSON(t, "http://"+cAdmin+"/upstream/sessions", &st)
+	if err := testkit.GetJSON("http://"+cAdmin+"/upstream/sessions", &st); err != nil {
+		t.Fatal(err)
+	}
 	i := slices.IndexFunc(st.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
 	if i < 0 || st.Sessions[i].Available || time.Until(st.Sessions[i].CooldownUntil) < 9*time.Minute {
 		t.Fatalf("a new instance did not recall s1's cooldown: %+v", st.Sessions)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -149,9 +150,9 @@ func TestRunAndCloseLeaveNoGoroutine(t *testing.T) {
 			t.Fatalf("request %d: %v %+v", i, err, r)
 		}
 	}
-	eventually(t, "refreshes and probes", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		return p.ProviderStatus().Refreshes >= 3 && statusOf(t, p, "pr").Requests >= 3
-	})
+	}, "refreshes and probes")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run returned %v", err)

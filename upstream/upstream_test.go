@@ -23,6 +23,7 @@ import (
 
 	socks5 "github.com/things-go/go-socks5"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -287,9 +288,7 @@ func TestThroughSOCKS5Upstream(t *testing.T) {
 }
 
 func TestDeadUpstreamIsADialError(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testkit.DeadAddr(t)
 	for _, u := range []string{"http://u:p@" + dead, "socks5://u:p@" + dead} {
 		f, err := upstream.New(upstream.Config{URL: u}, quiet)
 		if err != nil {

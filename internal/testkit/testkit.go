@@ -37,6 +37,18 @@ func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg strin
 	}
 }
 
+// Wait is Eventually for any goroutine but the test's, an origin's handler
+// above all: on timeout it reports with t.Errorf (which any goroutine may
+// call, unlike t.Fatalf) and returns false, so that the caller stops what
+// it was doing; the test then fails when it finishes.
+func Wait(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) bool {
+	if Poll(timeout, cond) {
+		return true
+	}
+	t.Errorf("timed out after %s waiting for %s", timeout, fmt.Sprintf(msg, args...))
+	return false
+}
+
 // Poll checks cond until it holds or timeout passes, and reports whether
 // it held. It is safe on any goroutine.
 func Poll(timeout time.Duration, cond func() bool) bool {
