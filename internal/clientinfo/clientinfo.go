@@ -70,8 +70,8 @@ func From(ctx context.Context) Info {
 	return info
 }
 
-// MaxSessionID bounds session ids; providers accept up to ~50 characters.
-const MaxSessionID = 64
+// maxSessionID bounds session ids; providers accept up to ~50 characters.
+const maxSessionID = 64
 
 // ValidateSessionID is the one rule for session ids, wherever they are
 // written: upstream.sessions, the provider API's session list, the
@@ -82,8 +82,8 @@ func ValidateSessionID(id string) error {
 	if id == "" {
 		return errors.New("session id is empty")
 	}
-	if len(id) > MaxSessionID {
-		return fmt.Errorf("session id %.16q... is %d bytes long, more than %d", id, len(id), MaxSessionID)
+	if len(id) > maxSessionID {
+		return fmt.Errorf("session id %.16q... is %d bytes long, more than %d", id, len(id), maxSessionID)
 	}
 	for i := 0; i < len(id); i++ {
 		c := id[i]

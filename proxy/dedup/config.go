@@ -43,9 +43,11 @@ type Config struct {
 	// abandon requests in a loop (HTTP/2 rapid reset) from piling up
 	// detached fetches. Beyond it requests get 503. Default 4096.
 	MaxFlights int `yaml:"max_flights"`
-	// MaxFlightsPerClient caps the flights one client (proxy account, else
-	// client IP) may lead at once, so one client cannot take every slot of
-	// max_flights from the others. Default a quarter of max_flights.
+	// MaxFlightsPerClient caps the flights one client may lead at once, so
+	// one client cannot take every slot of max_flights from the others. The
+	// client is the one the front door identified (clientinfo.Info.Client:
+	// proxy account, else client IP), the same the rate limit counts.
+	// Default a quarter of max_flights.
 	MaxFlightsPerClient int `yaml:"max_flights_per_client"`
 	// Memory is the in-process cache.
 	Memory MemoryConfig `yaml:"memory"`
