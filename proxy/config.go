@@ -31,8 +31,17 @@ type Config struct {
 	// before remaining connections are cut. Default 20s.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// BypassHosts are tunnelled without interception (certificate-pinned
-	// apps, hosts you must not decrypt): exact names or "*.example.com".
+	// apps, hosts you must not decrypt): host patterns, exact names or
+	// "*.example.com" for every subdomain.
 	BypassHosts []string `yaml:"bypass_hosts"`
+	// TrustForwardedFor identifies a client without an account by the
+	// address a balancer in front of the proxy reports (the last
+	// X-Forwarded-For entry, else X-Real-IP) instead of the connection's,
+	// for the rate limit and the per-client flight cap alike. Only behind
+	// a balancer you control: clients can send these headers themselves.
+	// Inside a tunnel the CONNECT decides; the requests it carries cannot
+	// change who they come from. Default false.
+	TrustForwardedFor bool `yaml:"trust_forwarded_for"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.

@@ -19,6 +19,7 @@ type errorKind string
 
 const (
 	kindBadRequest   errorKind = "bad_request"
+	kindBadSession   errorKind = "bad_session"
 	kindUpstream     errorKind = "upstream_error"
 	kindTimeout      errorKind = "upstream_timeout"
 	kindTLS          errorKind = "upstream_tls"

@@ -51,13 +51,13 @@ func (s *Server) challenge(req *http.Request, reason string) *http.Response {
 	return resp
 }
 
-// limit applies the client rate limit; nil means the request may go on.
-func (s *Server) limit(ctx context.Context, req *http.Request, account, host string) *http.Response {
+// limit applies the client rate limit to client (clientinfo.Info.Client,
+// from identify); nil means the request may go on.
+func (s *Server) limit(ctx context.Context, req *http.Request, client, host string) *http.Response {
 	if !s.limiter.Enabled() {
 		return nil
 	}
-	key := s.limiter.ClientKey(account, req.RemoteAddr, req.Header)
-	d := s.limiter.Allow(ctx, key, host)
+	d := s.limiter.Allow(ctx, client, host)
 	if d.Allowed {
 		return nil
 	}

@@ -19,6 +19,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -395,13 +396,9 @@ func TestUntrustedCAIsExplained(t *testing.T) {
 	if err := tc.Handshake(); err == nil {
 		t.Fatal("a client without the CA accepted the interception certificate")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(w.logs.String(), "does not trust onceproxy's CA") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no hint in the log:\n%s", w.logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		return strings.Contains(w.logs.String(), "does not trust onceproxy's CA")
+	}, "the hint in the log")
 }
 
 // TestMalformedChunkedBodyIs400: a client whose chunked body is malformed

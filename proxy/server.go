@@ -24,6 +24,7 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
@@ -92,6 +93,7 @@ type TargetGuard interface {
 // with Shutdown.
 type Server struct {
 	cfg        Config
+	bypass     *hostmatch.Set // cfg.BypassHosts
 	logger     *slog.Logger
 	certs      CertSource
 	upstream   Upstream
@@ -130,8 +132,13 @@ func New(cfg Config, o Options) (*Server, error) {
 	if o.Logger == nil || o.Certs == nil || o.Upstream == nil {
 		return nil, errors.New("proxy: Logger, Certs and Upstream are required")
 	}
+	bypass, err := hostmatch.Compile(cfg.BypassHosts)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: bypass_hosts%w", err)
+	}
 	s := &Server{
 		cfg:       cfg,
+		bypass:    bypass,
 		logger:    o.Logger,
 		certs:     o.Certs,
 		upstream:  o.Upstream,

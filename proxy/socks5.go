@@ -22,7 +22,7 @@ func (s *Server) ServeSOCKS5(ln net.Listener, cfg socks.Config) error {
 	o := socks.Options{
 		Logger:           s.logger,
 		Pipeline:         s,
-		BypassHosts:      s.cfg.BypassHosts,
+		Bypass:           s.bypass,
 		MaxConns:         s.cfg.MaxConns,
 		IdleTimeout:      s.cfg.IdleTimeout,
 		HandshakeTimeout: s.cfg.ReadHeaderTimeout,
@@ -58,6 +58,9 @@ func (s *Server) CheckTunnel(ctx context.Context, t socks.Tunnel) (context.Conte
 	if err != nil {
 		return ctx, fmt.Errorf("bad target %q: %w", t.Target, err)
 	}
+	if _, err := s.tunnelClient(t.User, t.Client, nil); err != nil {
+		return ctx, &badHintError{err}
+	}
 	ctx, err = s.guardHost(ctx, name)
 	if err != nil {
 		s.metrics.SSRFRefused()
@@ -77,9 +80,19 @@ func (s *Server) DialTunnel(ctx context.Context, t socks.Tunnel) (net.Conn, erro
 // It returns once the inner server has taken c over, and closes c when the
 // server is shutting down.
 func (s *Server) InterceptTunnel(c net.Conn, t socks.Tunnel) {
+	// CheckTunnel refused a user whose hint cannot be parsed.
+	info, _ := s.tunnelClient(t.User, t.Client, nil)
 	s.intercept(c, &tunnel{
-		client:     &clientInfo{user: t.User, connect: t.Target},
+		client:     &clientInfo{info: info, connect: t.Target},
 		host:       t.Target,
 		remoteAddr: t.Client,
 	})
 }
+
+// badHintError is a session hint in a SOCKS5 user name the proxy cannot
+// honour: the client's fault, refused like a policy (reply 0x02).
+type badHintError struct{ err error }
+
+func (e *badHintError) Error() string   { return "bad session hint: " + e.err.Error() }
+func (e *badHintError) Unwrap() error   { return e.err }
+func (e *badHintError) HTTPStatus() int { return http.StatusBadRequest }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
@@ -262,7 +263,7 @@ func TestSOCKS5StampedeSplitWithHTTPPort(t *testing.T) {
 	var originHits atomic.Int64
 	origin := tlsOrigin(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		originHits.Add(1)
-		waitUntil(t, "all waiters", func() bool { return w.engine.Stats().Waiters == n })
+		testkit.Wait(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == n }, "all waiters")
 		fmt.Fprintf(rw, "page %d", time.Now().UnixNano())
 	}), false)
 	w = newWorld(t, worldOpts{
@@ -717,9 +718,9 @@ func TestSOCKS5NoUserStoreNoAuthRefusesEveryone(t *testing.T) {
 		}
 		r.expectClosed()
 	}
-	waitUntil(t, "the refusal logged", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		return strings.Contains(w.logs.String(), "socks5.allow_no_auth is false")
-	})
+	}, "the refusal logged")
 	if !strings.Contains(w.logs.String(), "every SOCKS5 client will be refused") {
 		t.Error("no start-up line saying every client will be refused")
 	}
@@ -809,7 +810,7 @@ func TestSOCKS5SessionHintReachesPipeline(t *testing.T) {
 // before the reply, so failures get their RFC 1928 code; host names reach
 // the upstream unresolved.
 func TestSOCKS5DialFailuresMapToReplies(t *testing.T) {
-	dead := deadAddr(t)
+	dead := testkit.DeadAddr(t)
 	deadHost, deadPort, _ := net.SplitHostPort(dead)
 	dp, _ := strconv.Atoi(deadPort)
 	rec := &recordingUpstream{fail: map[string]error{
@@ -963,14 +964,14 @@ func TestSOCKS5Shutdown(t *testing.T) {
 		defer cancel()
 		shut <- w.srv.Shutdown(ctx)
 	}()
-	waitUntil(t, "the SOCKS5 port to close", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		c, err := net.Dial("tcp", w.socksAddr)
 		if err != nil {
 			return true
 		}
 		c.Close()
 		return false
-	})
+	}, "the SOCKS5 port to close")
 	close(release)
 	if r := <-done; r.err != nil || r.status != 200 || r.body != "finished" {
 		t.Fatalf("in-flight request over SOCKS5: %+v", r)

@@ -93,7 +93,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		a.closers = append(a.closers, func() { _ = a.shared.life.Close() })
 	}
 
-	upOpts := []upstream.Option{upstream.WithDialControl(a.lns.guardControl(guard))}
+	upOpts := []upstream.Option{upstream.WithDialControl(a.lns.guardControl(guard)), upstream.WithGetenv(getenv)}
 	if a.shared != nil {
 		// Session cooldowns and rotations are fleet news.
 		upOpts = append(upOpts, upstream.WithBus(a.shared.bus))

@@ -149,7 +149,7 @@ func (c *Config) validate(getenv func(string) string) error {
 		errs = append(errs, fmt.Errorf("socks5.listen: %s is already proxy.listen or admin.listen", l))
 	}
 	add("mitm", c.MITM.Validate())
-	add("upstream", c.Upstream.Validate())
+	add("upstream", c.Upstream.Validate(getenv))
 	add("dedup", c.Dedup.Validate())
 	add("redis", c.Redis.Validate())
 	add("auth", c.Auth.Validate(getenv))

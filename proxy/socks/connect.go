@@ -7,13 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"strings"
 	"syscall"
 
 	"github.com/things-go/go-socks5/statute"
 
-	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 )
@@ -42,7 +40,7 @@ func (st *stream) serve(handedOver *bool) error {
 		return nil
 	}
 	st.ctx = ctx
-	bypass := hostmatch.Any(st.s.o.BypassHosts, st.host)
+	bypass := st.s.o.Bypass.Match(st.host)
 	if st.s.cfg.isMITMPort(st.port) && !bypass {
 		return st.sniffFirst(handedOver)
 	}
@@ -157,8 +155,8 @@ func replyCode(err error) uint8 {
 		dnsErr *net.DNSError
 		netErr net.Error
 	)
-	if st, ok := httpstatus.Of(err); ok && st == http.StatusForbidden {
-		return statute.RepRuleFailure // our policy said no
+	if st, ok := httpstatus.Of(err); ok && st >= 400 && st < 500 {
+		return statute.RepRuleFailure // our policy said no (a forbidden target, a bad session hint)
 	}
 	switch {
 	case errors.Is(err, syscall.ECONNREFUSED):

@@ -17,6 +17,7 @@ import (
 	"github.com/things-go/go-socks5/statute"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Pipeline is what lies behind the door. *proxy.Server satisfies it.
@@ -62,9 +63,9 @@ type Options struct {
 	// Users verifies clients; nil means no user store, and
 	// Config.AllowNoAuth decides who gets in.
 	Users UserStore
-	// BypassHosts are never intercepted, whatever they speak: exact names
-	// or "*.example.com" (proxy.bypass_hosts).
-	BypassHosts []string
+	// Bypass are the hosts never intercepted, whatever they speak
+	// (proxy.bypass_hosts); nil bypasses nothing.
+	Bypass *hostmatch.Set
 	// MaxConns caps the live client connections of each listener
 	// (proxy.max_conns). Required.
 	MaxConns int

@@ -19,6 +19,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -153,17 +154,6 @@ func (f *fleetFixture) everyoneWaiting(n int64) bool {
 	return f.waiters() == n && f.fleetWaiting() == int64(len(f.insts)-1)
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestFleetStampede: 300 concurrent identical requests spread over three
 // instances sharing one Redis reach the origin once.
 func TestFleetStampede(t *testing.T) {
@@ -171,7 +161,7 @@ func TestFleetStampede(t *testing.T) {
 	var f *fleetFixture
 	f = newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(200 * time.Millisecond)
-		waitFor(t, "every client waiting", func() bool { return f.everyoneWaiting(n) })
+		testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "every client waiting")
 		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
 	})
 	res := make(chan got, n)
@@ -241,7 +231,7 @@ func TestLeaderCrashTakeover(t *testing.T) {
 	for range n {
 		go func() { resB <- b.get(f.origin.URL + "/crash") }()
 	}
-	waitFor(t, "B's clients waiting", func() bool { return b.engine.Stats().Waiters == n })
+	testkit.Eventually(t, testkit.Patience, func() bool { return b.engine.Stats().Waiters == n }, "B's clients waiting")
 	// "Kill" A as far as the fleet can tell: its Redis connections die, so
 	// it neither renews its lease nor publishes an outcome.
 	a.store.rdb.Close()
@@ -269,7 +259,7 @@ func TestFailedFlightAcrossFleet(t *testing.T) {
 	const n = 6
 	f = newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			waitFor(t, "waiters", func() bool { return f.everyoneWaiting(n) })
+			testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "waiters")
 			http.Error(w, "origin broke", http.StatusInternalServerError)
 			return
 		}
@@ -318,10 +308,10 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("InvalidateURL = %d, %v", n, err)
 	}
-	waitFor(t, "B's local tier to drop the URL", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		_, err := b.store.local.Get(context.Background(), key)
 		return err != nil
-	})
+	}, "B's local tier to drop the URL")
 	if g := b.get(u); g.xcache != dedup.CacheMiss {
 		t.Fatalf("after invalidation B got %s", g.xcache)
 	}
@@ -332,10 +322,10 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	if err := a.engine.InvalidateKey(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "key invalidated on B", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		_, err := b.store.local.Get(context.Background(), key)
 		return err != nil
-	})
+	}, "key invalidated on B")
 	if g := b.get(u); g.xcache != dedup.CacheMiss {
 		t.Fatalf("after key invalidation B got %s", g.xcache)
 	}
@@ -409,7 +399,7 @@ func TestRedisOutageDuringLoad(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	f.redis.Kill()
-	waitFor(t, "breaker open on both instances", func() bool { return !a.be.Available() && !b.be.Available() })
+	testkit.Eventually(t, testkit.Patience, func() bool { return !a.be.Available() && !b.be.Available() }, "breaker open on both instances")
 	// The load's 50 pages sit in each instance's local tier by now; a page
 	// nobody has fetched yet goes upstream alone, marked BYPASS.
 	for i, inst := range f.insts {
@@ -422,13 +412,13 @@ func TestRedisOutageDuringLoad(t *testing.T) {
 	f.redis.Restart()
 	restarted := time.Now()
 	// Shared HITs resume: a URL fetched on A is a HIT on B.
-	waitFor(t, "shared HITs to resume", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		u := fmt.Sprintf("%s/after/%d", f.origin.URL, time.Now().UnixNano())
 		if g := a.get(u); g.xcache != dedup.CacheMiss {
 			return false
 		}
 		return b.get(u).xcache == dedup.CacheHit
-	})
+	}, "shared HITs to resume")
 	resumed := time.Since(restarted)
 	close(stop)
 	wg.Wait()
@@ -463,13 +453,13 @@ func TestRedisDownAtStart(t *testing.T) {
 		t.Fatal("breaker still closed after repeated failures")
 	}
 	srv.Restart()
-	waitFor(t, "recovery", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		lease, _, err := st.Join(context.Background(), "v1:cd")
 		if lease != nil {
 			lease.Release()
 		}
 		return err == nil
-	})
+	}, "recovery")
 }
 
 // TestFleetStatsAddUp: per-day counters in Redis sum every instance.
@@ -483,11 +473,11 @@ func TestFleetStatsAddUp(t *testing.T) {
 	b.get(f.origin.URL + "/s") // HIT
 	a.get(f.origin.URL + "/t") // MISS
 	var fs dedup.FleetStats
-	waitFor(t, "stats flushed", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		var err error
 		fs, err = a.bus.FleetStats(context.Background())
 		return err == nil && fs.Today.Requests == 4
-	})
+	}, "stats flushed")
 	d := fs.Today
 	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
 		t.Fatalf("today: %+v", d)
@@ -565,12 +555,12 @@ func TestNotesReachTheOtherInstances(t *testing.T) {
 		return append([]string(nil), got[name]...)
 	}
 	// The subscription may take a moment to be live: publish until heard.
-	waitFor(t, "b to hear a", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		a.bus.Publish("other", "", "not for session handlers", 0)
 		a.bus.Publish("session", "", `{"session":"s1","kind":"cooldown"}`, 0)
 		time.Sleep(20 * time.Millisecond)
 		return len(received(b.name)) > 0
-	})
+	}, "b to hear a")
 	for _, m := range received(b.name) {
 		if m != `{"session":"s1","kind":"cooldown"}` {
 			t.Errorf("b heard %q", m)
@@ -602,10 +592,10 @@ func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
 	if _, ok := b.Claim(ctx, "rotate:s1", 100*time.Millisecond); !ok {
 		t.Fatal("a released claim stayed held")
 	}
-	waitFor(t, "the claim to lapse", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		_, ok := a.Claim(ctx, "rotate:s1", time.Minute)
 		return ok
-	})
+	}, "the claim to lapse")
 	f.redis.Kill()
 	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); !ok {
 		t.Fatal("with Redis gone a claim must not block the work it guards")
@@ -636,10 +626,10 @@ func TestLastingNotesAreRecalled(t *testing.T) {
 		return maps.Clone(m)
 	}
 	a.Publish("session", "s1", "long", time.Minute)
-	waitFor(t, "the note to be kept", func() bool { return len(recall()) == 1 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return len(recall()) == 1 }, "the note to be kept")
 	a.Publish("session", "s1", "short", 200*time.Millisecond)
 	a.Publish("session", "s2", "brief", 200*time.Millisecond)
-	waitFor(t, "the second key", func() bool { _, ok := recall()["brief"]; return ok })
+	testkit.Eventually(t, testkit.Patience, func() bool { _, ok := recall()["brief"]; return ok }, "the second key")
 	got := recall()
 	if left, ok := got["long"]; !ok || left < 50*time.Second || left > time.Minute {
 		t.Errorf("long note: %v (all %+v)", left, got)
@@ -647,7 +637,7 @@ func TestLastingNotesAreRecalled(t *testing.T) {
 	if _, ok := got["short"]; ok {
 		t.Errorf("a shorter note replaced a longer one: %+v", got)
 	}
-	waitFor(t, "the brief note to expire", func() bool { _, ok := recall()["brief"]; return !ok })
+	testkit.Eventually(t, testkit.Patience, func() bool { _, ok := recall()["brief"]; return !ok }, "the brief note to expire")
 	if _, ok := recall()["long"]; !ok {
 		t.Error("the long note went with the brief one")
 	}
@@ -663,16 +653,16 @@ func TestOnReconnectAfterOutage(t *testing.T) {
 	var calls atomic.Int64
 	inst.be.c.onReconnect(func() { calls.Add(1) })
 	f.redis.Kill()
-	waitFor(t, "the breaker to open", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		inst.get(fmt.Sprintf("%s/down/%d", f.origin.URL, time.Now().UnixNano()))
 		return !inst.be.Available()
-	})
+	}, "the breaker to open")
 	if calls.Load() != 0 {
 		t.Fatal("OnReconnect ran while Redis was down")
 	}
 	f.redis.Restart()
-	waitFor(t, "OnReconnect to run", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		inst.get(fmt.Sprintf("%s/up/%d", f.origin.URL, time.Now().UnixNano()))
 		return calls.Load() == 1
-	})
+	}, "OnReconnect to run")
 }
