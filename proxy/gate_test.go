@@ -13,23 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/bcrypt"
-
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
-	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 )
 
-func testUsers(t *testing.T) *auth.Users {
-	t.Helper()
-	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
-	u, err := auth.New(auth.Config{Users: []auth.UserConfig{{Name: "alice", PasswordBcrypt: string(hash)}}}, func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(u.Close)
-	return u
-}
+// testUsers is one proxy user, alice, with password "right".
+func testUsers() map[string]string { return map[string]string{"alice": "right"} }
 
 // clientAs is a client whose proxy URL carries user:pass (sent preemptively
 // by Go on plain requests and on CONNECT).
@@ -46,7 +35,7 @@ func (w *world) clientAs(user, pass string) *http.Client {
 func TestProxyAuth(t *testing.T) {
 	tlsO := tlsOrigin(t, http.HandlerFunc(echoProto), false)
 	plain := plainOrigin(t, http.HandlerFunc(echoProto))
-	w := newWorld(t, worldOpts{users: testUsers(t), originCAs: []*x509.Certificate{tlsO.Certificate()}})
+	w := newWorld(t, worldOpts{users: testUsers(), originCAs: []*x509.Certificate{tlsO.Certificate()}})
 
 	// Plain requests: 407 with a Basic challenge without or with wrong
 	// credentials, 200 with the right ones (session hints allowed).
@@ -94,11 +83,7 @@ func TestProxyAuth(t *testing.T) {
 
 func TestRateLimitPerClient(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
-	lim, err := ratelimit.New(ratelimit.Config{Requests: 3, Window: time.Minute}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, worldOpts{users: testUsers(t), limiter: lim})
+	w := newWorld(t, worldOpts{users: testUsers(), rateLimit: &ratelimit.Config{Requests: 3, Window: time.Minute}})
 	alice := w.clientAs("alice", "right")
 	for i := range 3 {
 		if resp, _ := w.get(alice, origin.URL+"/r"); resp.StatusCode != 200 {
@@ -115,8 +100,7 @@ func TestRateLimitPerClient(t *testing.T) {
 	}
 	// Without users the client IP is the key, and another IP is another
 	// client (127.0.0.2 is this machine too, as a different source).
-	lim2, _ := ratelimit.New(ratelimit.Config{Requests: 1, Window: time.Minute}, nil)
-	w2 := newWorld(t, worldOpts{limiter: lim2})
+	w2 := newWorld(t, worldOpts{rateLimit: &ratelimit.Config{Requests: 1, Window: time.Minute}})
 	if resp, _ := w2.get(w2.client(false), origin.URL+"/x"); resp.StatusCode != 200 {
 		t.Fatal("first request limited")
 	}
@@ -128,18 +112,14 @@ func TestRateLimitPerClient(t *testing.T) {
 	if resp, _ := w2.get(other, origin.URL+"/x"); resp.StatusCode != 200 {
 		t.Fatalf("a client from another IP was limited: %d", resp.StatusCode)
 	}
-	if lim.Rejected() != 2 {
-		t.Fatalf("rejected = %d", lim.Rejected())
+	if n := w.app.Limiter.Rejected(); n != 2 {
+		t.Fatalf("rejected = %d", n)
 	}
 }
 
 func TestGuardRefusesPrivateTargets(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
-	g, err := netguard.New(netguard.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, worldOpts{guard: g})
+	w := newWorld(t, worldOpts{guard: &netguard.Config{}})
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(origin.URL, "http://"))
 	for _, target := range []string{
 		origin.URL + "/x",
@@ -170,8 +150,7 @@ func TestGuardRefusesPrivateTargets(t *testing.T) {
 		t.Fatalf("reason: %q", b)
 	}
 	// The allow list opens loopback for tests and local development.
-	g2, _ := netguard.New(netguard.Config{AllowCIDRs: []string{"127.0.0.1/32"}})
-	w2 := newWorld(t, worldOpts{guard: g2})
+	w2 := newWorld(t, worldOpts{guard: &netguard.Config{AllowCIDRs: []string{"127.0.0.1/32"}}})
 	if resp, _ := w2.get(w2.client(false), origin.URL+"/ok"); resp.StatusCode != 200 {
 		t.Fatalf("allowed loopback: %d", resp.StatusCode)
 	}

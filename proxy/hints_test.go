@@ -36,7 +36,7 @@ func hintWorld(t *testing.T) (w *world, tlsURL, plainURL string) {
 			{ID: "eu-1", URL: fp.URL("s1", "http")},
 			{ID: "us.2", URL: fp.URL("s2", "http")},
 		}},
-		users:  testUsers(t),
+		users:  testUsers(),
 		socks5: &socks.Config{},
 	})
 	return w, tlsO.URL, plain.URL

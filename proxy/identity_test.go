@@ -28,16 +28,11 @@ func TestOneClientIdentity(t *testing.T) {
 	})
 	plain := plainOrigin(t, handler)
 	tlsO := tlsOrigin(t, handler, false)
-	lim, err := ratelimit.New(ratelimit.Config{Requests: 3, Window: time.Minute}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(lim.Close)
 	w := newWorld(t, worldOpts{
 		proxy:     proxy.Config{TrustForwardedFor: true},
 		originCAs: []*x509.Certificate{tlsO.Certificate()},
 		dedup:     dedupOn(dedup.Config{MaxFlights: 8, MaxFlightsPerClient: 1}),
-		limiter:   lim,
+		rateLimit: &ratelimit.Config{Requests: 3, Window: time.Minute},
 	})
 	c := w.client(false)
 	get := func(u, forwardedFor string) int {

@@ -226,7 +226,7 @@ func TestSOCKS5Curl(t *testing.T) {
 		originCAs: []*x509.Certificate{origin.Certificate()},
 		dedup:     dedupOn(dedup.Config{}),
 		socks5:    socksOn(socks.Config{MITMPorts: []int{portOf(t, origin.URL)}}),
-		users:     staticUsers{"curl-user": "s3cret"},
+		users:     map[string]string{"curl-user": "s3cret"},
 	})
 	for _, tc := range []struct {
 		name string
@@ -509,13 +509,6 @@ func TestSOCKS5BypassHostIsBlind(t *testing.T) {
 	}
 }
 
-type staticUsers map[string]string
-
-func (s staticUsers) Verify(user, password string) bool {
-	p, ok := s[user]
-	return ok && p == password
-}
-
 // rawSOCKS speaks SOCKS5 byte by byte, to check replies exactly.
 type rawSOCKS struct {
 	t testing.TB
@@ -602,7 +595,7 @@ func TestSOCKS5Refusals(t *testing.T) {
 	w := newWorld(t, worldOpts{
 		proxy:  proxy.Config{ReadHeaderTimeout: 500 * time.Millisecond},
 		socks5: socksOn(socks.Config{}),
-		users:  staticUsers{"u": "good"},
+		users:  map[string]string{"u": "good"},
 	})
 	login := func(r *rawSOCKS) {
 		r.t.Helper()
@@ -768,8 +761,8 @@ func TestSOCKS5SessionHintReachesPipeline(t *testing.T) {
 	want := clientinfo.Info{User: "acct-session-s1", Account: "acct", Session: "s1", Client: "user:acct"}
 	for _, tc := range []struct {
 		name  string
-		users proxy.UserStore
-	}{{"unverified", nil}, {"verified", staticUsers{"acct-session-s1": "pw"}}} {
+		users map[string]string
+	}{{"unverified", nil}, {"verified", map[string]string{"acct": "pw"}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := make(chan clientinfo.Info, 8)
 			rec := &recordingUpstream{}
@@ -1109,16 +1102,12 @@ func (l *countingLookup) looked() []string {
 // permitted name is looked up through the same seam (it fails here: 0x04),
 // which shows the seam is on the path.
 func TestSOCKS5RefusesForbiddenTargetsBeforeLookup(t *testing.T) {
-	g, err := netguard.New(netguard.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
 	lookups := &countingLookup{}
 	rec := &recordingUpstream{}
 	w := newWorld(t, worldOpts{
 		proxy:        proxy.Config{BypassHosts: []string{"bypassed.localhost"}},
 		upstreamOpts: []upstream.Option{upstream.WithLookup(lookups.lookup)},
-		guard:        g,
+		guard:        &netguard.Config{},
 		socks5:       socksOn(socks.Config{AllowNoAuth: true, MITMPorts: []int{443}, SniffTimeout: 100 * time.Millisecond}),
 		wrapUpstream: rec.wrap,
 	})
