@@ -45,6 +45,11 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 		pctx.Resp = badSession(pctx.Req, err)
 		return goproxy.RejectConnect, host
 	}
+	if r := s.attribute(pctx.Req, info); r != nil {
+		s.logger.Warn("refused CONNECT: the client holds its share of connections", "target", host, "client", info.Client)
+		pctx.Resp = r
+		return goproxy.RejectConnect, host
+	}
 	client := &clientInfo{info: info, connect: host}
 	if _, refused := s.checkTarget(pctx.Req.Context(), pctx.Req, name); refused != nil {
 		s.logger.Warn("refused CONNECT to a forbidden target", "target", host, "client", pctx.Req.RemoteAddr)

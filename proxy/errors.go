@@ -28,6 +28,7 @@ const (
 	kindClientGone   errorKind = "client_gone"
 	kindAuth         errorKind = "proxy_auth_required"
 	kindRateLimited  errorKind = "rate_limited"
+	kindTooManyConns errorKind = "too_many_connections"
 	kindForbidden    errorKind = "forbidden_target"
 	headerProxyError           = "X-Onceproxy-Error"
 )

@@ -113,6 +113,9 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 		if err != nil {
 			return req, badSession(req, err)
 		}
+		if r := s.attribute(req, info); r != nil {
+			return req, r
+		}
 		client.info = info
 	}
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/elazarl/goproxy"
 
@@ -70,6 +71,7 @@ func (s *Server) newInner() *http.Server {
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		Protocols:         &protocols,
 		ErrorLog:          log.New(innerLog{s.logger}, "", 0),
+		ConnState:         markBusy,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if tc, ok := c.(*tls.Conn); ok {
 				c = tc.NetConn()
@@ -156,14 +158,17 @@ func (s *Server) hijackConnect(req *http.Request, client net.Conn, pctx *goproxy
 // tunnel's, or a SOCKS5 one's) to tell TLS from plain HTTP, and hands the
 // connection to the inner server, which closes it when done.
 func (s *Server) intercept(client net.Conn, t *tunnel) {
-	// Waiting for the first byte is bounded by the idle deadline only: a
-	// browser opens tunnels ahead of need and may leave them unused for a
-	// while, which is no reason to cut them.
+	// A tunnel must start speaking within read_header_timeout, as a request
+	// on the proxy port must: a silent one holds a connection slot for
+	// nothing, and thousands of them locked every new client out. A
+	// browser reopens a spare tunnel cut this way when it needs one.
+	_ = client.SetReadDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
 	var first [1]byte
 	if _, err := io.ReadFull(client, first[:]); err != nil {
 		client.Close()
 		return
 	}
+	_ = client.SetReadDeadline(time.Time{})
 	t.scheme = "http"
 	var conn net.Conn = &interceptedConn{Conn: halfclose.Conn{Conn: readahead.New(client, first[:])}, t: t}
 	if first[0] == recordTypeHandshake {

@@ -23,6 +23,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
@@ -184,6 +185,10 @@ func New(cfg Config, o Options) (*Server, error) {
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+		ConnState:         markBusy,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, clientConnKey{}, c)
+		},
 	}
 	s.inner = s.newInner()
 	s.innerLn = newPushListener(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -214,6 +219,55 @@ func (k keepBufferedOnHijack) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
 }
 
+// connLimits are the limits both doors put on their client connections.
+func (s *Server) connLimits() connlimit.Config {
+	return connlimit.Config{MaxConns: s.cfg.MaxConns, IdleTimeout: s.cfg.IdleTimeout, MaxPerClient: s.cfg.MaxConnsPerClient}
+}
+
+// markBusy is the ConnState hook of the proxy port's server and of the
+// tunnels' server: a connection serving a request is never shed to make
+// room, an idle one may be.
+func markBusy(c net.Conn, st http.ConnState) {
+	connlimit.SetBusy(c, st == http.StateActive)
+}
+
+// clientConnKey carries a proxy-port request's client connection in its
+// context, for the per-client connection cap.
+type clientConnKey struct{}
+
+// attribute counts the connection a request arrived on against the
+// authenticated account it names, for proxy.max_conns_per_client (until
+// then it counts against its address). It returns the response refusing
+// the request when that account already holds its share.
+func (s *Server) attribute(req *http.Request, info clientinfo.Info) *http.Response {
+	c, _ := req.Context().Value(clientConnKey{}).(net.Conn)
+	if c == nil || info.Account == "" {
+		return nil
+	}
+	if err := connlimit.Attribute(c, info.Client); err != nil {
+		resp := errorResponse(req, http.StatusTooManyRequests, kindTooManyConns, err.Error())
+		resp.Close = true
+		return resp
+	}
+	return nil
+}
+
+// ConnStats sums the client connection counts of both doors.
+func (s *Server) ConnStats() connlimit.Stats {
+	var st connlimit.Stats
+	if cl := s.ln.Load(); cl != nil {
+		st = cl.Stats()
+	}
+	s.doorsMu.Lock()
+	doors := s.doors
+	s.doorsMu.Unlock()
+	for _, d := range doors {
+		ds := d.ConnStats()
+		st.Live, st.Shed, st.Refused = st.Live+ds.Live, st.Shed+ds.Shed, st.Refused+ds.Refused
+	}
+	return st
+}
+
 // nonProxy answers requests that are not proxy requests (origin-form, as if
 // onceproxy were a web server).
 func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
@@ -225,7 +279,7 @@ func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
 // Serve accepts proxy clients on ln until Shutdown. It returns nil after a
 // Shutdown, or the error that stopped it.
 func (s *Server) Serve(ln net.Listener) error {
-	cl := connlimit.New(ln, connlimit.Config{MaxConns: s.cfg.MaxConns, IdleTimeout: s.cfg.IdleTimeout})
+	cl := connlimit.New(ln, s.connLimits())
 	s.ln.Store(cl)
 	s.logger.Info("proxy listening", "addr", ln.Addr().String())
 	err := s.srv.Serve(cl)

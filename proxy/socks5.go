@@ -24,6 +24,7 @@ func (s *Server) ServeSOCKS5(ln net.Listener, cfg socks.Config) error {
 		Pipeline:         s,
 		Bypass:           s.bypass,
 		MaxConns:         s.cfg.MaxConns,
+		MaxPerClient:     s.cfg.MaxConnsPerClient,
 		IdleTimeout:      s.cfg.IdleTimeout,
 		HandshakeTimeout: s.cfg.ReadHeaderTimeout,
 	}

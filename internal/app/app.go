@@ -181,7 +181,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	if a.Proxy, err = proxy.New(cfg.Proxy, popts); err != nil {
 		return nil, err
 	}
-	registerMetrics(a.Metrics, a.Engine, a.CA, a.Upstream, a.shared)
+	registerMetrics(a.Metrics, a.Proxy, a.Engine, a.CA, a.Upstream, a.shared)
 
 	if a.lns.admin != nil {
 		ao := admin.Options{

@@ -3,12 +3,19 @@ package app
 import (
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // registerMetrics exposes the totals the components keep themselves.
-func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authority, up *upstream.Pool, shared *shared) {
+func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine, ca *mitm.Authority, up *upstream.Pool, shared *shared) {
+	m.Gauge("client_connections", "Client connections open now, on the proxy and SOCKS5 ports.",
+		func() float64 { return float64(px.ConnStats().Live) })
+	m.Counter("connections_shed_total", "Idle client connections closed to make room near proxy.max_conns.",
+		func() float64 { return float64(px.ConnStats().Shed) })
+	m.Counter("connections_refused_total", "Client connections refused because their client held proxy.max_conns_per_client.",
+		func() float64 { return float64(px.ConnStats().Refused) })
 	stat := func(f func(dedup.Stats) float64) func() float64 {
 		return func() float64 { return f(engine.Stats()) }
 	}

@@ -69,6 +69,9 @@ type Options struct {
 	// MaxConns caps the live client connections of each listener
 	// (proxy.max_conns). Required.
 	MaxConns int
+	// MaxPerClient caps the live connections from one client address
+	// (proxy.max_conns_per_client); 0 means none.
+	MaxPerClient int
 	// IdleTimeout closes a connection or tunnel on which nothing moved for
 	// this long (proxy.idle_timeout); 0 means none.
 	IdleTimeout time.Duration
@@ -108,7 +111,7 @@ func New(cfg Config, o Options) (*Server, error) {
 // nil after those, or the error that stopped it. It may run more than once
 // on different listeners, each with a connection cap of its own.
 func (s *Server) Serve(ln net.Listener) error {
-	cl := connlimit.New(ln, connlimit.Config{MaxConns: s.o.MaxConns, IdleTimeout: s.o.IdleTimeout})
+	cl := connlimit.New(ln, connlimit.Config{MaxConns: s.o.MaxConns, IdleTimeout: s.o.IdleTimeout, MaxPerClient: s.o.MaxPerClient})
 	if !s.add(cl) {
 		cl.Close()
 		return nil
@@ -149,6 +152,19 @@ func (s *Server) Serve(ln net.Listener) error {
 			return nil
 		}
 	}
+}
+
+// ConnStats sums the client connection counts of the door's listeners.
+func (s *Server) ConnStats() connlimit.Stats {
+	s.mu.Lock()
+	lns := s.lns
+	s.mu.Unlock()
+	var st connlimit.Stats
+	for _, cl := range lns {
+		ls := cl.Stats()
+		st.Live, st.Shed, st.Refused = st.Live+ls.Live, st.Shed+ls.Shed, st.Refused+ls.Refused
+	}
+	return st
 }
 
 // add registers a listener; false once Shutdown or Close began.
