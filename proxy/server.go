@@ -201,6 +201,9 @@ func New(cfg Config, o Options) (*Server, error) {
 func (s *Server) front(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		w = keepBufferedOnHijack{w}
+	} else if !r.URL.IsAbs() && r.URL.Path == fetchPath {
+		s.fetch(w, r)
+		return
 	}
 	s.gp.ServeHTTP(w, r)
 }
@@ -272,7 +275,7 @@ func (s *Server) ConnStats() connlimit.Stats {
 // onceproxy were a web server).
 func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
 	resp := errorResponse(r, http.StatusBadRequest, kindBadRequest,
-		"this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port")
+		"this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port, or use GET /fetch?url=<URL>")
 	writeResponse(w, resp)
 }
 
