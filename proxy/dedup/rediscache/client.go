@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -36,14 +35,22 @@ type client struct {
 	// rejected counts input from Redis that was ignored (Backend.Rejected).
 	rejected atomic.Int64
 
+	// presentUntil is when this process's presence key lapses, as far as
+	// the last successful heartbeat knows (unix ns; 0: not confirmed).
+	presentUntil atomic.Int64
+	// lostAt is when Redis was last seen to have lost its data (unix ns;
+	// 0: never, as far as this process knows).
+	lostAt atomic.Int64
+
 	mu     sync.Mutex
 	onBack []func() // run each time Redis comes back after an outage
+	epoch  string   // the fleet's epoch as last read (heartbeat.go)
 
-	// life is canceled by Close: lease renewals, waits and reconnect work
-	// stop with it.
+	// life is canceled by Close: the heartbeat, lease renewals, waits and
+	// reconnect work stop with it.
 	life   context.Context
 	cancel context.CancelFunc
-	bg     sync.WaitGroup // onBack functions running
+	bg     sync.WaitGroup // the heartbeat and onBack functions running
 }
 
 func newClient(cfg Config, logger *slog.Logger) (*client, error) {
@@ -86,16 +93,18 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 	return c, nil
 }
 
-// ping checks Redis once at start, for the log: a Redis that is down is
-// not an error, the breaker takes it from here.
-func (c *client) ping() {
+// start checks Redis once, for the log (a Redis that is down is not an
+// error: the breaker takes it from here), and starts the heartbeat.
+func (c *client) start() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout+c.cfg.Timeout)
 	defer cancel()
-	if err := c.exec(ctx, func(ctx context.Context) error { return c.rdb.Ping(ctx).Err() }); err != nil {
+	if err := c.beat(ctx); err != nil {
 		c.log.Warn("redis not reachable at start; running alone until it is", "redis", describe(c.cfg), "err", err)
 	} else {
 		c.log.Info("redis connected: cache and flights shared with the fleet", "redis", describe(c.cfg))
 	}
+	c.bg.Add(1)
+	go c.heartbeat()
 }
 
 func clientOptions(cfg Config) (*redis.UniversalOptions, error) {
@@ -174,12 +183,6 @@ func (c *client) exec(ctx context.Context, op func(context.Context) error) error
 	}
 }
 
-// newToken names one lock held by this process (a flight's lease, a
-// claim): only its holder may release it.
-func (c *client) newToken() string {
-	return c.instance + "-" + strconv.FormatUint(c.seq.Add(1), 36)
-}
-
 // onReconnect registers f to run each time Redis comes back after the
 // breaker opened.
 func (c *client) onReconnect(f func()) {
@@ -232,4 +235,10 @@ func fullKey(tag string) string { return dedup.KeyPrefix + tag }
 func (c *client) valueKey(tag string) string   { return c.prefix + "{" + tag + "}:v" }
 func (c *client) lockKey(tag string) string    { return c.prefix + "{" + tag + "}:l" }
 func (c *client) outcomeKey(tag string) string { return c.prefix + "{" + tag + "}:o" }
+func (c *client) waitersKey(tag string) string { return c.prefix + "{" + tag + "}:w" }
 func (c *client) urlKey(urlKey string) string  { return c.prefix + "u:{" + tagOf(urlKey) + "}" }
+
+// flightKeys are the KEYS of the flight scripts, in their order.
+func (c *client) flightKeys(tag string) []string {
+	return []string{c.lockKey(tag), c.valueKey(tag), c.outcomeKey(tag), c.waitersKey(tag)}
+}
