@@ -45,6 +45,9 @@ type client struct {
 	mu     sync.Mutex
 	onBack []func() // run each time Redis comes back after an outage
 	epoch  string   // the fleet's epoch as last read (heartbeat.go)
+	// kick asks the heartbeat for a beat now: the breaker is half-open
+	// and waits for its probe.
+	kick chan struct{}
 
 	// life is canceled by Close: the heartbeat, lease renewals, waits and
 	// reconnect work stop with it.
@@ -66,6 +69,7 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 		prefix:   cfg.KeyPrefix + "v1:",
 	}
 	c.channel = c.prefix + "events"
+	c.kick = make(chan struct{}, 1)
 	c.life, c.cancel = context.WithCancel(context.Background())
 	c.cb = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
 		Name:        "redis",
@@ -80,8 +84,16 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			switch to {
 			case gobreaker.StateOpen:
-				c.log.Warn("redis unavailable: deduplicating per instance (memory store, local flights) until it is back",
-					"retry_in", cfg.BreakerInterval)
+				if from == gobreaker.StateClosed {
+					c.log.Warn("redis unavailable: deduplicating per instance (memory store, local flights) until it is back",
+						"retry_in", cfg.BreakerInterval)
+				}
+			case gobreaker.StateHalfOpen:
+				// The heartbeat is the probe: beat now.
+				select {
+				case c.kick <- struct{}{}:
+				default:
+				}
 			case gobreaker.StateClosed:
 				c.log.Info("redis is back: sharing cache and flights with the fleet again")
 				if from != gobreaker.StateClosed {
@@ -159,13 +171,26 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// available reports whether the shared layer is in use (breaker not open).
-func (c *client) available() bool { return c.cb.State() != gobreaker.StateOpen }
+// available reports whether the shared layer is in use: the breaker is
+// closed. While it is half-open only the heartbeat goes to Redis, as the
+// probe: the probe reads the fleet's epoch before any request can learn
+// that Redis is back, so copies Redis lost meanwhile are known as such.
+func (c *client) available() bool { return c.cb.State() == gobreaker.StateClosed }
 
 // exec runs one Redis operation through the breaker with the command
 // timeout. It returns nil, redis.Nil, the caller's context error, or an
-// error wrapping dedup.ErrUnavailable.
+// error wrapping dedup.ErrUnavailable (at once while the breaker is not
+// closed).
 func (c *client) exec(ctx context.Context, op func(context.Context) error) error {
+	if !c.available() {
+		return dedup.ErrUnavailable
+	}
+	return c.probe(ctx, op)
+}
+
+// probe is exec that also runs while the breaker is half-open, as the one
+// request that decides whether Redis is back. Only the heartbeat probes.
+func (c *client) probe(ctx context.Context, op func(context.Context) error) error {
 	_, err := c.cb.Execute(func() (any, error) {
 		ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()

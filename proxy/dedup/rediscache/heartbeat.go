@@ -43,6 +43,8 @@ func (c *client) heartbeat() {
 			return
 		case <-t.C:
 			_ = c.beat(c.life)
+		case <-c.kick:
+			_ = c.beat(c.life)
 		}
 	}
 }
@@ -50,8 +52,8 @@ func (c *client) heartbeat() {
 // beat refreshes the presence key and reads the epoch.
 func (c *client) beat(ctx context.Context) error {
 	sent := time.Now()
-	var epoch *redis.StringCmd
-	err := c.exec(ctx, func(ctx context.Context) error {
+	err := c.probe(ctx, func(ctx context.Context) error {
+		var epoch *redis.StringCmd
 		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.Set(ctx, c.presenceKey(c.instance), "1", c.cfg.PresenceTTL)
 			// A fresh candidate each time: if Redis lost the epoch, the
@@ -60,15 +62,19 @@ func (c *client) beat(ctx context.Context) error {
 			epoch = p.Get(ctx, c.epochKey())
 			return nil
 		})
-		return err
+		if err != nil {
+			return err
+		}
+		// Before the breaker hears of the success: no request can see
+		// Redis back before a loss of its data is known.
+		c.sawEpoch(epoch.Val(), sent)
+		c.presentUntil.Store(sent.Add(c.cfg.PresenceTTL).UnixNano())
+		return nil
 	})
 	if err != nil {
 		c.presentUntil.Store(0)
-		return err
 	}
-	c.presentUntil.Store(sent.Add(c.cfg.PresenceTTL).UnixNano())
-	c.sawEpoch(epoch.Val(), sent)
-	return nil
+	return err
 }
 
 // sawEpoch notes the fleet's epoch as read by a beat sent at t. A change
