@@ -16,13 +16,17 @@ import (
 // joinScript is a fleet flight's state machine, one atomic step, and the
 // only round trip a request needs before it knows what to do:
 //
-//	value stored            → {2, value}    a hit, or the result waited for
+//	value stored            → {2}           a hit, or the result waited for
 //	waited, outcome stored  → {3, outcome}  the flight waited on ended without a value
 //	lock free               → take it, drop a stale outcome → {1}: lead
 //	lock held               → flag the flight as waited on → {0, holder}: wait
 //
 // KEYS: lock, value, outcome, waiters. ARGV: token, lease (ms), "1" once
 // the caller has waited, and a holder found gone (or "").
+//
+// The value itself is read by a plain GET just before the script, in the
+// same round trip: a value passed through Lua is copied and interned twice
+// over, which costs Redis several times what the GET does.
 //
 // A caller that has not waited yet ignores an old outcome: a new request
 // may retry a failed flight. A waiter takes the lock over when the lease
@@ -32,8 +36,7 @@ import (
 // flight cost a message to every instance (and, without a value, an
 // outcome kept in Redis).
 var joinScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[2])
-if v then return {2, v} end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
 if ARGV[3] == '1' then
   local o = redis.call('GET', KEYS[3])
   if o then return {3, o} end
@@ -47,25 +50,24 @@ redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
 return {0, redis.call('GET', KEYS[1])}
 `)
 
-// finishScript ends a flight: stores the value, releases our own lock
-// only, and, when someone waits elsewhere, keeps the outcome for them and
-// wakes every process's waiters. It returns 0 (nobody waited), 1 (waiters
-// woken) or 2: waiters, and the outcome was too big to send before knowing
-// that (ARGV[8]): the lock is kept, and the caller runs the script again
-// with the outcome.
+// finishScript ends a flight whose value, if any, a plain SET just before
+// it in the same round trip has stored: it releases our own lock only and,
+// when someone waits elsewhere, keeps the outcome for them and wakes every
+// process's waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2:
+// there are waiters and the outcome was too big to send before knowing
+// that (ARGV[6]), so the lock is kept and the caller stores the outcome and
+// runs the script again.
 //
-// KEYS: lock, value, outcome, waiters. ARGV: token, value or "", value TTL
-// (ms), outcome or "", outcome TTL (ms), channel, message, "1" when the
-// outcome follows.
+// KEYS: lock, value, outcome, waiters. ARGV: token, outcome or "", outcome
+// TTL (ms), channel, message, "1" when the outcome follows.
 var finishScript = redis.NewScript(`
-if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
 local waited = redis.call('EXISTS', KEYS[4]) == 1
-if waited and ARGV[8] == '1' then return 2 end
+if waited and ARGV[6] == '1' then return 2 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
 if not waited then return 0 end
 redis.call('DEL', KEYS[4])
-if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 `)
 
@@ -116,7 +118,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		gone   string // a holder found gone: take its lock over
 	)
 	for {
-		res, present, err := s.joinStep(ctx, keys, token, waited, holder, gone)
+		res, value, present, err := s.joinStep(ctx, keys, token, waited, holder, gone)
 		if errors.Is(err, dedup.ErrUnavailable) {
 			return s.alone(key)
 		}
@@ -135,7 +137,10 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			}
 			return l, nil, nil
 		case 2:
-			e, err := decode([]byte(stringAt(res, 1)))
+			if value == nil {
+				continue // stored between the GET and the script: look again
+			}
+			e, err := decode(value)
 			if err == nil && time.Now().Before(e.ExpiresAt) {
 				s.keepShared(key, e)
 				// Found at once it is a cache hit; found after waiting,
@@ -186,27 +191,35 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	}
 }
 
-// joinStep runs the join script once. With holder set (a waiter that knows
-// who leads), it also asks, in the same round trip, whether the holder's
-// presence key is still there; present is true otherwise.
-func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waited bool, holder, gone string) (res []any, present bool, err error) {
+// joinStep runs the join script once, after a GET of the value in the same
+// round trip. With holder set (a waiter that knows who leads), it also asks
+// whether the holder's presence key is still there; present is true
+// otherwise.
+func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waited bool, holder, gone string) (res []any, value []byte, present bool, err error) {
 	args := []any{token, s.cfg.Lease.Milliseconds(), "0", gone}
 	if waited {
 		args[2] = "1"
 	}
 	present = true
 	err = s.exec(ctx, func(ctx context.Context) error {
+		var get *redis.StringCmd
 		var alive *redis.IntCmd
-		var extra func(redis.Pipeliner)
-		if instance, ok := holderOf(holder); ok {
-			extra = func(p redis.Pipeliner) { alive = p.Exists(ctx, s.presenceKey(instance)) }
-		}
-		cmd, err := s.evalWith(ctx, joinScript, keys, args, extra)
+		instance, checkHolder := holderOf(holder)
+		cmd, err := s.evalWith(ctx, joinScript, keys, args,
+			func(p redis.Pipeliner) { get = p.Get(ctx, keys[1]) },
+			func(p redis.Pipeliner) {
+				if checkHolder {
+					alive = p.Exists(ctx, s.presenceKey(instance))
+				}
+			})
 		if err != nil {
 			return err
 		}
 		if alive != nil {
 			present = alive.Val() == 1
+		}
+		if b, err := get.Bytes(); err == nil {
+			value = b
 		}
 		res, err = cmd.Slice()
 		if err == nil && len(res) == 0 {
@@ -214,26 +227,39 @@ func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waite
 		}
 		return err
 	})
-	return res, present, err
+	return res, value, present, err
 }
 
-// evalWith runs script together with the commands extra queues (nil: none)
-// in one round trip. The script goes by its hash; when Redis does not have
-// it (restarted, flushed) it is sent whole, in a second trip.
-func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []string, args []any, extra func(redis.Pipeliner)) (*redis.Cmd, error) {
-	if extra == nil {
-		cmd := script.Run(ctx, c.rdb, keys, args...)
+// evalWith runs script in one pipeline, after the commands before queues
+// and before those after queues (either may be nil), and returns the
+// script's command once every command has an answer. The script goes by
+// its hash; when Redis does not have it (restarted, flushed) the pipeline
+// runs again with the script sent whole.
+func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []string, args []any, before, after func(redis.Pipeliner)) (*redis.Cmd, error) {
+	run := func(eval func(redis.Pipeliner) *redis.Cmd) (*redis.Cmd, error) {
+		var cmd *redis.Cmd
+		cmds, _ := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if before != nil {
+				before(p)
+			}
+			cmd = eval(p)
+			if after != nil {
+				after(p)
+			}
+			return nil
+		})
+		// A GET of a missing key answers redis.Nil: an answer, not a
+		// failure.
+		for _, c := range cmds {
+			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) && c != cmd {
+				return cmd, err
+			}
+		}
 		return cmd, cmd.Err()
 	}
-	var cmd *redis.Cmd
-	_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		cmd = script.EvalSha(ctx, p, keys, args...)
-		extra(p)
-		return nil
-	})
-	if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-		cmd = script.Eval(ctx, c.rdb, keys, args...)
-		return cmd, cmd.Err()
+	cmd, err := run(func(p redis.Pipeliner) *redis.Cmd { return script.EvalSha(ctx, p, keys, args...) })
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return script.Eval(ctx, p, keys, args...) })
 	}
 	return cmd, err
 }
@@ -316,12 +342,14 @@ func (l *lease) Release() {
 	})
 }
 
-// finish ends l's flight in one round trip: the value (and its place in the
-// URL index, pipelined: the index lives in the URL's slot) or, for waiters
-// elsewhere, the outcome. A value too big for Redis stays in this process
-// for its full TTL and reaches the waiters elsewhere once, as the outcome.
+// finish ends l's flight in one round trip: the value (a plain SET, and
+// its place in the URL index, which lives in the URL's slot) pipelined with
+// the finish script or, for waiters elsewhere, the outcome. A value too big
+// for Redis stays in this process for its full TTL and reaches the waiters
+// elsewhere once, as the outcome.
 func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
 	key := fullKey(l.tag)
+	keys := s.flightKeys(l.tag)
 	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
 		value = encode(out.Entry)
@@ -340,15 +368,17 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	if len(outcome) > inlineOutcomeBytes {
 		blind, follows = nil, "1"
 	}
-	keys := s.flightKeys(l.tag)
-	args := []any{l.token, value, ttl.Milliseconds(), blind, s.cfg.FailureTTL.Milliseconds(), s.channel, "d " + l.tag, follows}
-	var extra func(redis.Pipeliner)
-	if value != nil && out.Entry.URLKey != "" {
-		extra = func(p redis.Pipeliner) { s.index(ctx, p, out.Entry.URLKey, key, ttl) }
+	args := []any{l.token, blind, s.cfg.FailureTTL.Milliseconds(), s.channel, "d " + l.tag, follows}
+	var before, after func(redis.Pipeliner)
+	if value != nil {
+		before = func(p redis.Pipeliner) { p.Set(ctx, keys[1], value, ttl) }
+		if out.Entry.URLKey != "" {
+			after = func(p redis.Pipeliner) { s.index(ctx, p, out.Entry.URLKey, key, ttl) }
+		}
 	}
 	var kind int64
 	err := s.exec(ctx, func(ctx context.Context) error {
-		cmd, err := s.evalWith(ctx, finishScript, keys, args, extra)
+		cmd, err := s.evalWith(ctx, finishScript, keys, args, before, after)
 		if err != nil {
 			return err
 		}
@@ -356,9 +386,12 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		return err
 	})
 	if err == nil && kind == 2 {
-		args[3], args[7] = outcome, ""
+		// Someone waits for an outcome too big to have sent blind.
+		args[5] = ""
 		err = s.exec(ctx, func(ctx context.Context) error {
-			return finishScript.Run(ctx, s.rdb, keys, args...).Err()
+			_, err := s.evalWith(ctx, finishScript, keys, args,
+				func(p redis.Pipeliner) { p.Set(ctx, keys[2], outcome, s.cfg.FailureTTL) }, nil)
+			return err
 		})
 	}
 	if value != nil {
