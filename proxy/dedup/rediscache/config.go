@@ -47,8 +47,8 @@ type Config struct {
 	// PresenceTTL is how long an instance that stopped answering (crashed,
 	// cut off from Redis) still holds its flights: each instance refreshes
 	// a presence key every third of it, and waiters elsewhere take over a
-	// flight whose leader's key has lapsed. Default 1.5s, and at least
-	// 3 × Timeout.
+	// flight whose leader's key has lapsed. At least 3 × Timeout; 0 means
+	// 1.5s, or 3 × Timeout when that is longer.
 	PresenceTTL time.Duration `yaml:"presence_ttl"`
 	// PollInterval is the waiters' safety net when a completion message is
 	// lost. Default 100ms.
