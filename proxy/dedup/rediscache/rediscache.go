@@ -79,7 +79,9 @@ func Open(cfg Config, local *dedup.MemoryStore, logger *slog.Logger) (*Backend, 
 // invalidations clear the local tier, notes reach their subscribers), the
 // notes' sender and the periodic flush of statistics. go-redis
 // re-subscribes by itself after Redis comes back; while the subscription is
-// down, waiters fall back on polling.
+// down, waiters fall back on polling. The heartbeat is not Run's: it runs
+// from Open to Close, so that flights still finishing during a graceful
+// shutdown keep their leader present.
 func (b *Backend) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { b.subscribe(ctx); return nil })
