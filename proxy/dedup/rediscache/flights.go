@@ -95,6 +95,9 @@ const (
 	// proto-max-bulk-len; dedup.max_body_bytes, 8 MiB by default, bounds
 	// it first): beyond it, the waiters elsewhere get an error.
 	maxOutcomeBytes = 64 << 20
+	// maxLooks bounds the looks at a flight in a row without waiting in
+	// between (an unreadable value removed, a holder found gone).
+	maxLooks = 4
 )
 
 // Join implements dedup.Fleet. A request costs one round trip before it
@@ -116,8 +119,14 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		waited bool
 		holder string // the lock's holder as last seen, if it keeps a presence key
 		gone   string // a holder found gone: take its lock over
+		again  int    // looks in a row without waiting
 	)
 	for {
+		// A value or outcome that keeps coming back unreadable (written
+		// by something else) must not keep this loop busy.
+		if again++; again > maxLooks {
+			return nil, nil, fmt.Errorf("rediscache: %s keeps answering what cannot be used; fetching without the fleet", key)
+		}
 		res, value, present, err := s.joinStep(ctx, keys, token, waited, holder, gone)
 		if errors.Is(err, dedup.ErrUnavailable) {
 			return s.alone(key)
@@ -173,7 +182,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		}
 		// Wait for the completion message, with polling as the safety net
 		// for a lost message or a dead leader.
-		waited = true
+		waited, again = true, 0
 		if poll == nil {
 			poll = time.NewTicker(s.cfg.PollInterval)
 			defer poll.Stop()
