@@ -82,6 +82,10 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 			false, []string{"store"}, func(emit func(float64, ...string)) {
 				emit(boolValue(shared.Available()), shared.Name())
 			}))
+		m.Register(metrics.NewVec("store_errors_total", "Commands to the store shared by the fleet that failed (timeouts, refused connections, errors from the store).",
+			true, []string{"store"}, func(emit func(float64, ...string)) {
+				emit(float64(shared.life.Errors()), shared.Name())
+			}))
 		rejected = func() float64 { return float64(up.NotesRejected() + shared.life.Rejected()) }
 	}
 	m.Counter("fleet_notes_rejected_total", "Events, notes and stored values from the shared store that were ignored because they could not be read (another version, a person with redis-cli, a bug).",

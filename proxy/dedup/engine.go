@@ -49,6 +49,10 @@ type Engine struct {
 	cfg   Config
 	rules *rules
 	store Store
+	// peek reads the cache before a flight: the whole store, or with a
+	// Fleet and a TieredStore only this process's tier (Join reads the
+	// shared one).
+	peek  func(ctx context.Context, key string) (*Entry, error)
 	next  http.RoundTripper
 	log   *slog.Logger
 	fleet Fleet
@@ -88,6 +92,10 @@ func New(cfg Config, o Options) (*Engine, error) {
 		prices: o.Prices, currency: savings.Currency, perClient: map[string]int{}}
 	if e.prices == nil {
 		e.prices = savings
+	}
+	e.peek = o.Store.Get
+	if t, ok := o.Store.(TieredStore); ok && o.Fleet != nil {
+		e.peek = t.GetLocal
 	}
 	e.base, e.cancel = context.WithCancel(context.Background())
 	return e, nil
@@ -257,10 +265,12 @@ func (b *prefixedBody) Close() error { return b.c.Close() }
 // for req must use: key itself, or the key of req's variant when key holds
 // another variant of a response that varies (Vary).
 func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byte) (_ *http.Response, flightKey string, ok bool) {
-	ent, found, flightKey := e.find(req.Context(), req, key)
+	ent, found, flightKey := e.find(req.Context(), req, key, e.peek)
 	if ent == nil && req.Method == http.MethodHead {
+		// The whole store, shared tier included: no flight for the GET
+		// key would look there for this HEAD.
 		if getKey, err := rule.keyer.Key(http.MethodGet, req.URL, req.Header, principalOf(req.Context()), body); err == nil {
-			ent, found, _ = e.find(req.Context(), req, getKey)
+			ent, found, _ = e.find(req.Context(), req, getKey, e.store.Get)
 		}
 	}
 	if ent == nil {
@@ -276,8 +286,8 @@ func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byt
 // a flight for req must use. Variants live under keys of their own, so
 // clients with different User-Agents (say) do not keep replacing each
 // other's cached copy.
-func (e *Engine) find(ctx context.Context, req *http.Request, key string) (ent *Entry, found, flightKey string) {
-	ent = e.get(ctx, key)
+func (e *Engine) find(ctx context.Context, req *http.Request, key string, lookup func(context.Context, string) (*Entry, error)) (ent *Entry, found, flightKey string) {
+	ent = e.get(ctx, key, lookup)
 	if ent == nil {
 		return nil, "", key
 	}
@@ -285,14 +295,14 @@ func (e *Engine) find(ctx context.Context, req *http.Request, key string) (ent *
 		return ent, key, key
 	}
 	vkey := variantKey(key, ent.Vary, req.Header)
-	if v := e.get(ctx, vkey); v != nil && v.varyMatches(req.Header) {
+	if v := e.get(ctx, vkey, lookup); v != nil && v.varyMatches(req.Header) {
 		return v, vkey, vkey
 	}
 	return nil, "", vkey
 }
 
-func (e *Engine) get(ctx context.Context, key string) *Entry {
-	ent, err := e.store.Get(ctx, key)
+func (e *Engine) get(ctx context.Context, key string, lookup func(context.Context, string) (*Entry, error)) *Entry {
+	ent, err := lookup(ctx, key)
 	if err != nil {
 		if !errors.Is(err, ErrNotFound) {
 			e.log.Warn("cache lookup failed; going upstream", "key", key, "err", err)
@@ -361,8 +371,10 @@ func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte
 
 // answer turns a flight's result into this caller's response.
 func (e *Engine) answer(req *http.Request, key string, res *flightResult, leader bool) (*http.Response, error) {
+	// A flight that found the response cached (here or in the fleet)
+	// answers everyone who waited on it from the cache.
 	xcache := CacheCoalesced
-	if leader {
+	if leader || res.label == CacheHit {
 		xcache = res.label
 	}
 	switch {
@@ -483,8 +495,8 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	defer e.st.flights.Add(-1)
 
 	// Another flight may have filled the cache between our lookup and
-	// winning this one.
-	if ent := e.get(e.base, key); ent != nil && ent.varyMatches(req.Header) {
+	// winning this one (with a Fleet, Join checks the shared tier).
+	if ent := e.get(e.base, key, e.peek); ent != nil && ent.varyMatches(req.Header) {
 		return &flightResult{entry: ent, label: CacheHit}
 	}
 	label := CacheMiss

@@ -83,7 +83,7 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	tr := &http.Transport{}
-	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: tr, Logger: logger})
+	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,6 +104,21 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	t.Cleanup(inst.stop)
 	return inst
+}
+
+// fromInstance names the instance whose request reaches the origin, in
+// the header instanceHeader.
+type fromInstance struct {
+	next http.RoundTripper
+	name string
+}
+
+const instanceHeader = "X-Test-Instance"
+
+func (f fromInstance) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(instanceHeader, f.name)
+	return f.next.RoundTrip(r)
 }
 
 type got struct {
@@ -212,12 +227,14 @@ func TestHitOnAnotherInstance(t *testing.T) {
 }
 
 // TestLeaderCrashTakeover: the leading instance loses Redis mid-flight (as
-// if killed): its lease lapses, a waiter on another instance takes over,
-// and every client still gets an answer.
+// if killed): its presence key lapses, a waiter on another instance takes
+// over well before the lease would have lapsed, and every client still gets
+// an answer. The log line says how long the takeover took.
 func TestLeaderCrashTakeover(t *testing.T) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 4)
-	f := newFleet(t, 2, Config{Lease: 900 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+	rc := Config{}.WithDefaults() // production lease and presence_ttl
+	f := newFleet(t, 2, rc, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		arrived <- struct{}{}
 		<-release
 		io.WriteString(w, "answer")
@@ -231,15 +248,19 @@ func TestLeaderCrashTakeover(t *testing.T) {
 	for range n {
 		go func() { resB <- b.get(f.origin.URL + "/crash") }()
 	}
-	testkit.Eventually(t, testkit.Patience, func() bool { return b.engine.Stats().Waiters == n }, "B's clients waiting")
+	testkit.Eventually(t, testkit.Patience, func() bool { return b.engine.Stats().Waiters == n && b.store.fleetWaits.Load() == 1 }, "B's clients waiting")
 	// "Kill" A as far as the fleet can tell: its Redis connections die, so
-	// it neither renews its lease nor publishes an outcome.
+	// it neither beats, nor renews its lease, nor publishes an outcome.
 	a.store.rdb.Close()
+	killed := time.Now()
 	select {
-	case <-arrived: // B took over after the lease lapsed
-	case <-time.After(10 * time.Second):
+	case <-arrived: // B took over
+	case <-time.After(rc.Lease + 5*time.Second):
 		t.Fatal("no instance took over the crashed leader's flight")
 	}
+	took := time.Since(killed)
+	t.Logf("leader gone: a waiter elsewhere took over its flight after %s (presence_ttl %s, lease %s, poll %s)",
+		took.Round(time.Millisecond), rc.PresenceTTL, rc.Lease, rc.PollInterval)
 	close(release)
 	for range n {
 		if g := <-resB; g.err != nil || g.status != 200 || g.body != "answer" {
