@@ -45,6 +45,9 @@ type Options struct {
 	// Handler answers each request after it has been recorded.
 	// If nil, every request gets 200 "ok".
 	Handler http.Handler
+	// MaxConcurrentStreams is the HTTP/2 stream limit the origin
+	// announces. If zero, net/http's default (250).
+	MaxConcurrentStreams int
 	// Refuse, if set, fails the TLS handshake of every hello it returns an
 	// error for, as a picky origin or a middlebox in front of one does.
 	Refuse func(*fingerprint.ClientHello) error
@@ -157,6 +160,7 @@ func Start(opts Options) (*Origin, error) {
 		Protocols:         &protocols,
 		ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog:          log.New(io.Discard, "", 0),
+		HTTP2:             &http.HTTP2Config{MaxConcurrentStreams: opts.MaxConcurrentStreams},
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, connKey{}, c.(*originConn).info)
 		},
