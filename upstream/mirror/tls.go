@@ -71,8 +71,11 @@ type Dialer struct {
 	memo rungMemo
 }
 
-// DialTLS opens a TLS connection to addr with a hello made from hello (nil
-// when the client's did not parse: Go mode). network is "tcp" normally.
+// DialTLS opens a TLS connection to addr, the origin's host:port, with a
+// hello made from hello (nil when the client's did not parse: Go mode).
+// The origin is verified for addr's host unless TLSConfig.ServerName says
+// otherwise. network is "tcp" normally. A Dialer must not be copied after
+// first use (it remembers which hellos origins refused).
 func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *fingerprint.ClientHello) (*Conn, error) {
 	if d.Dial == nil {
 		return nil, errors.New("mirror: Dialer.Dial is nil")
