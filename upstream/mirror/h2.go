@@ -243,6 +243,10 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		prio = cc.pre.HeaderPriority
 	}
 	ctx := req.Context()
+	if err := ctx.Err(); err != nil {
+		closeBody()
+		return nil, err
+	}
 	cs := &h2Stream{
 		cc: cc, req: req, body: body,
 		respReady:  make(chan struct{}),

@@ -102,7 +102,7 @@ func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *finge
 		}
 	}
 	var failed []error
-	for r := first; r <= Go; r++ {
+	for r := first; ; r++ {
 		raw, err := d.Dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
@@ -121,7 +121,6 @@ func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *finge
 		}
 		failed = append(failed, fmt.Errorf("%v hello: %w", r, err))
 	}
-	panic("unreachable")
 }
 
 // helloRefused reports whether a handshake error may be the hello's fault,
@@ -256,7 +255,6 @@ func stdState(s utls.ConnectionState) tls.ConnectionState {
 		DidResume:                   s.DidResume,
 		CipherSuite:                 s.CipherSuite,
 		NegotiatedProtocol:          s.NegotiatedProtocol,
-		NegotiatedProtocolIsMutual:  s.NegotiatedProtocolIsMutual,
 		ServerName:                  s.ServerName,
 		PeerCertificates:            s.PeerCertificates,
 		VerifiedChains:              s.VerifiedChains,

@@ -327,3 +327,45 @@ func TestConnH2Shapes(t *testing.T) {
 		}
 	}
 }
+
+// TestPeekClientHelloSplitRecords: a hello spread over several records,
+// arriving a few bytes at a time, is read whole and replayed unchanged.
+func TestPeekClientHelloSplitRecords(t *testing.T) {
+	var rec []byte
+	cli, srv := net.Pipe()
+	go func() {
+		tls.Client(cli, &tls.Config{ServerName: "split.test", NextProtos: []string{"h2"}}).Handshake()
+		cli.Close()
+	}()
+	_, h, err := PeekClientHello(srv)
+	srv.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := h.Raw[5:]
+	for len(msg) > 0 { // records of 100 bytes of the message each
+		k := min(100, len(msg))
+		rec = append(rec, 22, 3, 1, byte(k>>8), byte(k))
+		rec = append(rec, msg[:k]...)
+		msg = msg[k:]
+	}
+	wire := append(rec, "after the hello"...)
+	cli2, srv2 := net.Pipe()
+	go func() {
+		for b := wire; len(b) > 0; b = b[min(7, len(b)):] {
+			cli2.Write(b[:min(7, len(b))])
+		}
+		cli2.Close()
+	}()
+	conn, got, err := PeekClientHello(srv2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Raw, h.Raw) || got.ServerName != "split.test" {
+		t.Errorf("split hello parsed differently")
+	}
+	all, _ := io.ReadAll(conn)
+	if !bytes.Equal(all, wire) {
+		t.Errorf("replayed %d bytes, want %d", len(all), len(wire))
+	}
+}
