@@ -781,10 +781,13 @@ func (b h2Body) Read(p []byte) (int, error) {
 
 var errBodyClosed = errors.New("mirror: response body closed")
 
+// Close ends the stream. A response read in full while the request body
+// is still being sent (the origin answered early and may never open its
+// window again) is ended too: the rest of the body is not wanted.
 func (b h2Body) Close() error {
 	cs := b.cs
 	cs.cc.mu.Lock()
-	complete := cs.recvEnded
+	complete := cs.recvEnded && cs.sendEnded
 	if complete {
 		cs.buf, cs.bufLen = nil, 0
 		cs.maybeDone()
