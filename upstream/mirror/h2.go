@@ -294,6 +294,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	cc.nextID += 2
 	cs.sendWindow = cc.peerInitWindow
 	cs.recvWindow = cc.ourStreamWindow
+	cs.sendEnded = body == nil // END_STREAM rides on the HEADERS
 	cc.streams[cs.id] = cs
 	maxFrame, headerLimit := cc.peerMaxFrame, cc.peerMaxHeaderLst
 	cc.mu.Unlock()
@@ -308,11 +309,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		cc.fatal(err)
 		return nil, fmt.Errorf("mirror: h2 write headers: %w", err)
 	}
-	if body == nil {
-		cc.mu.Lock()
-		cs.sendEnded = true
-		cc.mu.Unlock()
-	} else {
+	if body != nil {
 		expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 		go cs.writeBody(length, req.Trailer, expect)
 	}

@@ -61,8 +61,10 @@ type Dialer struct {
 
 	// TLSConfig supplies how the origin is verified: RootCAs,
 	// InsecureSkipVerify, VerifyPeerCertificate, VerifyConnection, and
-	// ServerName (if empty: the host of addr). Nothing else is read: the
-	// hello is the client's. If nil, the system roots verify the origin.
+	// ServerName (if empty: the host of addr). NextProtos is offered only
+	// by the Go hello of a client without a hello. Nothing else is read:
+	// the hello is the client's. If nil, the system roots verify the
+	// origin.
 	TLSConfig *tls.Config
 
 	// HandshakeTimeout bounds each handshake. If zero, 10 seconds.
@@ -172,6 +174,8 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 	if mode == Go {
 		if hello != nil {
 			cfg.NextProtos = hello.ALPN
+		} else if d.TLSConfig != nil {
+			cfg.NextProtos = d.TLSConfig.NextProtos
 		}
 		uc = utls.UClient(raw, cfg, utls.HelloGolang, false, false, false)
 	} else {

@@ -201,13 +201,15 @@ func TestGoFallback(t *testing.T) {
 	if p := c.ConnectionState().NegotiatedProtocol; p != "h2" {
 		t.Errorf("the Go hello lost the client's ALPN: %q", p)
 	}
-	c, err = newDialer(o, &cd).DialTLS(ctxTimeout(t, 10*time.Second), "tcp", o.Addr(), nil)
+	d := newDialer(o, &cd)
+	d.TLSConfig.NextProtos = []string{"h2", "http/1.1"} // what the client spoke, its hello lost
+	c, err = d.DialTLS(ctxTimeout(t, 10*time.Second), "tcp", o.Addr(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c.Close()
-	if c.Report().Mode != Go {
-		t.Errorf("nil hello: %+v", c.Report())
+	if c.Report().Mode != Go || c.ConnectionState().NegotiatedProtocol != "h2" {
+		t.Errorf("nil hello: %+v, ALPN %q", c.Report(), c.ConnectionState().NegotiatedProtocol)
 	}
 }
 
