@@ -11,12 +11,12 @@ import (
 )
 
 // JA4 returns the JA4 fingerprint of the hello as FoxIO's specification
-// defines it (technical_details/JA4.md): "t", the version, "d" or "i" (SNI
-// or not), the cipher and extension counts, the first ALPN's first and last
-// character, then the truncated SHA-256 of the sorted cipher list and of the
-// sorted extension list (SNI and ALPN left out) with the signature
-// algorithms in wire order. GREASE is ignored everywhere. The hello is read
-// off TCP, so the first character is always "t".
+// defines it: "t", the version, "d" or "i" (SNI or not), the cipher and
+// extension counts, the first ALPN's first and last character, then the
+// truncated SHA-256 of the sorted cipher list and of the sorted extension
+// list (SNI and ALPN left out) with the signature algorithms in wire order.
+// GREASE is ignored everywhere. The hello is read off TCP, so the first
+// character is always "t".
 func (h *ClientHello) JA4() string {
 	a, ciphers, exts := h.ja4Parts()
 	return a + "_" + ja4Hash(ciphers) + "_" + ja4Hash(exts)
