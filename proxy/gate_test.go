@@ -15,6 +15,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // testUsers is one proxy user, alice, with password "right".
@@ -153,5 +154,56 @@ func TestGuardRefusesPrivateTargets(t *testing.T) {
 	w2 := newWorld(t, worldOpts{guard: &netguard.Config{AllowCIDRs: []string{"127.0.0.1/32"}}})
 	if resp, _ := w2.get(w2.client(false), origin.URL+"/ok"); resp.StatusCode != 200 {
 		t.Fatalf("allowed loopback: %d", resp.StatusCode)
+	}
+}
+
+// TestForbiddenSpellingsRefusedBeforeLookup: every odd spelling of a
+// loopback target is refused by the early check before any name is looked
+// up, on the HTTP port (plain requests and CONNECT) and for the Host of a
+// request inside a tunnel; a resolver that counts lookups proves none
+// happened. (TestSOCKS5RefusesForbiddenTargetsBeforeLookup covers the
+// SOCKS5 port.) A permitted name goes through the same resolver.
+func TestForbiddenSpellingsRefusedBeforeLookup(t *testing.T) {
+	lookups := &countingLookup{}
+	w := newWorld(t, worldOpts{
+		guard:        &netguard.Config{},
+		upstreamOpts: []upstream.Option{upstream.WithLookup(lookups.lookup)},
+	})
+	spellings := []string{"0x7f.1", "2130706433", "127.1", "localhost.", "foo.localhost", "017700000001", "[::ffff:127.0.0.1]"}
+	for _, host := range spellings {
+		// A plain request on the proxy port.
+		resp, body := w.get(w.client(false), "http://"+host+":8080/x")
+		if resp.StatusCode != 403 || resp.Header.Get("X-Onceproxy-Error") != "forbidden_target" {
+			t.Errorf("GET http://%s: %d %q", host, resp.StatusCode, body)
+		}
+		// A CONNECT.
+		conn, err := net.Dial("tcp", w.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n", host, host)
+		cr, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+		conn.Close()
+		if err != nil || cr.StatusCode != 403 {
+			t.Errorf("CONNECT %s: %v %v", host, err, cr)
+		}
+		// Inside a tunnel to a name the early check lets through, a request
+		// whose Host is the forbidden spelling.
+		c := insideTunnel(t, w, "public.test:80", false)
+		fmt.Fprintf(c, "GET /x HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+		ir, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || ir.StatusCode != 403 {
+			t.Errorf("Host: %s inside a tunnel: %v %v", host, err, ir)
+		}
+	}
+	if got := lookups.looked(); len(got) != 0 {
+		t.Fatalf("names looked up for refused targets: %q", got)
+	}
+	// A name the guard allows is looked up through the same seam.
+	if resp, _ := w.get(w.client(false), "http://public.test/x"); resp.StatusCode == 200 {
+		t.Fatal("public.test answered: the counting resolver was not on the path")
+	}
+	if got := lookups.looked(); len(got) == 0 || got[0] != "public.test" {
+		t.Fatalf("lookups after a permitted name: %q", got)
 	}
 }
