@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,9 +20,13 @@ import (
 // cache meanwhile, for the full TTL, and after the restart gives its copies
 // back instead of fetching them again: every key reaches the origin at
 // most once per instance over a run shorter than the TTL, and no client
-// request fails.
+// request fails. With LONG_TESTS set (CI), the outage lasts 20 s over 50
+// hot keys.
 func TestOutageKeepsSavings(t *testing.T) {
-	const keys = 8
+	keys, outage := 8, 800*time.Millisecond
+	if os.Getenv("LONG_TESTS") != "" {
+		keys, outage = 50, 20*time.Second
+	}
 	var mu sync.Mutex
 	hits := map[string]int{} // "instance path" → origin requests
 	f := newFleet(t, 2, Config{
@@ -66,7 +71,7 @@ func TestOutageKeepsSavings(t *testing.T) {
 	time.Sleep(400 * time.Millisecond)
 	f.redis.Kill()
 	testkit.Eventually(t, testkit.Patience, func() bool { return !f.insts[0].be.Available() && !f.insts[1].be.Available() }, "both breakers open")
-	time.Sleep(800 * time.Millisecond) // load on the memory tiers alone
+	time.Sleep(outage) // load on the memory tiers alone
 	f.redis.Restart()
 	testkit.Eventually(t, testkit.Patience, func() bool { return f.insts[0].be.Available() && f.insts[1].be.Available() }, "both instances back on Redis")
 	time.Sleep(600 * time.Millisecond) // several local_ttl: copies are asked of Redis again
