@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -32,6 +33,14 @@ type Options struct {
 	// Getenv reads the process environment (auth.users[].password_env,
 	// upstream.provider.api_key_env, admin.token_env). nil reads nothing.
 	Getenv func(string) string
+	// Load reads the configuration again, for a reload (SIGHUP, POST
+	// /config/reload); nil: the instance cannot reload.
+	Load func() (*Config, error)
+	// LogLevel, when set, is the logger's level: a reload sets it from
+	// log.level.
+	LogLevel *slog.LevelVar
+	// HUP delivers SIGHUP: each one reloads the configuration.
+	HUP <-chan os.Signal
 
 	// The seams below let a test observe or replace one part of the
 	// wiring users run; the program leaves them unset.
@@ -52,7 +61,12 @@ type Options struct {
 type App struct {
 	cfg    *Config
 	log    *slog.Logger
+	getenv func(string) string
+	hup    <-chan os.Signal
 	lns    *listeners
+	live   live
+	reload reloader
+	polite *ratelimit.Polite
 	shared *shared      // nil: this instance runs alone
 	admin  *http.Server // nil when admin.listen is ""
 
@@ -87,7 +101,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		return nil, err
 	}
 	cfg = &c
-	a := &App{cfg: cfg, log: o.Logger}
+	a := &App{cfg: cfg, log: o.Logger, getenv: getenv, hup: o.HUP, live: live{level: o.LogLevel}, reload: reloader{load: o.Load}}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -107,6 +121,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.live.guard.Store(guard)
 	local := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
 	a.closers = append(a.closers, local.Close)
 	if a.shared, err = openShared(cfg, local, logger); err != nil {
@@ -116,7 +131,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		a.closers = append(a.closers, func() { _ = a.shared.life.Close() })
 	}
 
-	upOpts := append([]upstream.Option{upstream.WithDialControl(a.lns.guardControl(guard)), upstream.WithGetenv(getenv)},
+	upOpts := append([]upstream.Option{upstream.WithDialControl(a.lns.guardControl(&a.live)), upstream.WithGetenv(getenv)},
 		o.UpstreamOptions...)
 	if a.shared != nil {
 		// Session cooldowns and rotations are fleet news.
@@ -129,10 +144,10 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	logger.Info("upstream", "egress", a.Upstream.Describe())
 	// Politeness pacing sits behind dedup: only requests that really go
 	// upstream wait for their turn at a host.
-	polite := ratelimit.NewPolite(cfg.RateLimit, a.Upstream)
-	a.closers = append(a.closers, polite.Close)
+	a.polite = ratelimit.NewPolite(cfg.RateLimit, a.Upstream)
+	a.closers = append(a.closers, a.polite.Close)
 
-	dopts := dedup.Options{Store: local, Next: polite, Logger: logger, Savings: cfg.Savings}
+	dopts := dedup.Options{Store: local, Next: a.polite, Logger: logger, Savings: cfg.Savings}
 	var counter ratelimit.Counter
 	if a.shared != nil {
 		dopts.Store, dopts.Fleet, dopts.Recorder = a.shared.cache, a.shared.cache, a.shared.bus
@@ -153,7 +168,8 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
-	a.closers = append(a.closers, users.Close)
+	a.live.users.Store(users)
+	a.closers = append(a.closers, func() { a.live.users.Load().Close() })
 	a.Metrics = metrics.New()
 	popts := proxy.Options{
 		Logger:    logger,
@@ -163,7 +179,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		AccessLog: cfg.Log.Access,
 		Realm:     cfg.Auth.Realm,
 		Limiter:   a.Limiter,
-		Guard:     guard,
+		Guard:     &a.live,
 		Metrics:   a.Metrics,
 	}
 	if o.WrapNext != nil {
@@ -173,7 +189,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		popts.Upstream = o.WrapUpstream(popts.Upstream)
 	}
 	if users.Enabled() {
-		popts.Users = users
+		popts.Users = &a.live
 	} else {
 		logger.Warn("no proxy users configured: the proxy ports accept anyone who can reach them",
 			"proxy", cfg.Proxy.Listen, "socks5", cfg.SOCKS5.Listen)
@@ -191,6 +207,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 			Sessions:  a.Upstream,
 			Metrics:   a.Metrics.Handler(),
 			Token:     adminToken(cfg.Admin, getenv),
+			Reloader:  a,
 			ProxyAddr: a.lns.proxy.Addr().String(),
 		}
 		if a.shared != nil {
@@ -237,6 +254,9 @@ func (a *App) Serve(ctx context.Context) error {
 		g.Go(func() error { return a.Proxy.ServeSOCKS5(a.lns.socks, cfg.SOCKS5) })
 	}
 	g.Go(func() error { return a.Upstream.Run(gctx) })
+	if a.hup != nil {
+		g.Go(func() error { a.serveReloads(gctx, a.hup); return nil })
+	}
 	if a.shared != nil {
 		g.Go(func() error { return a.shared.life.Run(gctx) })
 	}

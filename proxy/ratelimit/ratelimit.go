@@ -83,8 +83,7 @@ type Counter interface {
 
 // Limiter decides per request. Its zero value allows everything.
 type Limiter struct {
-	cfg      Config
-	exclude  *hostmatch.Set
+	set      atomic.Pointer[limits] // replaced whole by Reconfigure
 	counter  Counter
 	own      *MemoryCounter // the counter New made, closed by Close
 	rejected atomic.Uint64
@@ -98,16 +97,47 @@ func New(cfg Config, counter Counter) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("rate_limit: %w", err)
 	}
-	exclude, err := hostmatch.Compile(cfg.ExcludeHosts)
+	set, err := compile(cfg)
 	if err != nil {
-		return nil, fmt.Errorf("rate_limit: exclude_hosts%w", err)
+		return nil, err
 	}
-	l := &Limiter{cfg: cfg, exclude: exclude, counter: counter, now: time.Now}
+	l := &Limiter{counter: counter, now: time.Now}
+	l.set.Store(set)
 	if counter == nil {
 		l.own = NewMemoryCounter()
 		l.counter = l.own
 	}
 	return l, nil
+}
+
+// limits is a compiled Config.
+type limits struct {
+	cfg     Config
+	exclude *hostmatch.Set
+}
+
+func compile(cfg Config) (*limits, error) {
+	exclude, err := hostmatch.Compile(cfg.ExcludeHosts)
+	if err != nil {
+		return nil, fmt.Errorf("rate_limit: exclude_hosts%w", err)
+	}
+	return &limits{cfg: cfg, exclude: exclude}, nil
+}
+
+// Reconfigure replaces the limits while the limiter serves (a reload of
+// the configuration): requests already counted stay counted in their
+// window. It fails, changing nothing, for an invalid cfg.
+func (l *Limiter) Reconfigure(cfg Config) error {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("rate_limit: %w", err)
+	}
+	set, err := compile(cfg)
+	if err != nil {
+		return err
+	}
+	l.set.Store(set)
+	return nil
 }
 
 // Close stops the background work of a counter New made itself.
@@ -129,28 +159,32 @@ type Decision struct {
 }
 
 // Enabled reports whether client limits are on.
-func (l *Limiter) Enabled() bool { return l != nil && l.cfg.Requests > 0 }
+func (l *Limiter) Enabled() bool { return l != nil && l.set.Load().cfg.Requests > 0 }
 
 // Allow counts one request by client (clientinfo.Info.Client) to host.
 func (l *Limiter) Allow(ctx context.Context, client, host string) Decision {
-	if !l.Enabled() || l.exclude.Match(host) {
+	if l == nil {
+		return Decision{Allowed: true}
+	}
+	set := l.set.Load()
+	if set.cfg.Requests <= 0 || set.exclude.Match(host) {
 		return Decision{Allowed: true}
 	}
 	now := l.now()
-	w := l.cfg.Window
+	w := set.cfg.Window
 	start := now.Truncate(w)
 	key := "rl:" + client + ":" + strconv.FormatInt(start.Unix(), 10)
 	n, err := l.counter.IncrWindow(ctx, key, w+time.Second)
 	reset := start.Add(w).Sub(now)
 	if err != nil {
 		l.failed.Add(1)
-		if l.cfg.FailClosed {
-			return Decision{Allowed: false, Limit: l.cfg.Requests, RetryAfter: reset, Unavailable: true}
+		if set.cfg.FailClosed {
+			return Decision{Allowed: false, Limit: set.cfg.Requests, RetryAfter: reset, Unavailable: true}
 		}
-		return Decision{Allowed: true, Limit: l.cfg.Requests, Unavailable: true}
+		return Decision{Allowed: true, Limit: set.cfg.Requests, Unavailable: true}
 	}
-	d := Decision{Limit: l.cfg.Requests, Remaining: max(l.cfg.Requests-int(n), 0)}
-	if n <= int64(l.cfg.Requests) {
+	d := Decision{Limit: set.cfg.Requests, Remaining: max(set.cfg.Requests-int(n), 0)}
+	if n <= int64(set.cfg.Requests) {
 		d.Allowed = true
 		return d
 	}

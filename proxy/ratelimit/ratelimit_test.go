@@ -116,7 +116,7 @@ func TestPolitePacesPerHost(t *testing.T) {
 	if _, err := rt.RoundTrip(req); err == nil {
 		t.Fatal("request that could not get a turn went out")
 	}
-	if off := NewPolite(Config{}, http.DefaultTransport); off.hosts != nil {
+	if off := NewPolite(Config{}, http.DefaultTransport); off.pace.Load() != nil {
 		t.Fatal("PerHostRPS 0 keeps a per-host table")
 	}
 }
