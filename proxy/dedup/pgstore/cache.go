@@ -46,9 +46,8 @@ func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local}
 	s.waiters.m = make(map[string]map[chan struct{}]struct{})
 	s.pending.m = make(map[string]struct{})
-	// Back from an outage: share what was cached meanwhile, and let every
-	// waiter re-check at once.
-	c.onReconnect(s.resync)
+	// Back from an outage: let every waiter re-check at once.
+	c.onReconnect(s.waiters.wakeAll)
 	return s
 }
 
@@ -234,13 +233,28 @@ func (s *Cache) Stats() dedup.StoreStats {
 	return st
 }
 
+// share runs resync whenever the database is available and something
+// cached during an outage is not shared yet, until ctx ends.
+func (s *Cache) share(ctx context.Context) {
+	t := time.NewTicker(s.probeEvery())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if s.available() && s.pending.len() > 0 {
+				s.resync(ctx)
+			}
+		}
+	}
+}
+
 // resync shares what this instance cached while the database was away:
 // each value replaces only an older one in the database; where the fleet
 // stored a newer one meanwhile, the local copy goes and the next lookup
 // reads the fleet's. A failure leaves the rest for the next reconnect.
-func (s *Cache) resync() {
-	s.waiters.wakeAll()
-	ctx := s.life
+func (s *Cache) resync(ctx context.Context) {
 	for _, key := range s.pending.keys() {
 		e, err := s.local.Get(ctx, key)
 		if err != nil {
@@ -255,7 +269,7 @@ func (s *Cache) resync() {
 		blob := storecodec.Encode(e)
 		var won bool
 		err = s.exec(ctx, func(ctx context.Context) error {
-			return s.pool.QueryRow(ctx, s.sql.resync, key, e.URLKey, blob, e.StoredAt, ttl.Milliseconds()).Scan(&won)
+			return s.pool.QueryRow(ctx, s.sql.resync, key, e.URLKey, blob, e.StoredAt, ttl.Milliseconds(), s.channel, "i "+key).Scan(&won)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -265,9 +279,9 @@ func (s *Cache) resync() {
 			s.log.Debug("postgres: sharing values cached during the outage stopped", "err", err)
 			return
 		default:
-			// Shared: from now on an invalidation reaches it, so the local
-			// copy is a short-lived one like any other.
-			s.putLocal(key, e)
+			// Shared, and older copies elsewhere dropped (this one's too:
+			// the next lookup reads it back).
+			_ = s.local.Delete(ctx, key)
 		}
 		s.pending.remove(key)
 	}
@@ -318,6 +332,12 @@ func (p *pendingSet) remove(key string) {
 	p.mu.Lock()
 	delete(p.m, key)
 	p.mu.Unlock()
+}
+
+func (p *pendingSet) len() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.m)
 }
 
 func (p *pendingSet) keys() []string {

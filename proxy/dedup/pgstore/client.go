@@ -54,6 +54,9 @@ type client struct {
 	// rejected counts input from the database that was ignored
 	// (Backend.Rejected).
 	rejected atomic.Int64
+	// lastUse is when a statement last went to the database (UnixNano):
+	// an instance without traffic probes instead.
+	lastUse atomic.Int64
 
 	mu     sync.Mutex
 	onBack []func() // run each time the database comes back after an outage
@@ -214,6 +217,7 @@ func (c *client) exec(ctx context.Context, op func(context.Context) error) error
 	_, err := c.cb.Execute(func() (any, error) {
 		octx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout+c.cfg.Timeout)
 		defer cancel()
+		c.lastUse.Store(time.Now().UnixNano())
 		err := op(octx)
 		if err != nil && ctx.Err() != nil {
 			return nil, fmt.Errorf("%w: %w", errCallerGone, ctx.Err())
@@ -228,16 +232,23 @@ func (c *client) exec(ctx context.Context, op func(context.Context) error) error
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
 		return dedup.ErrUnavailable
 	default:
-		return fmt.Errorf("%w: %v", dedup.ErrUnavailable, err)
+		return fmt.Errorf("%w: %w", dedup.ErrUnavailable, err)
 	}
 }
 
-// probe brings the shared layer back by itself, also on an instance that
-// gets no traffic: while the schema is not checked yet it tries that, and
-// while the breaker is not closed it sends the breaker's probe (the schema
-// check) as soon as the breaker lets one through.
+// probeEvery is how often the probe looks at the database.
+func (c *client) probeEvery() time.Duration { return min(c.cfg.BreakerInterval/4, time.Second) }
+
+// probe keeps the breaker, and so /health's store_available, true to the
+// database also on an instance without traffic: while the schema is not
+// checked yet it tries that; while the breaker is not closed it sends the
+// breaker's probe (the schema check) as soon as the breaker lets one
+// through, which brings the shared layer back by itself; and while no
+// request has used the database for a probe interval, it checks it, so an
+// outage opens the breaker of an idle instance too.
 func (c *client) probe(ctx context.Context) {
-	t := time.NewTicker(min(c.cfg.BreakerInterval/4, time.Second))
+	every := c.probeEvery()
+	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
 		select {
@@ -249,7 +260,7 @@ func (c *client) probe(ctx context.Context) {
 		case c.refused.Load():
 		case !c.ready.Load():
 			c.becomeReady(ctx)
-		case c.cb.State() != gobreaker.StateClosed:
+		case c.cb.State() != gobreaker.StateClosed, time.Since(time.Unix(0, c.lastUse.Load())) >= every:
 			err := c.exec(ctx, c.checkSchema)
 			if errors.Is(err, errSchema) {
 				c.refuse(err)

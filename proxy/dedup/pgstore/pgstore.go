@@ -87,8 +87,9 @@ func open(cfg Config, local *dedup.MemoryStore, logger *slog.Logger, tracer pgx.
 }
 
 // Run keeps the fleet connection alive until ctx ends: the listener, the
-// notes' sender, the periodic flush of statistics, the sweep, and the
-// probe that brings the shared layer back after an outage.
+// notes' sender, the periodic flush of statistics, the sweep, the probe
+// that keeps the breaker true to the database, and the sharing of what was
+// cached during an outage.
 func (b *Backend) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { b.listen(ctx); return nil })
@@ -96,6 +97,7 @@ func (b *Backend) Run(ctx context.Context) error {
 	g.Go(func() error { b.Bus.sendNotes(ctx); return nil })
 	g.Go(func() error { b.sweep.run(ctx); return nil })
 	g.Go(func() error { b.c.probe(ctx); return nil })
+	g.Go(func() error { b.Cache.share(ctx); return nil })
 	return g.Wait()
 }
 

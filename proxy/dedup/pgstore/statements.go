@@ -36,8 +36,11 @@ func newStatements(schema string) statements {
 		// together ($6 channel, $7 payload).
 		set: s(`WITH w AS (` + upsertValue + `) SELECT pg_notify($6, $7)`),
 		// A value this instance cached while the database was away: it
-		// replaces only an older one (true when it did).
-		resync: s(upsertValue + ` WHERE c.stored_at < excluded.stored_at RETURNING true`),
+		// replaces only an older one, and then drops the older copies in
+		// every instance's memory tier ($6 channel, $7 payload). A row
+		// when it did.
+		resync: s(`WITH w AS (` + upsertValue + ` WHERE c.stored_at < excluded.stored_at RETURNING 1)
+			SELECT true FROM w CROSS JOIN LATERAL pg_notify($6, $7) n`),
 		del:    s(`WITH d AS (DELETE FROM {s}.cache WHERE key = $1) SELECT pg_notify($2, $3)`),
 		delURL: s(`WITH d AS (DELETE FROM {s}.cache WHERE url_key = $1 RETURNING 1),
 			n AS (SELECT pg_notify($2, $3))
