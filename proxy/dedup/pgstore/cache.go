@@ -5,6 +5,8 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -269,7 +271,8 @@ func (s *Cache) resync(ctx context.Context) {
 		blob := storecodec.Encode(e)
 		var won bool
 		err = s.exec(ctx, func(ctx context.Context) error {
-			return s.pool.QueryRow(ctx, s.sql.resync, key, e.URLKey, blob, e.StoredAt, ttl.Milliseconds(), s.channel, "i "+key).Scan(&won)
+			return s.pool.QueryRow(ctx, s.sql.resync, key, e.URLKey, blob, e.StoredAt, ttl.Milliseconds(),
+				s.channel, "r "+key+" "+strconv.FormatInt(e.StoredAt.UnixMilli(), 10)).Scan(&won)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -279,16 +282,17 @@ func (s *Cache) resync(ctx context.Context) {
 			s.log.Debug("postgres: sharing values cached during the outage stopped", "err", err)
 			return
 		default:
-			// Shared, and older copies elsewhere dropped (this one's too:
-			// the next lookup reads it back).
-			_ = s.local.Delete(ctx, key)
+			// Shared, and older copies elsewhere dropped: from now on it
+			// is a short-lived copy of the fleet's value like any other.
+			s.putLocal(key, e)
 		}
 		s.pending.remove(key)
 	}
 }
 
 // The cache's notifications: "d <key>" a flight ended, "i <key>" a key was
-// invalidated, "u <urlkey>" a URL was invalidated.
+// invalidated, "u <urlkey>" a URL was invalidated, "r <key> <ms>" a copy
+// cached during an outage replaced an older one.
 
 func (s *Cache) flightEnded(key string) { s.waiters.wake(key) }
 
@@ -299,6 +303,23 @@ func (s *Cache) invalidated(key string) {
 
 func (s *Cache) invalidatedURL(urlKey string) {
 	_, _ = s.local.DeleteURL(context.Background(), urlKey)
+}
+
+// replaced handles "r <key> <ms>": another instance shared a copy of key
+// fetched at ms (Unix milliseconds) after an outage. A local copy fetched
+// before it is stale: it goes, and is not shared any more. It reports
+// false for an argument it cannot read.
+func (s *Cache) replaced(arg string) bool {
+	key, at, ok := strings.Cut(arg, " ")
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if !ok || key == "" || err != nil {
+		return false
+	}
+	if e, err := s.local.Get(context.Background(), key); err == nil && e.StoredAt.UnixMilli() < ms {
+		_ = s.local.Delete(context.Background(), key)
+		s.pending.remove(key)
+	}
+	return true
 }
 
 // maxPending bounds the keys remembered for sharing after an outage; the

@@ -60,8 +60,8 @@ func (h *eventHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 }
 
 // handleEvent applies one notification: "d <key>" a flight ended, "i <key>"
-// a key was invalidated, "u <urlkey>" a URL was invalidated, "n ..." a
-// note. Anything else is counted and ignored: another version or a person
+// a key was invalidated, "u <urlkey>" a URL was invalidated, "r <key> <ms>"
+// a copy cached during an outage replaced an older one, "n ..." a note. Anything else is counted and ignored: another version or a person
 // with psql may have sent it.
 func (b *Backend) handleEvent(payload string) {
 	defer b.c.recoverInput("event")
@@ -82,6 +82,10 @@ func (b *Backend) handleEventUnguarded(payload string) {
 		case "u":
 			b.Cache.invalidatedURL(arg)
 			return
+		case "r":
+			if b.Cache.replaced(arg) {
+				return
+			}
 		case "n":
 			if b.Bus.handleNote(arg) {
 				return

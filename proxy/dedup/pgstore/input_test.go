@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -180,7 +181,7 @@ func TestHostileNotificationsAreIgnored(t *testing.T) {
 // recover in between: a panic fails the fuzzer. A notification is either
 // used or counted as rejected, never both and never neither.
 func FuzzEvent(f *testing.F) {
-	for _, s := range []string{"d v1:abc", "i v1:abc", "u u1:abc", "n other session {}", "n me session x", "n", "q q", ""} {
+	for _, s := range []string{"d v1:abc", "i v1:abc", "u u1:abc", "r v1:abc 99999999999999", "r v1:abc x", "n other session {}", "n me session x", "n", "q q", ""} {
 		f.Add(s)
 	}
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -196,12 +197,17 @@ func FuzzEvent(f *testing.F) {
 	// something to act on.
 	wake := b.Cache.waiters.add("v1:abc")
 	f.Fuzz(func(t *testing.T, payload string) {
-		_ = local.Set(context.Background(), "v1:abc", &dedup.Entry{Status: 200, Header: http.Header{}, URLKey: "u1:abc"}, time.Minute)
+		_ = local.Set(context.Background(), "v1:abc", &dedup.Entry{Status: 200, Header: http.Header{}, URLKey: "u1:abc", StoredAt: time.UnixMilli(1000)}, time.Minute)
 		before, rejected := delivered, c.rejected.Load()
 		b.handleEventUnguarded(payload)
 		used := delivered > before
 		kind, arg, ok := strings.Cut(payload, " ")
 		wellFormed := ok && arg != "" && (kind == "d" || kind == "i" || kind == "u" || kind == "n")
+		if kind == "r" {
+			key, at, ok2 := strings.Cut(arg, " ")
+			_, err := strconv.ParseInt(at, 10, 64)
+			wellFormed = ok && ok2 && key != "" && err == nil
+		}
 		if c.rejected.Load() > rejected && used {
 			t.Fatalf("%q was both delivered and rejected", payload)
 		}
@@ -209,7 +215,12 @@ func FuzzEvent(f *testing.F) {
 			t.Fatalf("%q was not rejected", payload)
 		}
 		_, err := local.Get(context.Background(), "v1:abc")
-		if gone := err != nil; gone != (payload == "i v1:abc" || payload == "u u1:abc") {
+		replacedByNewer := false
+		if key, at, ok := strings.Cut(strings.TrimPrefix(payload, "r "), " "); strings.HasPrefix(payload, "r ") && ok && key == "v1:abc" {
+			ms, err := strconv.ParseInt(at, 10, 64)
+			replacedByNewer = err == nil && ms > 1000 // the cached copy's fetch time
+		}
+		if gone := err != nil; gone != (payload == "i v1:abc" || payload == "u u1:abc" || replacedByNewer) {
 			t.Fatalf("%q: cached value gone = %v", payload, gone)
 		}
 		select {

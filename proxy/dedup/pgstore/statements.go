@@ -36,9 +36,9 @@ func newStatements(schema string) statements {
 		// together ($6 channel, $7 payload).
 		set: s(`WITH w AS (` + upsertValue + `) SELECT pg_notify($6, $7)`),
 		// A value this instance cached while the database was away: it
-		// replaces only an older one, and then drops the older copies in
-		// every instance's memory tier ($6 channel, $7 payload). A row
-		// when it did.
+		// replaces only an older one, and then tells every instance to
+		// drop older copies from its memory tier ($6 channel, $7
+		// payload). A row when it did.
 		resync: s(`WITH w AS (` + upsertValue + ` WHERE c.stored_at < excluded.stored_at RETURNING 1)
 			SELECT true FROM w CROSS JOIN LATERAL pg_notify($6, $7) n`),
 		del:    s(`WITH d AS (DELETE FROM {s}.cache WHERE key = $1) SELECT pg_notify($2, $3)`),
