@@ -41,7 +41,7 @@ func newStatements(schema string) statements {
 		// payload). A row when it did.
 		resync: s(`WITH w AS (` + upsertValue + ` WHERE c.stored_at < excluded.stored_at RETURNING 1)
 			SELECT true FROM w CROSS JOIN LATERAL pg_notify($6, $7) n`),
-		del:    s(`WITH d AS (DELETE FROM {s}.cache WHERE key = $1) SELECT pg_notify($2, $3)`),
+		del: s(`WITH d AS (DELETE FROM {s}.cache WHERE key = $1) SELECT pg_notify($2, $3)`),
 		delURL: s(`WITH d AS (DELETE FROM {s}.cache WHERE url_key = $1 RETURNING 1),
 			n AS (SELECT pg_notify($2, $3))
 			SELECT (SELECT count(*) FROM d) FROM n`),
