@@ -3,10 +3,11 @@
 // Start runs a private cluster (initdb and pg_ctl from the PostgreSQL
 // binaries, on a free loopback port, in a directory the test owns), so a
 // test can stop and restart it. As root, the server runs as the postgres
-// user, which initdb requires. Without the binaries it falls back to PG_URL
-// (a server the test cannot stop: tests that need Stop are skipped), and
-// skips the test with a message when neither exists, unless CI is set (then
-// it fails: CI must provide PostgreSQL).
+// user, which initdb requires. When that does not work (no binaries, no
+// postgres user) it falls back to PG_URL (a server the test cannot stop:
+// tests that need Stop are skipped), and skips the test with a message
+// when neither works, unless CI is set (then it fails: CI must provide
+// PostgreSQL).
 //
 // Schema hands a test its own schema on the long-running server at PG_URL,
 // or 127.0.0.1:5432 database test: tests that never stop the server share
@@ -17,6 +18,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -54,20 +56,31 @@ type Server struct {
 // ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	s, err := startCluster(t)
+	if err == nil {
+		return s
+	}
+	if u := os.Getenv("PG_URL"); u != "" {
+		t.Logf("no private PostgreSQL (%v): using PG_URL, which this test cannot stop", err)
+		return &Server{t: t, URL: u}
+	}
+	if os.Getenv("CI") != "" {
+		t.Fatalf("no private PostgreSQL (%v) and PG_URL unset: CI must provide PostgreSQL", err)
+	}
+	t.Skipf("needs the PostgreSQL server binaries (initdb, pg_ctl) or PG_URL: %v", err)
+	return nil
+}
+
+// startCluster runs initdb and pg_ctl start in a directory of the test's.
+func startCluster(t testing.TB) (*Server, error) {
 	bin := binDir()
 	if bin == "" {
-		if u := os.Getenv("PG_URL"); u != "" {
-			return &Server{t: t, URL: u}
-		}
-		if os.Getenv("CI") != "" {
-			t.Fatal("PostgreSQL binaries (initdb, pg_ctl) not found and PG_URL unset: CI must provide PostgreSQL")
-		}
-		t.Skip("needs the PostgreSQL server binaries (initdb, pg_ctl) or PG_URL")
+		return nil, errors.New("initdb and pg_ctl not found in /usr/lib/postgresql/*/bin or PATH")
 	}
 	s := &Server{t: t, bin: bin, own: true, port: freePort(t)}
 	dir, err := os.MkdirTemp("", "pgtest-")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	s.dir = dir
 	t.Cleanup(func() { s.stop(); os.RemoveAll(dir) })
@@ -75,19 +88,23 @@ func Start(t testing.TB) *Server {
 		// initdb refuses to run as root: the cluster belongs to postgres.
 		u, err := user.Lookup("postgres")
 		if err != nil {
-			t.Fatalf("running as root needs a postgres user for the cluster: %v", err)
+			return nil, fmt.Errorf("running as root needs a postgres user for the cluster: %w", err)
 		}
 		uid, _ := strconv.Atoi(u.Uid)
 		gid, _ := strconv.Atoi(u.Gid)
 		if err := os.Chown(dir, uid, gid); err != nil {
-			t.Fatal(err)
+			return nil, err
 		}
 		s.run = []string{"runuser", "-u", "postgres", "--"}
 	}
-	s.cmd(30*time.Second, filepath.Join(bin, "initdb"), "-D", s.data(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8")
+	if err := s.cmd(30*time.Second, filepath.Join(bin, "initdb"), "-D", s.data(), "-A", "trust", "-U", "postgres", "--no-sync", "-E", "UTF8"); err != nil {
+		return nil, err
+	}
 	s.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", s.port)
-	s.Start()
-	return s
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // binDir finds initdb and pg_ctl: the newest /usr/lib/postgresql/*/bin
@@ -124,28 +141,36 @@ func freePort(t testing.TB) int {
 
 func (s *Server) data() string { return filepath.Join(s.dir, "data") }
 
-// cmd runs a PostgreSQL program as the server's user and fails the test
-// (with the server log) when it fails.
-func (s *Server) cmd(timeout time.Duration, args ...string) {
-	s.t.Helper()
+// cmd runs a PostgreSQL program as the server's user; its error carries
+// the program's output and the server log.
+func (s *Server) cmd(timeout time.Duration, args ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	args = append(append([]string(nil), s.run...), args...)
 	out, err := exec.CommandContext(ctx, args[0], args[1:]...).CombinedOutput()
 	if err != nil {
 		log, _ := os.ReadFile(filepath.Join(s.dir, "log"))
-		s.t.Fatalf("%s: %v\n%s\nserver log:\n%s", strings.Join(args, " "), err, out, log)
+		return fmt.Errorf("%s: %v\n%s\nserver log:\n%s", strings.Join(args, " "), err, out, log)
 	}
+	return nil
 }
 
-// Start starts the server (again, after Stop) on the same port and data,
-// and returns once it accepts connections.
+// Start starts the server again after Stop, on the same port and data, and
+// returns once it accepts connections.
 func (s *Server) Start() {
 	s.t.Helper()
 	s.mustOwn()
+	if err := s.start(); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+func (s *Server) start() error {
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off", s.port, s.dir)
-	s.cmd(60*time.Second, filepath.Join(s.bin, "pg_ctl"), "-D", s.data(), "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "-o", opts, "start")
-	s.waitReady()
+	if err := s.cmd(60*time.Second, filepath.Join(s.bin, "pg_ctl"), "-D", s.data(), "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
+		return err
+	}
+	return s.waitReady()
 }
 
 // Stop stops the server at once (pg_ctl -m immediate), as a crash would:
@@ -154,7 +179,9 @@ func (s *Server) Start() {
 func (s *Server) Stop() {
 	s.t.Helper()
 	s.mustOwn()
-	s.cmd(60*time.Second, filepath.Join(s.bin, "pg_ctl"), "-D", s.data(), "-m", "immediate", "-w", "stop")
+	if err := s.cmd(60*time.Second, filepath.Join(s.bin, "pg_ctl"), "-D", s.data(), "-m", "immediate", "-w", "stop"); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 func (s *Server) mustOwn() {
@@ -173,7 +200,7 @@ func (s *Server) stop() {
 	_ = exec.Command(args[0], args[1:]...).Run()
 }
 
-func (s *Server) waitReady() {
+func (s *Server) waitReady() error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -181,11 +208,11 @@ func (s *Server) waitReady() {
 		if err == nil {
 			c.Close(ctx)
 			cancel()
-			return
+			return nil
 		}
 		cancel()
 		if time.Now().After(deadline) {
-			s.t.Fatalf("postgres on port %d not ready: %v", s.port, err)
+			return fmt.Errorf("postgres on port %d not ready: %w", s.port, err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
