@@ -29,7 +29,7 @@ const (
 // flight runs without the fleet.
 const maxUnreadable = 3
 
-var errUnreadable = errors.New("pgstore: the shared store keeps returning values this onceproxy cannot read")
+var errUnreadable = errors.New("pgstore: the shared store keeps returning values this instance cannot use (unreadable, or expired by this machine's clock)")
 
 // Join implements dedup.Fleet.
 //
@@ -286,6 +286,7 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		sql = s.sql.setOutcome
 		args = []any{l.key, outcome, s.cfg.FailureTTL.Milliseconds(), s.channel, payload}
 	}
+	unlocked := l.conn == nil
 	err := s.exec(ctx, func(ctx context.Context) error {
 		if l.conn == nil {
 			_, err := s.pool.Exec(ctx, sql, args...)
@@ -295,19 +296,18 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		b.Queue("BEGIN")
 		b.Queue(sql, args...)
 		b.Queue("COMMIT")
-		var unlocked bool
 		b.Queue(s.sql.unlock, l.lock).QueryRow(func(r pgx.Row) error { return r.Scan(&unlocked) })
-		if err := l.conn.SendBatch(ctx, b).Close(); err != nil {
-			return err
-		}
-		if !unlocked {
-			// Not ours any more: the session was reset under us. Ending
-			// it is the only sure way the lock is gone.
-			return errLockLost
-		}
-		return nil
+		return l.conn.SendBatch(ctx, b).Close()
 	})
-	l.done(err)
+	if err == nil && !unlocked {
+		// The value is stored, but the lock was not this session's any
+		// more (the session was reset under the flight): ending the
+		// session is the only sure way no lock of it lingers.
+		s.log.Warn("postgres: a flight's lock was not held at its end; closing its connection", "key", l.key)
+		l.done(errLockLost)
+	} else {
+		l.done(err)
+	}
 	if value != nil {
 		if err == nil {
 			s.putLocal(l.key, out.Entry)
