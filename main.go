@@ -71,10 +71,9 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	} else {
 		logger.Info("configuration loaded", "file", path)
 	}
-	a, err := app.Build(cfg, app.Options{
-		Logger: logger,
-		Getenv: func(k string) string { return app.LookupEnv(environ, k) },
-	})
+	getenv := func(k string) string { return app.LookupEnv(environ, k) }
+	app.ApplyMemoryLimit(cfg, getenv, logger)
+	a, err := app.Build(cfg, app.Options{Logger: logger, Getenv: getenv})
 	if err != nil {
 		return err
 	}

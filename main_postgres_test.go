@@ -20,6 +20,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // pgEnv is the environment of an instance in a PostgreSQL fleet. Under
@@ -79,7 +80,9 @@ type health struct {
 
 func storeAvailable(t *testing.T, admin string) bool {
 	var h health
-	getJSON(t, "http://"+admin+"/health", &h)
+	if err := testkit.GetJSON("http://"+admin+"/health", &h); err != nil {
+		t.Error(err)
+	}
 	if h.Store != "postgres" {
 		t.Errorf("/health store %q, want postgres", h.Store)
 	}
@@ -102,10 +105,10 @@ func TestPostgresFleetOfThree(t *testing.T) {
 		if r.URL.Path == "/fleet" {
 			time.Sleep(200 * time.Millisecond)
 			// Answer once every client is waiting somewhere in the fleet.
-			deadline := time.Now().Add(50 * time.Second)
-			for waiting(t, admins) < n && time.Now().Before(deadline) {
-				time.Sleep(50 * time.Millisecond)
-			}
+			testkit.Wait(t, testkit.Patience, func() bool {
+				w, _ := waiting(admins)
+				return w == n
+			}, "%d clients waiting in the fleet", n)
 		}
 		fmt.Fprintf(w, "%s v%d", r.URL.Path, version.Add(1))
 	}))
@@ -166,15 +169,9 @@ func TestPostgresFleetOfThree(t *testing.T) {
 			} `json:"today"`
 		} `json:"fleet"`
 	}
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		getJSON(t, "http://"+admins[2]+"/cache/stats", &st)
-		if st.Fleet.Today.Requests == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleet stats count %d requests, want %d", st.Fleet.Today.Requests, n)
-		}
-	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		return testkit.GetJSON("http://"+admins[2]+"/cache/stats", &st) == nil && st.Fleet.Today.Requests == n
+	}, "the fleet statistics to count %d requests (last: %d)", n, st.Fleet.Today.Requests)
 	if st.Fleet.Store != "postgres" || st.Fleet.Today.XCache["MISS"] != 1 || st.Fleet.Today.XCache["COALESCED"] != n-1 {
 		t.Fatalf("fleet stats: %+v", st.Fleet)
 	}
@@ -304,11 +301,10 @@ func TestPostgresLeaderKilled(t *testing.T) {
 			}()
 		}
 	}
-	for deadline := time.Now().Add(20 * time.Second); waiting(t, []string{b.admin, c.admin}) < 2*per; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("B's and C's clients are not all waiting (%d)", waiting(t, []string{b.admin, c.admin}))
-		}
-	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		w, _ := waiting([]string{b.admin, c.admin})
+		return w == 2*per
+	}, "B's and C's %d clients waiting", 2*per)
 	if err := a.cmd.Process.Signal(syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -2,6 +2,7 @@ package app
 
 import (
 	"bytes"
+	"encoding"
 	"errors"
 	"fmt"
 	"io"
@@ -24,6 +25,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/pgstore"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -33,18 +35,20 @@ const envPrefix = "ONCEPROXY_"
 
 // Config is the whole configuration, one section per package.
 type Config struct {
-	Log       LogConfig          `yaml:"log"`
-	Proxy     proxy.Config       `yaml:"proxy"`
-	SOCKS5    proxy.SOCKS5Config `yaml:"socks5"`
-	Admin     AdminConfig        `yaml:"admin"`
-	MITM      mitm.Config        `yaml:"mitm"`
-	Upstream  upstream.Config    `yaml:"upstream"`
-	Dedup     dedup.Config       `yaml:"dedup"`
-	Redis     rediscache.Config  `yaml:"redis"`
-	Postgres  pgstore.Config     `yaml:"postgres"`
-	Auth      auth.Config        `yaml:"auth"`
-	RateLimit ratelimit.Config   `yaml:"rate_limit"`
-	Guard     netguard.Config    `yaml:"guard"`
+	Log       LogConfig           `yaml:"log"`
+	Proxy     proxy.Config        `yaml:"proxy"`
+	SOCKS5    socks.Config        `yaml:"socks5"`
+	Admin     AdminConfig         `yaml:"admin"`
+	MITM      mitm.Config         `yaml:"mitm"`
+	Upstream  upstream.Config     `yaml:"upstream"`
+	Dedup     dedup.Config        `yaml:"dedup"`
+	Redis     rediscache.Config   `yaml:"redis"`
+	Postgres  pgstore.Config      `yaml:"postgres"`
+	Auth      auth.Config         `yaml:"auth"`
+	RateLimit ratelimit.Config    `yaml:"rate_limit"`
+	Guard     netguard.Config     `yaml:"guard"`
+	Savings   dedup.SavingsConfig `yaml:"savings"`
+	Process   ProcessConfig       `yaml:"process"`
 }
 
 // LogConfig is the `log:` section.
@@ -129,6 +133,7 @@ func (c *Config) withDefaults() {
 	c.Postgres = c.Postgres.WithDefaults()
 	c.Auth = c.Auth.WithDefaults()
 	c.RateLimit = c.RateLimit.WithDefaults()
+	c.Savings = c.Savings.WithDefaults()
 }
 
 // validate checks every section and returns all problems, one per line, each
@@ -163,7 +168,7 @@ func (c *Config) validate(getenv func(string) string) error {
 		errs = append(errs, fmt.Errorf("socks5.listen: %s is already proxy.listen or admin.listen", l))
 	}
 	add("mitm", c.MITM.Validate())
-	add("upstream", c.Upstream.Validate())
+	add("upstream", c.Upstream.Validate(getenv))
 	add("dedup", c.Dedup.Validate())
 	add("redis", c.Redis.Validate())
 	add("postgres", c.Postgres.Validate())
@@ -177,6 +182,7 @@ func (c *Config) validate(getenv func(string) string) error {
 	add("auth", c.Auth.Validate(getenv))
 	add("rate_limit", c.RateLimit.Validate())
 	add("guard", c.Guard.Validate())
+	add("savings", c.Savings.Validate())
 	if len(c.Auth.Users) == 0 && !c.Auth.AllowUnauthenticated {
 		// An open MITM proxy on a network is a liability: without users,
 		// only loopback listeners are accepted.
@@ -275,13 +281,20 @@ func sectionNames() map[string]string {
 			for ft.Kind() == reflect.Slice || ft.Kind() == reflect.Pointer {
 				ft = ft.Elem()
 			}
-			if ft.Kind() == reflect.Struct && ft.PkgPath() != "time" {
+			if isSection(ft) {
 				walk(ft, strings.TrimPrefix(path+"."+name, "."))
 			}
 		}
 	}
 	walk(reflect.TypeFor[Config](), "")
 	return out
+}
+
+// isSection reports whether a struct type is a section of keys rather than
+// one value: time.Duration-like and text-unmarshalled types are values.
+func isSection(t reflect.Type) bool {
+	return t.Kind() == reflect.Struct && t.PkgPath() != "time" &&
+		!reflect.PointerTo(t).Implements(reflect.TypeFor[encoding.TextUnmarshaler]())
 }
 
 func yamlName(f reflect.StructField) string {
@@ -313,7 +326,7 @@ func envKeys(cfg *Config) map[string]configKey {
 			}
 			p := strings.TrimPrefix(path+"."+name, ".")
 			fv := v.Field(i)
-			if fv.Kind() == reflect.Struct && fv.Type().PkgPath() != "time" {
+			if isSection(fv.Type()) {
 				walk(fv, p)
 				continue
 			}

@@ -37,6 +37,7 @@ type shared struct {
 		Close() error
 		Available() bool
 		Rejected() int64
+		Errors() int64
 	}
 }
 

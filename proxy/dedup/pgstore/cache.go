@@ -18,9 +18,11 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
-// Cache is the fleet-shared cache and flight coordinator: dedup.Store (a
-// small in-process tier in front of the database's values) and
-// dedup.Fleet.
+// Cache is the fleet-shared cache and flight coordinator: dedup.Store and
+// dedup.TieredStore (a small in-process tier in front of the database's
+// values) and dedup.Fleet. With both, the engine reads only the memory
+// tier before a flight, and Join reads the table in the same round trip
+// that takes the lock.
 type Cache struct {
 	*client
 	local *dedup.MemoryStore
@@ -40,8 +42,8 @@ type Cache struct {
 }
 
 var (
-	_ dedup.Store = (*Cache)(nil)
-	_ dedup.Fleet = (*Cache)(nil)
+	_ dedup.TieredStore = (*Cache)(nil)
+	_ dedup.Fleet       = (*Cache)(nil)
 )
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
@@ -57,6 +59,22 @@ func newCache(c *client, local *dedup.MemoryStore) *Cache {
 // max_value_bytes compressed, and real responses compress far less than
 // this.
 func (s *Cache) maxBody() int64 { return 64 * int64(s.cfg.MaxValueBytes) }
+
+// GetLocal implements dedup.TieredStore: what the memory tier may answer
+// without the database. A copy of a shared value is kept there for
+// local_ttl at most, so whatever it holds answers, but for a copy cached
+// during an outage and not shared yet while the database is back: the
+// fleet may have stored a newer one, which Get compares it with.
+func (s *Cache) GetLocal(ctx context.Context, key string) (*dedup.Entry, error) {
+	e, err := s.local.Get(ctx, key)
+	if err != nil {
+		return nil, dedup.ErrNotFound
+	}
+	if s.pending.has(key) && s.available() {
+		return s.Get(ctx, key)
+	}
+	return e, nil
+}
 
 // Get implements dedup.Store: the local tier, then the database. While the
 // database is unavailable it answers from the local tier alone.

@@ -54,6 +54,8 @@ type client struct {
 	// rejected counts input from the database that was ignored
 	// (Backend.Rejected).
 	rejected atomic.Int64
+	// failed counts statements that failed (Backend.Errors).
+	failed atomic.Int64
 	// lastUse is when a statement last went to the database (UnixNano):
 	// an instance without traffic probes instead.
 	lastUse atomic.Int64
@@ -219,8 +221,12 @@ func (c *client) exec(ctx context.Context, op func(context.Context) error) error
 		defer cancel()
 		c.lastUse.Store(time.Now().UnixNano())
 		err := op(octx)
-		if err != nil && ctx.Err() != nil {
+		switch {
+		case err == nil, errors.Is(err, pgx.ErrNoRows):
+		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%w: %w", errCallerGone, ctx.Err())
+		default:
+			c.failed.Add(1)
 		}
 		return nil, err
 	})

@@ -17,6 +17,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -200,15 +201,11 @@ func (f *fleetFixture) conn() *pgx.Conn {
 	return c
 }
 
+// waitFor is testkit.Eventually with its patience: the test's own
+// goroutine only.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	testkit.Eventually(t, testkit.Patience, cond, "%s", what)
 }
 
 // tracer counts the statements an instance sends, each with its SQL.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -20,7 +21,8 @@ func TestFleetStampede(t *testing.T) {
 	var f *fleetFixture
 	f = newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(200 * time.Millisecond)
-		waitFor(t, "every client waiting", func() bool { return f.everyoneWaiting(n) })
+		// An origin handler: testkit.Wait reports instead of failing here.
+		testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "every client waiting")
 		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
 	})
 	res := make(chan got, n)
@@ -130,7 +132,7 @@ func TestFailedFlightAcrossFleet(t *testing.T) {
 	const n = 6
 	f = newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			waitFor(t, "waiters", func() bool { return f.everyoneWaiting(n) })
+			testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "the waiters")
 			http.Error(w, "origin broke", http.StatusInternalServerError)
 			return
 		}

@@ -44,10 +44,12 @@ var errUnreadable = errors.New("pgstore: the shared store keeps returning values
 // (which is also how they notice that the lock is free again). A waiter
 // never holds a connection while it waits.
 //
-// With every flight connection taken, a step only looks: a value, an
-// outcome or a lock held elsewhere work as usual, but a key nobody leads
-// gets a lease without a lock (the flight still stores its value and wakes
-// the fleet, but another instance could fetch the same key meanwhile).
+// With every flight connection taken, a step only looks, on a pooled
+// connection: a value, an outcome or a lock held elsewhere work as usual.
+// A key nobody leads waits up to poll_interval for a flight connection
+// (they are also busy with lookups, for a round trip each), and past that
+// gets a lease without a lock: the flight still stores its value and wakes
+// the fleet, but another instance could fetch the same key meanwhile.
 func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outcome, error) {
 	if !s.available() || !storable(key) {
 		return nil, nil, dedup.ErrUnavailable
@@ -58,9 +60,14 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	defer s.waiters.remove(key, wake)
 	lock := s.lockID(key)
 	var poll *time.Ticker
-	waited, take, unreadable := false, true, 0
+	// slot: this Join holds a flight connection's slot for its next step.
+	waited, take, slot, unreadable := false, true, false, 0
 	for {
-		st, val, lease, err := s.step(ctx, key, lock, waited, take)
+		if take && !slot {
+			slot = s.trySlot()
+		}
+		st, val, lease, err := s.step(ctx, key, lock, waited, slot)
+		slot = false // step gave it back, or the lease holds it
 		if err != nil {
 			return nil, nil, err
 		}
@@ -90,7 +97,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			take = true
 			continue
 		case stateFree:
-			if s.slotFree() {
+			if slot = s.waitSlot(ctx); slot {
 				take = true
 				continue
 			}
@@ -120,19 +127,12 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	}
 }
 
-// step runs the acquire function once: on a flight connection, taking the
-// lock, when take is set and a flight connection is free; else only
-// looking, on a pooled connection. A taken lock comes back as a lease that
-// holds the connection.
-func (s *Cache) step(ctx context.Context, key string, lock int64, waited, take bool) (state int32, val []byte, l *lease, err error) {
-	if take {
-		select {
-		case s.slots <- struct{}{}:
-		default:
-			take = false
-		}
-	}
-	if !take {
+// step runs the acquire function once: with a flight slot, on a flight
+// connection, taking the lock; without, only looking, on a pooled
+// connection. A taken lock comes back as a lease that holds the connection
+// and the slot; otherwise the slot is given back.
+func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot bool) (state int32, val []byte, l *lease, err error) {
+	if !slot {
 		err = s.exec(ctx, func(ctx context.Context) error {
 			return s.pool.QueryRow(ctx, s.sql.acquire, lock, key, waited, false).Scan(&state, &val)
 		})
@@ -163,8 +163,31 @@ func (s *Cache) step(ctx context.Context, key string, lock int64, waited, take b
 	return state, nil, &lease{s: s, key: key, lock: lock, conn: conn}, nil
 }
 
-// slotFree reports whether a flight connection may be free now.
-func (s *Cache) slotFree() bool { return len(s.slots) < cap(s.slots) }
+// trySlot takes a flight connection's slot if one is free now.
+func (s *Cache) trySlot() bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitSlot takes a flight connection's slot, waiting up to poll_interval.
+func (s *Cache) waitSlot(ctx context.Context) bool {
+	if s.trySlot() {
+		return true
+	}
+	t := time.NewTimer(s.cfg.PollInterval)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
 
 // unlockedLease leads a flight without the key's lock: every flight
 // connection is busy with other flights.

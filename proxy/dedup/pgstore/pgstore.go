@@ -110,6 +110,11 @@ func (b *Backend) Available() bool { return b.c.available() }
 // recalled notes.
 func (b *Backend) Rejected() int64 { return b.c.rejected.Load() }
 
+// Errors counts the statements that failed (timeouts, refused
+// connections, errors from the server); statements skipped while the
+// breaker is open are not counted.
+func (b *Backend) Errors() int64 { return b.c.failed.Load() }
+
 // closeWait bounds how long Close waits for flights still holding a
 // flight connection (the engine ends them before).
 const closeWait = 5 * time.Second

@@ -18,15 +18,15 @@ import (
 // statements. Connections are warm (prepared statements cached); a pooled
 // connection idle for more than a second adds pgxpool's ping.
 var budget = map[string]struct{ roundTrips, statements int }{
-	// the engine's lookup, its re-check after winning the local flight,
-	// read-or-lock, and one batch: BEGIN, store+notify, COMMIT, unlock.
-	dedup.CacheMiss: {4, 7},
-	// one SELECT (the value then sits in the memory tier for local_ttl).
+	// read-or-lock (the engine reads only the memory tier before a
+	// flight), and one batch: BEGIN, store+notify, COMMIT, unlock.
+	dedup.CacheMiss: {2, 5},
+	// read-or-lock finds the value (which then sits in the memory tier for
+	// local_ttl).
 	dedup.CacheHit: {1, 1},
-	// lookup, re-check, read-or-lock (the lock is held elsewhere), and
-	// one re-check after the leader's notification; each poll_interval
-	// of waiting adds one.
-	dedup.CacheCoalesced: {4, 4},
+	// read-or-lock (the lock is held elsewhere), and one re-check after
+	// the leader's notification; each poll_interval of waiting adds one.
+	dedup.CacheCoalesced: {2, 2},
 }
 
 // TestStatementsPerRequest counts, with a tracer on the connections, what

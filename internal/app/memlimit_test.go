@@ -1,0 +1,65 @@
+package app
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/KimMachineGun/automemlimit/memlimit"
+)
+
+func TestMemoryLimit(t *testing.T) {
+	noCgroup := func() (uint64, error) { return 0, memlimit.ErrNoCgroup }
+	none := func(string) string { return "" }
+	load := func(t *testing.T, yaml string) *Config {
+		t.Helper()
+		cfg, err := LoadConfig(shippedConfig, writeConfig(t, yaml), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	cfg := load(t, "dedup: {memory: {max_bytes: 256MiB}}\n")
+	limit, from := memoryLimit(cfg, none, noCgroup)
+	// 256 MiB of cache + 10,000 certificates at 4 KiB, plus a margin of
+	// 64 MiB (an eighth of the bounds is less): under 1.3x the bounds.
+	total := int64(256<<20 + 10000*4<<10)
+	if limit != total+64<<20 || !strings.Contains(from, "configured bounds") {
+		t.Errorf("derived limit %d (%s), want %d", limit, from, total+64<<20)
+	}
+	big := load(t, "dedup: {memory: {max_bytes: 4GiB}}\n")
+	if limit, _ := memoryLimit(big, none, noCgroup); limit != configuredBytes(big)*9/8 {
+		t.Errorf("large bounds get an eighth as margin: %d", limit)
+	}
+	inCgroup := func() (uint64, error) { return 1 << 30, nil }
+	if limit, from := memoryLimit(cfg, none, inCgroup); limit != 966367641 || !strings.Contains(from, "cgroup") {
+		t.Errorf("cgroup: %d (%s)", limit, from)
+	}
+	if limit, _ := memoryLimit(load(t, "process: {memory_limit: 2GiB}\n"), none, inCgroup); limit != 2<<30 {
+		t.Errorf("configured size: %d", limit)
+	}
+	if limit, _ := memoryLimit(load(t, "process: {memory_limit: off}\n"), none, inCgroup); limit != 0 {
+		t.Errorf("off: %d", limit)
+	}
+	env := func(k string) string {
+		if k == "GOMEMLIMIT" {
+			return "300MiB"
+		}
+		return ""
+	}
+	if limit, from := memoryLimit(cfg, env, inCgroup); limit != 0 || !strings.Contains(from, "GOMEMLIMIT") {
+		t.Errorf("GOMEMLIMIT must win: %d (%s)", limit, from)
+	}
+	if limit, _ := memoryLimit(cfg, none, func() (uint64, error) { return 0, errors.New("unreadable") }); limit != total+64<<20 {
+		t.Errorf("an unreadable cgroup falls back to the bounds: %d", limit)
+	}
+	c, err := LoadConfig(shippedConfig, "", []string{"ONCEPROXY_PROCESS_MEMORY_LIMIT=512MiB"})
+	if err != nil || c.Process.MemoryLimit.Size != 512<<20 {
+		t.Errorf("env override: %+v %v", c.Process.MemoryLimit, err)
+	}
+	for _, bad := range []string{"process: {memory_limit: lots}\n", "process: {memory_limit: -1}\n"} {
+		if _, err := LoadConfig(shippedConfig, writeConfig(t, bad), nil); err == nil || !strings.Contains(err.Error(), "auto, off or a size") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
