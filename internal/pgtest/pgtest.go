@@ -46,17 +46,20 @@ type Server struct {
 	URL string
 	own bool // a cluster of ours: Stop and Start work
 
-	bin  string // directory of initdb and pg_ctl
-	dir  string // owned by the server's user: data/, the socket, log
-	port int
-	run  []string // prefix that runs a command as the server's user
+	bin      string // directory of initdb and pg_ctl
+	dir      string // owned by the server's user: data/, the socket, log
+	port     int
+	run      []string // prefix that runs a command as the server's user
+	settings []string // name=value server settings
 }
 
 // Start starts a private PostgreSQL cluster and removes it when the test
-// ends.
-func Start(t testing.TB) *Server {
+// ends. settings are server settings as name=value
+// ("shared_preload_libraries=pg_stat_statements"); a PG_URL server has
+// its own.
+func Start(t testing.TB, settings ...string) *Server {
 	t.Helper()
-	s, err := startCluster(t)
+	s, err := startCluster(t, settings)
 	if err == nil {
 		return s
 	}
@@ -72,12 +75,12 @@ func Start(t testing.TB) *Server {
 }
 
 // startCluster runs initdb and pg_ctl start in a directory of the test's.
-func startCluster(t testing.TB) (*Server, error) {
+func startCluster(t testing.TB, settings []string) (*Server, error) {
 	bin := binDir()
 	if bin == "" {
 		return nil, errors.New("initdb and pg_ctl not found in /usr/lib/postgresql/*/bin or PATH")
 	}
-	s := &Server{t: t, bin: bin, own: true, port: freePort(t)}
+	s := &Server{t: t, bin: bin, own: true, port: freePort(t), settings: settings}
 	dir, err := os.MkdirTemp("", "pgtest-")
 	if err != nil {
 		return nil, err
@@ -167,6 +170,9 @@ func (s *Server) Start() {
 
 func (s *Server) start() error {
 	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off", s.port, s.dir)
+	for _, kv := range s.settings {
+		opts += " -c " + kv
+	}
 	if err := s.cmd(60*time.Second, filepath.Join(s.bin, "pg_ctl"), "-D", s.data(), "-l", filepath.Join(s.dir, "log"), "-w", "-t", "60", "-o", opts, "start"); err != nil {
 		return err
 	}
