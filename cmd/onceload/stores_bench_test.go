@@ -15,8 +15,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/seed-a3c387e8/onceproxy/internal/app"
 	"github.com/seed-a3c387e8/onceproxy/internal/loadgen"
+	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 )
 
@@ -28,7 +31,7 @@ import (
 //
 //	miss       every request a new URL: a flight, an origin fetch, a store write
 //	hit        the same URLs again once the memory copy no longer answers
-//	           alone (redis.local_ttl 1ms): a hit that asks the store
+//	           alone (local_ttl 1ms): a hit that asks the store
 //	coalesced  each URL 8 times at once, from an origin that takes 20 ms;
 //	           with a shared store over two instances, so that the
 //	           waiters of one wait on the other's flight
@@ -36,8 +39,10 @@ import (
 // Reported per request: req/s; store-cmds and store-rtt, the store's own
 // counters (Redis: INFO's commands processed, and its read events as the
 // round trips: one per command or pipeline received, background work such
-// as the heartbeat and the statistics included); origin, the requests that
-// reached the origin.
+// as the heartbeat and the statistics included; PostgreSQL:
+// pg_stat_statements' calls, every statement of a batch counted, background
+// work included, and no round trips); origin, the requests that reached the
+// origin.
 //
 // The numbers are the machine's: run it alone on a quiet one, e.g.
 //
@@ -62,7 +67,7 @@ func BenchmarkStores(b *testing.B) {
 			b.Run("hit", func(b *testing.B) {
 				targets := uniqueURLs(fast.URL(), b.N)
 				one.run(b, targets, b.N, 1)
-				time.Sleep(10 * time.Millisecond) // past redis.local_ttl
+				time.Sleep(10 * time.Millisecond) // past local_ttl
 				measure(b, counts, fast, func() []*loadgen.Result {
 					return []*loadgen.Result{one.run(b, targets, b.N, 1)}
 				})
@@ -100,19 +105,14 @@ type storeUnderTest struct {
 	shared bool
 }
 
-// storeCounts are a store's own counters of the work done for its clients.
+// storeCounts are a store's own counters of the work done for its clients;
+// trips is negative for a store that does not count round trips.
 type storeCounts struct{ commands, trips int64 }
 
 var storesUnderTest = []storeUnderTest{
 	{name: "memory", start: func(*testing.B) ([]string, func() storeCounts) { return nil, nil }},
 	{name: "redis", shared: true, start: startRedisStore},
-	// PostgreSQL: its backend's environment (a database of its own on
-	// 127.0.0.1:5432) and counters (pg_stat_database's xact_commit, or
-	// pg_stat_statements' calls) go here once the backend exists.
-	{name: "postgres", shared: true, start: func(b *testing.B) ([]string, func() storeCounts) {
-		b.Skip("no PostgreSQL backend wired into the benchmark yet")
-		return nil, nil
-	}},
+	{name: "postgres", shared: true, start: startPostgresStore},
 }
 
 // startRedisStore runs a private redis-server. local_ttl is 1ms so that a
@@ -128,6 +128,34 @@ func startRedisStore(b *testing.B) ([]string, func() storeCounts) {
 		return storeCounts{commands: infoField(info, "total_commands_processed"), trips: infoField(info, "total_reads_processed")}
 	}
 	return []string{"ONCEPROXY_REDIS_URL=" + srv.URL, "ONCEPROXY_REDIS_LOCAL_TTL=1ms"}, counts
+}
+
+// startPostgresStore runs a private PostgreSQL cluster with
+// pg_stat_statements, whose calls count the statements. PostgreSQL has no
+// counter of round trips (a pipelined batch is several statements in one),
+// so store-rtt is not reported for it; pgstore's TestStatementsPerRequest
+// counts them with a client-side tracer. local_ttl is 1ms so that a hit
+// asks the database.
+func startPostgresStore(b *testing.B) ([]string, func() storeCounts) {
+	srv := pgtest.Start(b, "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.max=10000")
+	srv.Exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+	var reads int64 // this function's own queries, which the view counts too
+	counts := func() storeCounts {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, srv.URL)
+		if err != nil {
+			b.Fatalf("postgres: %v", err)
+		}
+		defer c.Close(ctx)
+		var n int64
+		if err := c.QueryRow(ctx, "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements").Scan(&n); err != nil {
+			b.Fatalf("pg_stat_statements: %v", err)
+		}
+		reads++
+		return storeCounts{commands: n - (reads - 1), trips: -1}
+	}
+	return []string{"ONCEPROXY_POSTGRES_URL=" + srv.URL, "ONCEPROXY_POSTGRES_LOCAL_TTL=1ms"}, counts
 }
 
 func infoField(info, name string) int64 {
@@ -235,7 +263,9 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 	if counts != nil {
 		after := counts()
 		b.ReportMetric(per(after.commands-before.commands), "store-cmds/op")
-		b.ReportMetric(per(after.trips-before.trips), "store-rtt/op")
+		if after.trips >= 0 {
+			b.ReportMetric(per(after.trips-before.trips), "store-rtt/op")
+		}
 	}
 	b.Logf("%d requests, X-Cache %v", n, xcache)
 }

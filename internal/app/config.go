@@ -23,6 +23,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/pgstore"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
@@ -43,6 +44,7 @@ type Config struct {
 	Upstream  upstream.Config     `yaml:"upstream"`
 	Dedup     dedup.Config        `yaml:"dedup"`
 	Redis     rediscache.Config   `yaml:"redis"`
+	Postgres  pgstore.Config      `yaml:"postgres"`
 	Auth      auth.Config         `yaml:"auth"`
 	RateLimit ratelimit.Config    `yaml:"rate_limit"`
 	Guard     netguard.Config     `yaml:"guard"`
@@ -93,17 +95,33 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 	if err := applyEnv(&cfg, environ); err != nil {
 		return nil, err
 	}
-	if !cfg.Redis.Enabled() {
-		// The conventional variable, for platforms that inject it.
-		if u := LookupEnv(environ, "REDIS_URL"); u != "" {
-			cfg.Redis.URL = u
-		}
+	if err := conventionalStore(&cfg, environ); err != nil {
+		return nil, err
 	}
 	cfg.withDefaults()
 	if err := cfg.validate(getenv); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// conventionalStore fills the shared store from the variables platforms
+// inject, REDIS_URL and DATABASE_URL, when the configuration names none:
+// a store configured explicitly (file or ONCEPROXY_*) wins over them.
+func conventionalStore(cfg *Config, environ []string) error {
+	if cfg.Redis.Enabled() || cfg.Postgres.Enabled() {
+		return nil
+	}
+	redisURL, databaseURL := LookupEnv(environ, "REDIS_URL"), LookupEnv(environ, "DATABASE_URL")
+	switch {
+	case redisURL != "" && databaseURL != "":
+		return &configError{errs: []error{errors.New("REDIS_URL and DATABASE_URL are both set: a fleet shares one store; choose it with redis.url or postgres.url (ONCEPROXY_REDIS_URL, ONCEPROXY_POSTGRES_URL)")}}
+	case redisURL != "":
+		cfg.Redis.URL = redisURL
+	case databaseURL != "":
+		cfg.Postgres.URL = databaseURL
+	}
+	return nil
 }
 
 func (c *Config) withDefaults() {
@@ -113,6 +131,7 @@ func (c *Config) withDefaults() {
 	c.Upstream = c.Upstream.WithDefaults()
 	c.Dedup = c.Dedup.WithDefaults()
 	c.Redis = c.Redis.WithDefaults()
+	c.Postgres = c.Postgres.WithDefaults()
 	c.Auth = c.Auth.WithDefaults()
 	c.RateLimit = c.RateLimit.WithDefaults()
 	c.Savings = c.Savings.WithDefaults()
@@ -153,6 +172,14 @@ func (c *Config) validate(getenv func(string) string) error {
 	add("upstream", c.Upstream.Validate(getenv))
 	add("dedup", c.Dedup.Validate())
 	add("redis", c.Redis.Validate())
+	add("postgres", c.Postgres.Validate())
+	if c.Redis.Enabled() && c.Postgres.Enabled() {
+		redisKey := "redis.url"
+		if c.Redis.URL == "" {
+			redisKey = "redis.addrs"
+		}
+		errs = append(errs, fmt.Errorf("postgres.url: set together with %s: a fleet shares one store, Redis or PostgreSQL; configure one of them", redisKey))
+	}
 	add("auth", c.Auth.Validate(getenv))
 	add("rate_limit", c.RateLimit.Validate())
 	add("guard", c.Guard.Validate())
