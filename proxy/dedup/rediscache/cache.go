@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
 // Cache is the fleet-shared cache and flight coordinator: dedup.Store and
@@ -67,6 +68,11 @@ var (
 	_ dedup.TieredStore = (*Cache)(nil)
 	_ dedup.Fleet       = (*Cache)(nil)
 )
+
+// maxBody bounds what a value read from Redis may inflate to: a value is
+// at most max_value_bytes compressed, and a body that claims more than 64
+// times that was not written by onceproxy.
+func (s *Cache) maxBody() int64 { return 64 * int64(s.cfg.MaxValueBytes) }
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local}
@@ -145,7 +151,7 @@ func (s *Cache) getRemote(ctx context.Context, key string) (*dedup.Entry, error)
 	if err != nil {
 		return nil, dedup.ErrNotFound
 	}
-	e, err := decode(blob)
+	e, err := storecodec.DecodeLimit(blob, s.maxBody())
 	if err != nil || !time.Now().Before(e.ExpiresAt) {
 		return nil, dedup.ErrNotFound
 	}
@@ -221,7 +227,7 @@ func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 		s.keepOwn(key, e, true)
 		return nil
 	}
-	blob := encode(e)
+	blob := storecodec.Encode(e)
 	if int64(len(blob)) > int64(s.cfg.MaxValueBytes) {
 		s.keepOwn(key, e, false)
 		return nil

@@ -21,6 +21,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
 // instance is one onceproxy process as far as dedup goes: its own memory
@@ -362,8 +363,8 @@ func TestOlderFormatIsIgnored(t *testing.T) {
 	u := f.origin.URL + "/old"
 	key := inst.get(u).key // MISS, stored
 	inst.store.local.Delete(context.Background(), key)
-	old := encode(&dedup.Entry{Status: 200, Body: []byte("stale v0"), ExpiresAt: time.Now().Add(time.Hour)})
-	old[len(magic)] = 0 // an older format version
+	old := storecodec.Encode(&dedup.Entry{Status: 200, Body: []byte("stale v0"), ExpiresAt: time.Now().Add(time.Hour)})
+	old[len("ONCE")] = 0 // an older format version (after the magic)
 	rc := f.redis.Client()
 	if err := rc.Set(context.Background(), inst.store.valueKey(tagOf(key)), old, time.Hour).Err(); err != nil {
 		t.Fatal(err)

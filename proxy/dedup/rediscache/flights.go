@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
 // joinScript is a fleet flight's state machine, one atomic step, and the
@@ -149,7 +150,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			if value == nil {
 				continue // stored between the GET and the script: look again
 			}
-			e, err := decode(value)
+			e, err := storecodec.DecodeLimit(value, s.maxBody())
 			if err == nil && time.Now().Before(e.ExpiresAt) {
 				s.keepShared(key, e)
 				// Found at once it is a cache hit; found after waiting,
@@ -161,7 +162,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			_ = s.exec(ctx, func(ctx context.Context) error { return s.rdb.Del(ctx, keys[1]).Err() })
 			continue
 		case 3:
-			out, err := decodeOutcome([]byte(stringAt(res, 1)))
+			out, err := storecodec.DecodeOutcome([]byte(stringAt(res, 1)), s.maxBody())
 			if err == nil {
 				return nil, out, nil
 			}
@@ -232,7 +233,7 @@ func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waite
 		}
 		res, err = cmd.Slice()
 		if err == nil && len(res) == 0 {
-			err = fmt.Errorf("%w: empty reply", errFormat)
+			err = fmt.Errorf("%w: empty reply", storecodec.ErrFormat)
 		}
 		return err
 	})
@@ -361,16 +362,16 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	keys := s.flightKeys(l.tag)
 	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
-		value = encode(out.Entry)
+		value = storecodec.Encode(out.Entry)
 		if int64(len(value)) > int64(s.cfg.MaxValueBytes) {
 			value = nil
 			s.keepOwn(key, out.Entry, false)
 		}
 	}
 	if value == nil {
-		outcome = encodeOutcome(out)
+		outcome = storecodec.EncodeOutcome(out)
 		if len(outcome) > maxOutcomeBytes {
-			outcome = encodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
+			outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
 		}
 	}
 	blind, follows := outcome, ""
@@ -413,41 +414,6 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		}
 	}
 	return err
-}
-
-// The outcome value: a kind byte, then an encoded entry or a message.
-const (
-	outcomeEntry   = 'E'
-	outcomeError   = 'X'
-	outcomeTimeout = 'T'
-)
-
-func encodeOutcome(out dedup.Outcome) []byte {
-	switch {
-	case out.Entry != nil:
-		return append([]byte{outcomeEntry}, encode(out.Entry)...)
-	case out.Timeout:
-		return append([]byte{outcomeTimeout}, out.Err...)
-	default:
-		return append([]byte{outcomeError}, out.Err...)
-	}
-}
-
-func decodeOutcome(b []byte) (*dedup.Outcome, error) {
-	if len(b) == 0 {
-		return nil, errFormat
-	}
-	switch b[0] {
-	case outcomeEntry:
-		e, err := decode(b[1:])
-		if err != nil {
-			return nil, err
-		}
-		return &dedup.Outcome{Entry: e}, nil
-	case outcomeError, outcomeTimeout:
-		return &dedup.Outcome{Err: string(b[1:]), Timeout: b[0] == outcomeTimeout}, nil
-	}
-	return nil, fmt.Errorf("%w: outcome kind %q", errFormat, b[0])
 }
 
 // waiterSet maps a key's tag to the local waiters to wake when a flight
