@@ -429,7 +429,7 @@ func (e *Engine) count(xcache string, avoided int) { e.countSaved(xcache, avoide
 func (e *Engine) countSaved(xcache string, avoided int, moneyNano int64) {
 	e.st.count(xcache, avoided, moneyNano)
 	if e.rec != nil {
-		e.rec.Record(xcache, avoided)
+		e.rec.Record(xcache, avoided, moneyNano)
 	}
 }
 

@@ -61,8 +61,9 @@ func (e *remoteError) Timeout() bool { return e.timeout }
 // Recorder receives every request outcome, for fleet-wide statistics.
 type Recorder interface {
 	// Record counts one response with its X-Cache value; avoided is the
-	// body bytes it saved (HIT, COALESCED).
-	Record(xcache string, avoided int)
+	// body bytes it saved (HIT, COALESCED) and moneyNano the money, in
+	// billionths of the savings currency.
+	Record(xcache string, avoided int, moneyNano int64)
 }
 
 // KeyPrefix starts every key the engine makes ("v1:"): stores that split

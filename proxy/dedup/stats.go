@@ -100,6 +100,9 @@ type DayStats struct {
 	BySource     map[string]int64 `json:"by_source"`
 	BytesAvoided int64            `json:"bytes_avoided"`
 	SavingsPct   float64          `json:"savings_pct"`
+	// MoneySaved is what the fleet's HIT and COALESCED answers saved, in
+	// the savings currency.
+	MoneySaved float64 `json:"money_saved"`
 }
 
 // FleetStats is the whole fleet's savings, from every instance's counters

@@ -113,7 +113,7 @@ func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	transport := &http.Transport{}
-	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger})
+	eng, err := dedup.New(dc, dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}

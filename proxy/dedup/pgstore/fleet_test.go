@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -194,6 +195,9 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	}
 }
 
+// fleetPrices price the fleet fixture's savings.
+var fleetPrices = dedup.SavingsConfig{PricePer1000Requests: 2, PricePerGB: 8}
+
 // TestFleetStatsAddUp: per-day counters in the database sum every
 // instance.
 func TestFleetStatsAddUp(t *testing.T) {
@@ -214,6 +218,10 @@ func TestFleetStatsAddUp(t *testing.T) {
 	d := fs.Today
 	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
 		t.Fatalf("today: %+v", d)
+	}
+	// Two HITs of 10 bytes at 2 per 1,000 requests and 8 per GB.
+	if want := 2 * (2.0/1000 + 10*8/1e9); math.Abs(d.MoneySaved-want) > 1e-12 {
+		t.Fatalf("money saved today %v, want %v", d.MoneySaved, want)
 	}
 	if fs.Last7Days.Requests != 4 || len(fs.Days) != statsDays || fs.Store != "postgres" || !fs.Available {
 		t.Fatalf("7 days: %+v", fs)

@@ -73,7 +73,8 @@ CREATE TABLE IF NOT EXISTS {s}.stats (
 	coalesced     bigint NOT NULL DEFAULT 0,
 	miss          bigint NOT NULL DEFAULT 0,
 	bypass        bigint NOT NULL DEFAULT 0,
-	bytes_avoided bigint NOT NULL DEFAULT 0
+	bytes_avoided bigint NOT NULL DEFAULT 0,
+	money_nano    bigint NOT NULL DEFAULT 0
 );
 
 -- acquire is one step of a fleet flight, in one round trip:

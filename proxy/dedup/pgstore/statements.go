@@ -85,12 +85,12 @@ func newStatements(schema string) statements {
 				expires_at = CASE WHEN c.expires_at <= now() THEN excluded.expires_at ELSE c.expires_at END
 			RETURNING n`),
 
-		flushStats: s(`INSERT INTO {s}.stats AS t (day, hit, coalesced, miss, bypass, bytes_avoided)
-			VALUES ($1, $2, $3, $4, $5, $6)
+		flushStats: s(`INSERT INTO {s}.stats AS t (day, hit, coalesced, miss, bypass, bytes_avoided, money_nano)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)
 			ON CONFLICT (day) DO UPDATE SET hit = t.hit + excluded.hit, coalesced = t.coalesced + excluded.coalesced,
 				miss = t.miss + excluded.miss, bypass = t.bypass + excluded.bypass,
-				bytes_avoided = t.bytes_avoided + excluded.bytes_avoided`),
-		readStats: s(`SELECT day, hit, coalesced, miss, bypass, bytes_avoided FROM {s}.stats WHERE day >= $1 AND day <= $2`),
+				bytes_avoided = t.bytes_avoided + excluded.bytes_avoided, money_nano = t.money_nano + excluded.money_nano`),
+		readStats: s(`SELECT day, hit, coalesced, miss, bypass, bytes_avoided, money_nano FROM {s}.stats WHERE day >= $1 AND day <= $2`),
 		sweep:     s(`SELECT swept, expired, evicted FROM {s}.sweep($1, $2, $3)`),
 	}
 }

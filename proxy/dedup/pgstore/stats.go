@@ -17,11 +17,12 @@ const statsDays = 7
 // statsBuf accumulates this instance's counts between flushes: one
 // statement per stats_flush instead of one per request.
 type statsBuf struct {
-	hit, coalesced, miss, bypass, avoided atomic.Int64
+	hit, coalesced, miss, bypass, avoided, moneyNano atomic.Int64
 }
 
 // Record implements dedup.Recorder.
-func (b *Bus) Record(xcache string, avoided int) {
+func (b *Bus) Record(xcache string, avoided int, moneyNano int64) {
+	b.stats.moneyNano.Add(moneyNano)
 	switch xcache {
 	case dedup.CacheHit:
 		b.stats.hit.Add(1)
@@ -61,7 +62,7 @@ func (b *Bus) flushStats(ctx context.Context) {
 // flushOnce adds the buffered counts to today's row. Counts that could not
 // be written are put back for the next flush.
 func (b *Bus) flushOnce(ctx context.Context) {
-	fields := []*atomic.Int64{&b.stats.hit, &b.stats.coalesced, &b.stats.miss, &b.stats.bypass, &b.stats.avoided}
+	fields := []*atomic.Int64{&b.stats.hit, &b.stats.coalesced, &b.stats.miss, &b.stats.bypass, &b.stats.avoided, &b.stats.moneyNano}
 	taken := make([]int64, len(fields))
 	nonzero := false
 	for i, f := range fields {
@@ -72,7 +73,7 @@ func (b *Bus) flushOnce(ctx context.Context) {
 		return
 	}
 	err := b.exec(ctx, func(ctx context.Context) error {
-		_, err := b.pool.Exec(ctx, b.sql.flushStats, day(time.Now()), taken[0], taken[1], taken[2], taken[3], taken[4])
+		_, err := b.pool.Exec(ctx, b.sql.flushStats, day(time.Now()), taken[0], taken[1], taken[2], taken[3], taken[4], taken[5])
 		return err
 	})
 	if err != nil {
@@ -87,15 +88,15 @@ func (b *Bus) FleetStats(ctx context.Context) (dedup.FleetStats, error) {
 	today := day(time.Now())
 	first := today.AddDate(0, 0, -(statsDays - 1))
 	fs := dedup.FleetStats{Store: "postgres", Available: b.available()}
-	rows := map[string][5]int64{}
+	rows := map[string][6]int64{}
 	err := b.exec(ctx, func(ctx context.Context) error {
 		r, err := b.pool.Query(ctx, b.sql.readStats, first, today)
 		if err != nil {
 			return err
 		}
 		var d time.Time
-		var v [5]int64
-		_, err = pgx.ForEachRow(r, []any{&d, &v[0], &v[1], &v[2], &v[3], &v[4]}, func() error {
+		var v [6]int64
+		_, err = pgx.ForEachRow(r, []any{&d, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5]}, func() error {
 			rows[d.Format(time.DateOnly)] = v
 			return nil
 		})
@@ -104,7 +105,7 @@ func (b *Bus) FleetStats(ctx context.Context) (dedup.FleetStats, error) {
 	if err != nil {
 		return fs, err
 	}
-	var sum [5]int64
+	var sum [6]int64
 	for i := range statsDays {
 		date := today.AddDate(0, 0, -i).Format(time.DateOnly)
 		v := rows[date]
@@ -121,9 +122,9 @@ func (b *Bus) FleetStats(ctx context.Context) (dedup.FleetStats, error) {
 	return fs, nil
 }
 
-// dayStats builds one day's report from hit, coalesced, miss, bypass and
-// bytes avoided.
-func dayStats(date string, v [5]int64) dedup.DayStats {
+// dayStats builds one day's report from hit, coalesced, miss, bypass,
+// bytes avoided and money saved (billionths).
+func dayStats(date string, v [6]int64) dedup.DayStats {
 	hit, co, miss, by := v[0], v[1], v[2], v[3]
 	d := dedup.DayStats{
 		Date:         date,
@@ -131,6 +132,7 @@ func dayStats(date string, v [5]int64) dedup.DayStats {
 		XCache:       map[string]int64{dedup.CacheHit: hit, dedup.CacheCoalesced: co, dedup.CacheMiss: miss, dedup.CacheBypass: by},
 		BySource:     map[string]int64{"api": miss + by, "dedup_cache": hit, "dedup_wait": co},
 		BytesAvoided: v[4],
+		MoneySaved:   float64(v[5]) / 1e9,
 	}
 	if d.Requests > 0 {
 		d.SavingsPct = float64(int64(float64(hit+co)*1000/float64(d.Requests)+0.5)) / 10

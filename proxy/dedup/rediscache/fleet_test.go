@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -84,7 +85,7 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	tr := &http.Transport{}
-	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger})
+	eng, err := dedup.New(dc, dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -484,6 +485,9 @@ func TestRedisDownAtStart(t *testing.T) {
 	}, "recovery")
 }
 
+// fleetPrices price the fleet fixture's savings.
+var fleetPrices = dedup.SavingsConfig{PricePer1000Requests: 2, PricePerGB: 8}
+
 // TestFleetStatsAddUp: per-day counters in Redis sum every instance.
 func TestFleetStatsAddUp(t *testing.T) {
 	f := newFleet(t, 2, Config{StatsFlush: 20 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
@@ -503,6 +507,10 @@ func TestFleetStatsAddUp(t *testing.T) {
 	d := fs.Today
 	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
 		t.Fatalf("today: %+v", d)
+	}
+	// Two HITs of 10 bytes at 2 per 1,000 requests and 8 per GB.
+	if want := 2 * (2.0/1000 + 10*8/1e9); math.Abs(d.MoneySaved-want) > 1e-12 {
+		t.Fatalf("money saved today %v, want %v", d.MoneySaved, want)
 	}
 	if fs.Last7Days.Requests != 4 || len(fs.Days) != statsDays {
 		t.Fatalf("7 days: %+v", fs.Last7Days)

@@ -17,11 +17,12 @@ const statsDays = 7
 // statsBuf accumulates this instance's counts between flushes: one Redis
 // round trip per second instead of one per request.
 type statsBuf struct {
-	hit, coalesced, miss, bypass, avoided atomic.Int64
+	hit, coalesced, miss, bypass, avoided, moneyNano atomic.Int64
 }
 
 // Record implements dedup.Recorder.
-func (s *Bus) Record(xcache string, avoided int) {
+func (s *Bus) Record(xcache string, avoided int, moneyNano int64) {
+	s.stats.moneyNano.Add(moneyNano)
 	switch xcache {
 	case dedup.CacheHit:
 		s.stats.hit.Add(1)
@@ -64,7 +65,7 @@ func (s *Bus) flushOnce(ctx context.Context) {
 		v    *atomic.Int64
 	}{
 		{"hit", &s.stats.hit}, {"coalesced", &s.stats.coalesced},
-		{"miss", &s.stats.miss}, {"bypass", &s.stats.bypass}, {"bytes_avoided", &s.stats.avoided},
+		{"miss", &s.stats.miss}, {"bypass", &s.stats.bypass}, {"bytes_avoided", &s.stats.avoided}, {"money_nano", &s.stats.moneyNano},
 	}
 	taken := make([]int64, len(fields))
 	nonzero := false
@@ -141,6 +142,7 @@ func dayStats(date string, raw map[string]string) dedup.DayStats {
 		XCache:       map[string]int64{dedup.CacheHit: hit, dedup.CacheCoalesced: co, dedup.CacheMiss: miss, dedup.CacheBypass: by},
 		BySource:     map[string]int64{"api": miss + by, "dedup_cache": hit, "dedup_wait": co},
 		BytesAvoided: n("bytes_avoided"),
+		MoneySaved:   float64(n("money_nano")) / 1e9,
 	}
 	if d.Requests > 0 {
 		d.SavingsPct = float64(int64(float64(hit+co)*1000/float64(d.Requests)+0.5)) / 10
