@@ -46,6 +46,9 @@ func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl t
 	size := resp.ContentLength
 	obj := &object{meta: meta, size: size, cancel: cancel}
 	obj.body = e.spools.newSpool(int64(e.cfg.MaxBodyBytes), size)
+	// The writer's own hold, besides the flight's: the flight may let go
+	// (nobody left) while the download still ends its work on the spool.
+	obj.body.hold()
 	obj.keep = ttl > 0 && e.canKeep(size)
 	if lease != nil && size > int64(e.cfg.MaxBodyBytes) {
 		// It cannot be shared through the store: the fleet's waiters
@@ -72,6 +75,15 @@ func (e *Engine) canKeep(size int64) bool {
 func (d *download) run(f *flight) {
 	defer d.slots()
 	defer d.release()
+	defer d.obj.body.release()
+	defer func() {
+		if p := recover(); p != nil {
+			// The spool's readers must not wait for ever.
+			d.e.log.Error("panic in a download; recovered", "key", d.key, "panic", p, "stack", string(debug.Stack()))
+			d.e.flights.unlist(f)
+			d.obj.body.finish(fmt.Errorf("internal error in flight: %v", p))
+		}
+	}()
 	d.obj.body.interest = func() int { return d.e.flights.interestIn(f) }
 	err := d.copy(f)
 	if err != nil {
@@ -91,14 +103,8 @@ func (d *download) run(f *flight) {
 
 // copy reads the origin's body into the spool. Its error says why the body
 // is incomplete; every reader gets it.
-func (d *download) copy(f *flight) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			d.e.log.Error("panic in a download; recovered", "key", d.key, "panic", p, "stack", string(debug.Stack()))
-			err = fmt.Errorf("internal error in flight: %v", p)
-		}
-		d.body.Close()
-	}()
+func (d *download) copy(f *flight) error {
+	defer d.body.Close()
 	idle := d.e.cfg.StallTimeout
 	// The stall timer runs only while waiting for the origin, never while
 	// a write waits for the readers (relay mode).

@@ -46,7 +46,13 @@ func newFixture(t *testing.T, cfg Config, h http.Handler) *fixture {
 	t.Helper()
 	origin := httptest.NewServer(h)
 	t.Cleanup(origin.Close)
-	tr := &http.Transport{DisableCompression: true}
+	return newFixtureOn(t, cfg, origin, &http.Transport{DisableCompression: true})
+}
+
+// newFixtureOn is newFixture with an origin and the transport to it
+// (HTTPS, HTTP/2) of the caller's.
+func newFixtureOn(t *testing.T, cfg Config, origin *httptest.Server, tr *http.Transport) *fixture {
+	t.Helper()
 	t.Cleanup(tr.CloseIdleConnections)
 	up := &countingTransport{rt: tr}
 	cfg.Enabled = true
