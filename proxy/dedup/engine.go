@@ -684,6 +684,8 @@ func fleetResult(out *Outcome) *flightResult {
 		label = CacheHit
 	}
 	if out.Err == errTooLarge {
+		// Also with out.Peer: this engine has no way to fetch from a
+		// peer.
 		return &flightResult{fetchOwn: true}
 	}
 	if out.Entry == nil {
@@ -803,7 +805,7 @@ var ErrInvalidKey = errors.New("dedup: not a cache key")
 
 // InvalidateKey removes one cached response by its X-Cache-Key.
 func (e *Engine) InvalidateKey(ctx context.Context, key string) error {
-	if !strings.HasPrefix(key, keyVersion+":") || len(key) != len(keyVersion)+1+64 {
+	if !validKey(key) {
 		return fmt.Errorf("%w: %q (want %s:<64 hex digits>)", ErrInvalidKey, key, keyVersion)
 	}
 	if e.disk != nil {
