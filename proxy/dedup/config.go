@@ -140,6 +140,10 @@ var (
 	DefaultCacheableStatuses = []int{200, 203, 204, 300, 301, 308, 404, 410}
 )
 
+// DefaultDiskBytes is disk.max_bytes as config.yaml ships it. The zero
+// value turns the disk tier off, so WithDefaults leaves it alone.
+const DefaultDiskBytes = 1 * bytesize.GiB
+
 // WithDefaults returns c with unset fields filled in. A nil list means the
 // default list; an explicit empty list means none.
 func (c Config) WithDefaults() Config {

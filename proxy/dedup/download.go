@@ -37,10 +37,6 @@ func (e stallError) Error() string {
 }
 func (stallError) Timeout() bool { return true }
 
-// errObjectTooLarge: a body that turned out larger than max_object_bytes is
-// relayed, never kept.
-var errObjectTooLarge = errors.New("body larger than dedup.max_object_bytes")
-
 func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl time.Duration,
 	ctx context.Context, cancel context.CancelCauseFunc, release, slots func(), lease Lease) (*object, *download) {
 	size := resp.ContentLength
