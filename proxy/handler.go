@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"runtime/debug"
 	"sync"
@@ -222,6 +224,37 @@ func (s *Server) finish(req *http.Request, resp *http.Response, client *clientIn
 	}
 	return resp
 }
+
+// flushingWriter is the ResponseWriter goproxy copies a response into:
+// it flushes after every write, so bytes reach the client as they come
+// from the origin (goproxy's io.Copy would leave them in net/http's
+// buffers until a few KiB piled up, or the body ended). A write is what
+// one Read of the body returned: a piece of the origin's stream as it
+// arrives, or 32 KiB of a body already there, so the flushes cost no extra
+// writes. It keeps the writer hijackable for WebSocket upgrades.
+type flushingWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func streamTo(w http.ResponseWriter) *flushingWriter {
+	return &flushingWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+}
+
+func (w *flushingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	if err == nil {
+		err = w.rc.Flush()
+	}
+	return n, err
+}
+
+func (w *flushingWriter) Flush() { _ = w.rc.Flush() }
+
+func (w *flushingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.rc.Hijack() }
+
+// Unwrap lets http.ResponseController reach the writer's own deadlines.
+func (w *flushingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // trackedBody counts the bytes read through it and reports once on Close.
 // With abort, a read error other than EOF aborts the handler (see finish).

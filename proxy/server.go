@@ -174,6 +174,8 @@ func New(cfg Config, o Options) (*Server, error) {
 func (s *Server) front(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		w = keepBufferedOnHijack{w}
+	} else {
+		w = streamTo(w)
 	}
 	s.gp.ServeHTTP(w, r)
 }

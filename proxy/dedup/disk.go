@@ -80,6 +80,26 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	return nil
 }
 
+// putBytes is put for a body in memory: it is written to a file first.
+func (d *diskTier) putBytes(key string, meta *Entry, body []byte) error {
+	if int64(len(body)) > d.max {
+		return errTooBigForDisk
+	}
+	f, err := d.dir.create("mem-*")
+	if err != nil {
+		return fmt.Errorf("disk tier: %w", err)
+	}
+	defer os.Remove(f.Name()) // put links it under a name of its own
+	_, err = f.Write(body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("disk tier: %w", err)
+	}
+	return d.put(key, meta, f.Name(), int64(len(body)))
+}
+
 // link gives src a name of the tier's own.
 func (d *diskTier) link(src string) (string, error) {
 	f, err := d.dir.create("obj-*")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"runtime/debug"
 	"strconv"
@@ -120,7 +121,13 @@ func (d *download) copy(f *flight) error {
 				d.e.flights.drop(f)
 				d.obj.body.startRelay()
 			}
-			if werr := d.obj.body.write(d.ctx, buf[:k]); werr != nil {
+			write := d.obj.body.write
+			if n == d.obj.size {
+				// The end of a body of declared length: its readers get
+				// it once the body is cached (see run).
+				write = d.obj.body.writeLast
+			}
+			if werr := write(d.ctx, buf[:k]); werr != nil {
 				return d.why(werr)
 			}
 		}
@@ -152,7 +159,8 @@ func (d *download) keep() {
 	ent := *d.obj.meta
 	ent.Header = ent.Header.Clone()
 	ent.Header.Set("Content-Length", strconv.FormatInt(n, 10))
-	if body, ok := d.obj.body.bytes(); ok && n <= int64(e.cfg.MaxBodyBytes) {
+	body, inMemory := d.obj.body.bytes()
+	if inMemory && n <= int64(e.cfg.MaxBodyBytes) && n <= e.storeLimit() {
 		ent.Body = body
 		ttl := d.ttl
 		if !d.keeping() {
@@ -167,13 +175,23 @@ func (d *download) keep() {
 	if !d.keeping() || e.disk == nil {
 		return
 	}
-	path, ok := d.obj.body.filePath()
-	if !ok {
-		return
+	var err error
+	if path, ok := d.obj.body.filePath(); ok {
+		err = e.disk.put(d.key, &ent, path, n)
+	} else if inMemory {
+		err = e.disk.putBytes(d.key, &ent, body)
 	}
-	if err := e.disk.put(d.key, &ent, path, n); err != nil && !errors.Is(err, errTooBigForDisk) {
+	if err != nil && !errors.Is(err, errTooBigForDisk) {
 		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)
 	}
+}
+
+// storeLimit is the largest entry the Store holds (EntryLimiter).
+func (e *Engine) storeLimit() int64 {
+	if l, ok := e.store.(EntryLimiter); ok {
+		return l.MaxEntryBytes()
+	}
+	return math.MaxInt64
 }
 
 func (d *download) keeping() bool {

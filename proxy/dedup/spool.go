@@ -35,7 +35,8 @@ type spool struct {
 	mem      []byte     // the body while in memory (nil once in a file)
 	reserved int64      // bytes of pool.budget held for mem's capacity
 	file     *os.File   // the body once spilled; nil before
-	n        int64      // bytes written; readers may read below n
+	n        int64      // bytes readers may read: below n
+	hidden   int64      // bytes written after n, shown by finish (writeLast)
 	done     bool       // the writer finished (err says how)
 	err      error      // the download failed: every reader gets it after the bytes that came
 	wake     chan struct{}
@@ -95,7 +96,15 @@ var (
 // write appends p, waking the readers. In relay mode it first waits until
 // every reader has read what came before (ctx bounds the wait). Only the
 // writer calls it.
-func (s *spool) write(ctx context.Context, p []byte) error {
+func (s *spool) write(ctx context.Context, p []byte) error { return s.append(ctx, p, false) }
+
+// writeLast appends the body's last bytes without showing them: readers
+// get them with the end, from finish. A client that knows the length is
+// done at its last byte; by then the body must be in the cache, or the
+// client's next request would not find it there.
+func (s *spool) writeLast(ctx context.Context, p []byte) error { return s.append(ctx, p, true) }
+
+func (s *spool) append(ctx context.Context, p []byte, hide bool) error {
 	s.mu.Lock()
 	if s.relay {
 		return s.relayLocked(ctx, p) // unlocks
@@ -103,8 +112,7 @@ func (s *spool) write(ctx context.Context, p []byte) error {
 	if s.file == nil {
 		if s.growLocked(len(p)) {
 			s.mem = append(s.mem, p...)
-			s.n += int64(len(p))
-			s.broadcastLocked()
+			s.advanceLocked(len(p), hide)
 			s.mu.Unlock()
 			return nil
 		}
@@ -120,23 +128,31 @@ func (s *spool) write(ctx context.Context, p []byte) error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	s.mu.Lock()
-	s.n += int64(len(p))
-	s.broadcastLocked()
+	s.advanceLocked(len(p), hide)
 	s.mu.Unlock()
 	return nil
+}
+
+func (s *spool) advanceLocked(k int, hide bool) {
+	if hide {
+		s.hidden += int64(k)
+		return
+	}
+	s.n += int64(k)
+	s.broadcastLocked()
 }
 
 // growLocked makes room in mem for k more bytes, within the spool's bound
 // and the shared budget. false: the body goes to a file.
 func (s *spool) growLocked(k int) bool {
-	need := int64(len(s.mem) + k)
+	need := int64(len(s.mem) + k) // len(mem) is n + hidden
 	if need <= int64(cap(s.mem)) {
 		return true
 	}
 	if need > s.memMax {
 		return false
 	}
-	newCap := min(max(2*int64(cap(s.mem)), need, 64<<10), s.memMax)
+	newCap := min(max(2*int64(cap(s.mem)), need, 16<<10), s.memMax)
 	if !s.pool.reserve(newCap - s.reserved) {
 		return false
 	}
@@ -154,9 +170,9 @@ func (s *spool) spill() error {
 		return fmt.Errorf("spool: %w", err)
 	}
 	s.mu.Lock()
-	mem := s.mem[:s.n]
+	mem := s.mem
 	s.mu.Unlock()
-	// mem below n never changes, and only the writer (us) appends.
+	// What mem holds never changes, and only the writer (us) appends.
 	if _, err := f.Write(mem); err != nil {
 		f.Close()
 		os.Remove(f.Name())
@@ -250,6 +266,8 @@ func (s *spool) relayLocked(ctx context.Context, p []byte) error {
 // reader gets err once it has read the bytes that came.
 func (s *spool) finish(err error) {
 	s.mu.Lock()
+	s.n += s.hidden
+	s.hidden = 0
 	s.done, s.err = true, err
 	s.broadcastLocked()
 	s.mu.Unlock()
@@ -267,7 +285,7 @@ func (s *spool) broadcastLocked() {
 func (s *spool) written() int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.n
+	return s.n + s.hidden
 }
 
 // bytes returns the body when it is all in memory.
@@ -277,7 +295,7 @@ func (s *spool) bytes() ([]byte, bool) {
 	if s.file != nil || s.relay {
 		return nil, false
 	}
-	return s.mem[:s.n:s.n], true
+	return s.mem[:len(s.mem):len(s.mem)], true
 }
 
 // filePath returns the file of a body that was spilled, for the disk

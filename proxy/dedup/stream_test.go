@@ -781,3 +781,67 @@ func dirExists(path string) bool {
 	info, err := os.Stat(path)
 	return err == nil && info.IsDir()
 }
+
+// limitedStore is a MemoryStore that, like Redis, cannot hold entries
+// over a size.
+type limitedStore struct {
+	*MemoryStore
+	max int64
+}
+
+func (s limitedStore) MaxEntryBytes() int64 { return s.max }
+
+// TestStoreTooSmallKeepsTheBodyLocal: a body that fits in memory but not
+// in the Store (over its MaxEntryBytes) is cached in the disk tier.
+func TestStoreTooSmallKeepsTheBodyLocal(t *testing.T) {
+	body := pattern(100 << 10)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write(body) }))
+	defer origin.Close()
+	cfg := streamConfig(t, Config{Enabled: true})
+	store := limitedStore{NewMemoryStore(64 << 20), 64 << 10}
+	defer store.Close()
+	up := &countingTransport{rt: &http.Transport{}}
+	eng, err := New(cfg, Options{Store: store, Next: up, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	f := &fixture{t: t, eng: eng, up: up, origin: origin}
+	if r := f.get("/mid"); r.xcache != CacheMiss || r.body != string(body) {
+		t.Fatalf("first: %s", r.xcache)
+	}
+	if r := f.get("/mid"); r.xcache != CacheHit || r.body != string(body) {
+		t.Fatalf("second: %s", r.xcache)
+	}
+	if st := eng.Stats(); st.Store.Entries != 0 || st.Disk.Entries != 1 || up.n.Load() != 1 {
+		t.Fatalf("stats %+v, upstream %d", st, up.n.Load())
+	}
+}
+
+// TestCachedBeforeTheLastByte: a client that knows the length is done at
+// the last byte, without waiting for the end of the body; its next request
+// must be a HIT, not a wait on the flight that is still storing the body.
+func TestCachedBeforeTheLastByte(t *testing.T) {
+	for _, size := range []int{10, 100 << 10, 3 << 20} { // memory store; memory store; disk tier
+		body := pattern(size)
+		f := newFixture(t, streamConfig(t, Config{MaxBodyBytes: bytesize.MiB}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(size))
+			writeSlowly(w, body)
+		}))
+		for i := range 20 {
+			path := fmt.Sprintf("/exact/%d", i)
+			resp, err := f.open(context.Background(), path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, size)
+			if _, err := io.ReadFull(resp.Body, got); err != nil || !bytes.Equal(got, body) {
+				t.Fatalf("%d bytes: %v", size, err)
+			}
+			resp.Body.Close()
+			if r := f.get(path); r.xcache != CacheHit || r.body != string(body) {
+				t.Fatalf("%d bytes, #%d: next request %s", size, i, r.xcache)
+			}
+		}
+	}
+}
