@@ -47,7 +47,7 @@ func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl t
 	// (nobody left) while the download still ends its work on the spool.
 	obj.body.hold()
 	obj.keep = ttl > 0 && e.canKeep(size)
-	if lease != nil && size > int64(e.cfg.MaxBodyBytes) {
+	if lease != nil && (size > int64(e.cfg.MaxBodyBytes) || size > e.storeLimit()) {
 		// It cannot be shared through the store: the fleet's waiters
 		// need not wait for the end of a long download to learn that.
 		e.finishLease(lease, key, Outcome{Err: errTooLarge}, 0)
@@ -60,7 +60,7 @@ func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl t
 // canKeep reports whether a body of this declared size (-1 unknown) could
 // be cached when complete.
 func (e *Engine) canKeep(size int64) bool {
-	if size <= int64(e.cfg.MaxBodyBytes) {
+	if size <= int64(e.cfg.MaxBodyBytes) && size <= e.storeLimit() {
 		return true // in the Store; unknown: we will see
 	}
 	return e.disk != nil && size <= e.disk.max

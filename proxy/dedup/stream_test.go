@@ -22,6 +22,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
 )
 
@@ -706,8 +708,10 @@ func TestStallTimeout(t *testing.T) {
 }
 
 // TestCloseEndsDownloads: Close fails the bodies still downloading for
-// their readers, waits for the flights, and removes the spool files.
+// their readers, waits for the flights, removes the spool files, and
+// leaves no goroutine behind.
 func TestCloseEndsDownloads(t *testing.T) {
+	before := goleak.IgnoreCurrent()
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "10000000")
 		writeSlowly(w, pattern(1<<20))
@@ -717,7 +721,8 @@ func TestCloseEndsDownloads(t *testing.T) {
 	cfg := streamConfig(t, Config{Enabled: true, MaxBodyBytes: 64 * bytesize.KiB})
 	store := NewMemoryStore(1 << 20)
 	defer store.Close()
-	eng, err := New(cfg, Options{Store: store, Next: &http.Transport{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	tr := &http.Transport{}
+	eng, err := New(cfg, Options{Store: store, Next: tr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -739,6 +744,13 @@ func TestCloseEndsDownloads(t *testing.T) {
 	}
 	if _, err := eng.RoundTrip(req.Clone(context.Background())); err == nil {
 		t.Fatal("a closed engine started a flight")
+	}
+	resp.Body.Close()
+	origin.Close()
+	tr.CloseIdleConnections()
+	store.Close()
+	if err := goleak.Find(before); err != nil {
+		t.Fatal(err)
 	}
 }
 
