@@ -69,6 +69,9 @@ type object struct {
 
 // flights is the registry of running flights.
 type flights struct {
+	// mu protects m and the flights' guarded fields. It is never held
+	// while calling into a spool: a spool in relay mode asks for a
+	// flight's interest with its own lock held.
 	mu sync.Mutex
 	m  map[string]*flight
 }
