@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -294,6 +295,11 @@ func (s *spool) bytes() ([]byte, bool) {
 	defer s.mu.Unlock()
 	if s.file != nil || s.relay {
 		return nil, false
+	}
+	if spare := cap(s.mem) - len(s.mem); spare > len(s.mem)/4 {
+		// A Store weighs an entry by its length: do not let it keep up
+		// to twice that alive (a body of unknown length grew by doubling).
+		return bytes.Clone(s.mem), true
 	}
 	return s.mem[:len(s.mem):len(s.mem)], true
 }
