@@ -127,6 +127,17 @@ func peakHeap(f func()) int64 {
 	return int64(peak.Load()) - int64(base.HeapInuse)
 }
 
+// interest counts the requests on the flight for key (0: none runs).
+func (f *fixture) interest(key string) int {
+	fs := &f.eng.flights
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	if fl := fs.m[key]; fl != nil {
+		return fl.interest
+	}
+	return 0
+}
+
 // open sends a GET through the engine and returns the response with its
 // body unread.
 func (f *fixture) open(ctx context.Context, path string, kv ...string) (*http.Response, error) {
@@ -482,6 +493,8 @@ func TestRangeFromObject(t *testing.T) {
 	check(f.get("/movie", "Range", "bytes=100-1099"), 206, "bytes 100-1099/1048576", body[100:1100], CacheCoalesced)
 	tail := make(chan result, 1)
 	go func() { tail <- f.get("/movie", "Range", "bytes=-100") }()
+	// On the flight (the leader and the tail) before the rest comes.
+	waitFor(t, func() bool { return f.interest(leader.Header.Get(HeaderCacheKey)) == 2 })
 	close(release)
 	check(<-tail, 206, "bytes 1048476-1048575/1048576", body[size-100:], CacheCoalesced)
 	if all, err := io.ReadAll(leader.Body); err != nil || !bytes.Equal(all, body) {
