@@ -65,7 +65,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 		fmt.Fprintln(stderr, "configuration OK")
 		return nil
 	}
-	logger := app.NewLogger(cfg.Log, stderr)
+	logger, level := app.NewLogger(cfg.Log, stderr)
 	if path == "" {
 		logger.Info("no config file; using built-in defaults")
 	} else {
@@ -73,7 +73,17 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	}
 	getenv := func(k string) string { return app.LookupEnv(environ, k) }
 	app.ApplyMemoryLimit(cfg, getenv, logger)
-	a, err := app.Build(cfg, app.Options{Logger: logger, Getenv: getenv})
+	// SIGHUP reloads the configuration from the same file and environment.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	a, err := app.Build(cfg, app.Options{
+		Logger:   logger,
+		Getenv:   getenv,
+		LogLevel: level,
+		HUP:      hup,
+		Load:     func() (*app.Config, error) { return app.LoadConfig(shippedConfig, path, environ) },
+	})
 	if err != nil {
 		return err
 	}

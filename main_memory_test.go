@@ -24,6 +24,7 @@ const longTests = "LONG_TESTS"
 type proc struct {
 	cmd              *exec.Cmd
 	proxyAddr, admin string
+	config           string // the config file it was started with
 }
 
 // startBinary builds onceproxy once per test and runs it with env added to
@@ -34,7 +35,8 @@ func startBinary(t *testing.T, config string, env []string) *proc {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	cmd := exec.Command(bin, "-config", writeConfig(t, config))
+	cfgPath := writeConfig(t, config)
+	cmd := exec.Command(bin, "-config", cfgPath)
 	// JSON logs: the listen lines are read from them.
 	env = append(env, "ONCEPROXY_LOG_FORMAT=json")
 	cmd.Env = append(os.Environ(), env...)
@@ -43,7 +45,7 @@ func startBinary(t *testing.T, config string, env []string) *proc {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	p := &proc{cmd: cmd}
+	p := &proc{cmd: cmd, config: cfgPath}
 	sc := bufio.NewScanner(stderr)
 	var lines []string
 	for (p.proxyAddr == "" || p.admin == "") && sc.Scan() {

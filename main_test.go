@@ -5,10 +5,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,8 +27,8 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
-	"slices"
 )
 
 // testEnv returns a configuration, as environment overrides, that runs
@@ -248,9 +249,13 @@ func TestFleetOfThree(t *testing.T) {
 		hits.Add(1)
 		time.Sleep(200 * time.Millisecond)
 		// Answer once every client is waiting somewhere in the fleet.
-		deadline := time.Now().Add(50 * time.Second)
-		for waiting(t, admins) < n && time.Now().Before(deadline) {
-			time.Sleep(50 * time.Millisecond)
+		var last int64
+		var lastErr error
+		if !testkit.Wait(t, testkit.Patience, func() bool {
+			last, lastErr = waiting(admins)
+			return last == n
+		}, "%d clients waiting in the fleet", n) {
+			t.Errorf("fleet waiters: %d (last error %v)", last, lastErr)
 		}
 		fmt.Fprintf(w, "fleet answer %d", time.Now().UnixNano())
 	}))
@@ -323,28 +328,25 @@ func TestFleetOfThree(t *testing.T) {
 		t.Fatalf("origin saw %d requests, want 1", hits.Load())
 	}
 	// The fleet statistics (flushed every second) count every instance.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var st struct {
-			Fleet struct {
-				Today struct {
-					Requests int64 `json:"requests"`
-				} `json:"today"`
-			} `json:"fleet"`
-		}
-		getJSON(t, "http://"+admins[0]+"/cache/stats", &st)
-		if st.Fleet.Today.Requests == n {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fleet stats count %d requests, want %d", st.Fleet.Today.Requests, n)
-		}
-		time.Sleep(50 * time.Millisecond)
+	var st struct {
+		Fleet struct {
+			Today struct {
+				Requests int64 `json:"requests"`
+			} `json:"today"`
+		} `json:"fleet"`
+	}
+	var statsErr error
+	if !testkit.Poll(testkit.Patience, func() bool {
+		statsErr = testkit.GetJSON("http://"+admins[0]+"/cache/stats", &st)
+		return statsErr == nil && st.Fleet.Today.Requests == n
+	}) {
+		t.Fatalf("fleet stats count %d requests, want %d (%v)", st.Fleet.Today.Requests, n, statsErr)
 	}
 }
 
-// waiting sums flight_waiters over the instances' admin APIs.
-func waiting(t *testing.T, admins []string) int64 {
+// waiting sums flight_waiters over the instances' admin APIs. It runs in
+// an origin handler: it reports errors rather than failing the test.
+func waiting(admins []string) (int64, error) {
 	var total int64
 	for _, a := range admins {
 		var st struct {
@@ -352,22 +354,12 @@ func waiting(t *testing.T, admins []string) int64 {
 				Waiters int64 `json:"flight_waiters"`
 			} `json:"instance"`
 		}
-		getJSON(t, "http://"+a+"/cache/stats", &st)
+		if err := testkit.GetJSON("http://"+a+"/cache/stats", &st); err != nil {
+			return total, err
+		}
 		total += st.Instance.Waiters
 	}
-	return total
-}
-
-func getJSON(t *testing.T, u string, v any) {
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Error(err)
-	}
+	return total, nil
 }
 
 // startInstance runs the whole program with extra environment on free
@@ -376,22 +368,27 @@ func startInstance(t *testing.T, env []string) (proxyAddr, adminAddr string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	ready := make(chan [2]string, 1)
-	done := make(chan error, 1)
+	// done is closed once run returned and runErr holds its result, so
+	// both the start-up failure below and the cleanup can read it.
+	done := make(chan struct{})
+	var runErr error
 	go func() {
-		done <- run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, io.Discard,
+		defer close(done)
+		runErr = run(ctx, []string{"-config", writeConfig(t, "log: {level: warn}\n")}, env, io.Discard,
 			func(p, a string) { ready <- [2]string{p, a} })
 	}()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("run: %v", err)
+		<-done
+		if runErr != nil && !t.Failed() {
+			t.Errorf("run: %v", runErr)
 		}
 	})
 	select {
 	case a := <-ready:
 		return a[0], a[1]
-	case err := <-done:
-		t.Fatalf("run: %v", err)
+	case <-done:
+		t.Fatalf("run: %v", runErr)
 	}
 	return "", ""
 }
@@ -587,15 +584,10 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	// News is pub/sub: wait until both instances listen, as a fleet that
 	// has been up for a while does.
 	rc := rs.Client()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		n, err := rc.PubSubNumSub(context.Background(), "onceproxy:v1:events").Result()
-		if err == nil && n["onceproxy:v1:events"] == 2 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("instances not subscribed: %v %v", n, err)
-		}
-	}
+		return err == nil && n["onceproxy:v1:events"] == 2
+	}, "both instances to subscribe to the events channel")
 	get := func(proxyAddr, path string) *http.Response {
 		t.Helper()
 		req, _ := http.NewRequest(http.MethodGet, origin.URL+path, nil)
@@ -611,20 +603,17 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	if resp := get(a, "/a"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
 		t.Fatalf("A: %d via %q, want 200 via s2 after s1's 429", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var st struct {
-			Sessions []upstream.SessionStatus `json:"sessions"`
+	var bSessions struct {
+		Sessions []upstream.SessionStatus `json:"sessions"`
+	}
+	if !testkit.Poll(testkit.Patience, func() bool {
+		if err := testkit.GetJSON("http://"+bAdmin+"/upstream/sessions", &bSessions); err != nil {
+			return false
 		}
-		getJSON(t, "http://"+bAdmin+"/upstream/sessions", &st)
-		i := slices.IndexFunc(st.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
-		if i >= 0 && !st.Sessions[i].Available && st.Sessions[i].CooldownReason == "rate_limited" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("B never benched s1: %+v", st.Sessions)
-		}
-		time.Sleep(20 * time.Millisecond)
+		i := slices.IndexFunc(bSessions.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
+		return i >= 0 && !bSessions.Sessions[i].Available && bSessions.Sessions[i].CooldownReason == "rate_limited"
+	}) {
+		t.Fatalf("B never benched s1: %+v", bSessions.Sessions)
 	}
 	if resp := get(b, "/b"); resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
 		t.Fatalf("B: %d via %q, want 200 via s2", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
@@ -638,7 +627,9 @@ func TestSessionCooldownAcrossInstances(t *testing.T) {
 	var st struct {
 		Sessions []upstream.SessionStatus `json:"sessions"`
 	}
-	getJSON(t, "http://"+cAdmin+"/upstream/sessions", &st)
+	if err := testkit.GetJSON("http://"+cAdmin+"/upstream/sessions", &st); err != nil {
+		t.Fatal(err)
+	}
 	i := slices.IndexFunc(st.Sessions, func(s upstream.SessionStatus) bool { return s.ID == "s1" })
 	if i < 0 || st.Sessions[i].Available || time.Until(st.Sessions[i].CooldownUntil) < 9*time.Minute {
 		t.Fatalf("a new instance did not recall s1's cooldown: %+v", st.Sessions)
@@ -722,7 +713,9 @@ func TestMalformedFleetNoteKeepsTheFleetUp(t *testing.T) {
 		var st struct {
 			Sessions []upstream.SessionStatus `json:"sessions"`
 		}
-		getJSON(t, "http://"+admin+"/upstream/sessions", &st)
+		if err := testkit.GetJSON("http://"+admin+"/upstream/sessions", &st); err != nil {
+			t.Fatal(err)
+		}
 		if len(st.Sessions) != 1 || !st.Sessions[0].Available {
 			t.Fatalf("%s: sessions after the bad note: %+v", name, st.Sessions)
 		}
@@ -732,5 +725,84 @@ func TestMalformedFleetNoteKeepsTheFleetUp(t *testing.T) {
 	check("b", b, bAdmin)
 	if n := rejected(bAdmin); n < 1 {
 		t.Errorf("the instance started afterwards did not count the recalled bad note (%d)", n)
+	}
+}
+
+// TestMoneySaved: 4 HITs of a 2 KiB page at 2 per 1,000 requests and 8 per
+// GB saved 4 x (0.002 + 2048 x 8 / 10^9) = 0.008065536, in /cache/stats,
+// in /metrics and on the status page.
+func TestMoneySaved(t *testing.T) {
+	page := strings.Repeat("x", 2048)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, page) }))
+	defer origin.Close()
+	proxyAddr, admin := startInstance(t, append(testEnv(t, httptest.NewTLSServer(nil)),
+		"ONCEPROXY_SAVINGS_PRICE_PER_1000_REQUESTS=2", "ONCEPROXY_SAVINGS_PRICE_PER_GB=8", "ONCEPROXY_SAVINGS_CURRENCY=EUR"))
+	c := plainClient(proxyAddr, "", "")
+	for i := range 5 {
+		if code, body := status(t, c, origin.URL+"/page"); code != 200 || !strings.HasSuffix(body, page) {
+			t.Fatalf("request %d: %d", i, code)
+		}
+	}
+	const want = 4 * (2.0/1000 + 2048*8/1e9)
+	var st struct {
+		Instance struct {
+			XCache     map[string]int `json:"x_cache"`
+			MoneySaved float64        `json:"money_saved"`
+			Currency   string         `json:"currency"`
+		} `json:"instance"`
+	}
+	if err := testkit.GetJSON("http://"+admin+"/cache/stats", &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Instance.XCache["HIT"] != 4 || math.Abs(st.Instance.MoneySaved-want) > 1e-9 || st.Instance.Currency != "EUR" {
+		t.Fatalf("stats: %+v, want 4 HITs saving %v EUR", st.Instance, want)
+	}
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	line := grepLines(string(b), `onceproxy_money_saved_total{currency="EUR"} `)
+	var got float64
+	if _, err := fmt.Sscanf(line, `onceproxy_money_saved_total{currency="EUR"} %g`, &got); err != nil || math.Abs(got-want) > 1e-9 {
+		t.Fatalf("metric line %q, want %v", line, want)
+	}
+	resp, err = http.Get("http://" + admin + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), `<b id="money">0.008066 EUR</b>`) {
+		t.Errorf("status page lacks the money saved: %s", grepLines(string(b), `<div class="card"><span>money`))
+	}
+}
+
+// TestProviderKeyInjectedIntoRun: the provider API key named by
+// upstream.provider.api_key_env comes from the environment run is given,
+// not the process's: the pool lists the provider's sessions with it and a
+// request names one of them.
+func TestProviderKeyInjectedIntoRun(t *testing.T) {
+	const name = "PROVIDER_KEY_FOR_TEST_6d1f"
+	if os.Getenv(name) != "" {
+		t.Fatalf("%s is set in the process environment; the test needs it unset", name)
+	}
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	env := append(testEnv(t, httptest.NewTLSServer(nil)),
+		"ONCEPROXY_UPSTREAM_PROVIDER_API="+fp.APIURL(),
+		"ONCEPROXY_UPSTREAM_PROVIDER_API_KEY_ENV="+name, name+"="+fp.APIKey())
+	proxyAddr, _ := startInstance(t, env)
+	req, _ := http.NewRequest(http.MethodGet, origin.URL+"/", nil)
+	req.Header.Set("X-Onceproxy-Session", "s2")
+	resp, err := plainClient(proxyAddr, "", "").Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || resp.Header.Get("X-Onceproxy-Upstream") != "s2" {
+		t.Fatalf("%d via %q, want 200 via the provider's session s2", resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream"))
 	}
 }

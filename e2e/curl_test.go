@@ -146,27 +146,28 @@ func TestCurlSOCKS5(t *testing.T) {
 
 // TestCurlProxyAuthAndSessionUser: the README's authentication recipe
 // (curl sends the credentials at once) and session stickiness through the
-// user name: alice-session-abc authenticates as alice and names session
-// abc; with no upstream configured the answer says X-Onceproxy-Upstream:
+// user name: alice-session-eu-1 authenticates as alice and names session
+// eu-1; with no upstream configured the answer says X-Onceproxy-Upstream:
 // direct. Which session a hint picks is proven in the proxy package's
-// tests. A wrong or missing password gets the 407 challenge.
+// tests. A wrong or missing password gets the 407 challenge, a session the
+// proxy cannot parse a 400.
 func TestCurlProxyAuthAndSessionUser(t *testing.T) {
 	o := startOrigin(t, 0)
 	p := startProxy(t, o.CAFile, proxyOpts{auth: true})
 	curl(t, nil, "-x", p.URL(proxyUser, proxyPassword), "--cacert", p.CAFile, o.URL+"/hello").
 		wantOK(t, "-x http://alice:pw@", "MISS")
-	r := curl(t, nil, "-x", p.URL(proxyUser+"-session-abc", proxyPassword), "--cacert", p.CAFile, o.URL+"/data/1")
+	r := curl(t, nil, "-x", p.URL(proxyUser+"-session-eu-1", proxyPassword), "--cacert", p.CAFile, o.URL+"/data/1")
 	if r.Exit != "0" || r.Code != "200" || r.Upstream != "direct" || r.XCache != "MISS" {
-		t.Errorf("alice-session-abc: %+v; want 200, MISS, X-Onceproxy-Upstream direct", r)
+		t.Errorf("alice-session-eu-1: %+v; want 200, MISS, X-Onceproxy-Upstream direct", r)
 	}
 	// Plain http:// carries Proxy-Authorization on the request itself.
-	r = curl(t, nil, "-x", p.URL(proxyUser+"-session-abc", proxyPassword), o.Plain+"/data/1")
+	r = curl(t, nil, "-x", p.URL(proxyUser+"-session-eu-1", proxyPassword), o.Plain+"/data/1")
 	if r.Code != "200" || r.Upstream != "direct" {
-		t.Errorf("plain http:// as alice-session-abc: %+v", r)
+		t.Errorf("plain http:// as alice-session-eu-1: %+v", r)
 	}
 	// The SOCKS5 port takes the same user names.
-	curl(t, nil, "--socks5-hostname", proxyUser+"-session-abc:"+proxyPassword+"@"+p.SOCKSAddr, "--cacert", p.CAFile, o.URL+"/hello").
-		wantOK(t, "SOCKS5 as alice-session-abc", "HIT")
+	curl(t, nil, "--socks5-hostname", proxyUser+"-session-eu-1:"+proxyPassword+"@"+p.SOCKSAddr, "--cacert", p.CAFile, o.URL+"/hello").
+		wantOK(t, "SOCKS5 as alice-session-eu-1", "HIT")
 
 	for _, c := range []struct{ what, proxy string }{
 		{"wrong password", p.URL(proxyUser, "wrong")},
@@ -181,12 +182,19 @@ func TestCurlProxyAuthAndSessionUser(t *testing.T) {
 			t.Errorf("%s on plain http://: %+v; want 407", c.what, r)
 		}
 	}
+	bad := p.URL(proxyUser+"-session-", proxyPassword)
+	if r := curl(t, nil, "-x", bad, "--cacert", p.CAFile, o.URL+"/hello"); r.Exit == "0" || r.Connect != "400" {
+		t.Errorf("empty session over CONNECT: %+v; want 400", r)
+	}
+	if r := curl(t, nil, "-x", bad, o.Plain+"/hello"); r.Code != "400" {
+		t.Errorf("empty session on plain http://: %+v; want 400", r)
+	}
 	users := map[string]int{}
 	for _, rec := range p.accessLog() {
 		u, _ := rec["user"].(string)
 		users[u]++
 	}
-	if users[proxyUser] == 0 || users[proxyUser+"-session-abc"] < 3 {
+	if users[proxyUser] == 0 || users[proxyUser+"-session-eu-1"] < 3 {
 		t.Errorf("access log users %v", users)
 	}
 	p.assertLoopbackOnly(t)

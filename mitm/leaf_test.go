@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 func TestLeafVerifies(t *testing.T) {
@@ -421,11 +423,7 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	}
 	a.Close()
 	// Maintenance tasks that otter hands to its executor finish on their own; give them a moment.
-	deadline := time.Now().Add(5 * time.Second)
-	for runtime.NumGoroutine() > before {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines after Close, %d before LoadOrCreate", runtime.NumGoroutine(), before)
-		}
-		time.Sleep(10 * time.Millisecond)
+	if !testkit.Poll(testkit.Patience, func() bool { return runtime.NumGoroutine() <= before }) {
+		t.Fatalf("%d goroutines after Close, %d before LoadOrCreate", runtime.NumGoroutine(), before)
 	}
 }

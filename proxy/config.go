@@ -16,8 +16,14 @@ type Config struct {
 	Listen string `yaml:"listen"`
 	// MaxConns caps concurrent client connections, tunnels included. Default 4096.
 	MaxConns int `yaml:"max_conns"`
+	// MaxConnsPerClient caps the connections one client may hold, so that
+	// one client cannot take every slot: by client address when accepted,
+	// and by proxy account once a CONNECT or request authenticates on the
+	// HTTP port. Default half of MaxConns; -1 turns it off.
+	MaxConnsPerClient int `yaml:"max_conns_per_client"`
 	// ReadHeaderTimeout bounds reading a request's headers, on the proxy port
-	// and inside intercepted tunnels. Default 10s.
+	// and inside intercepted tunnels (and the first byte of a tunnel).
+	// Default 10s.
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	// IdleTimeout drops a client connection or tunnel on which nothing moved
 	// for this long. Default 2m.
@@ -31,8 +37,17 @@ type Config struct {
 	// before remaining connections are cut. Default 20s.
 	ShutdownGrace time.Duration `yaml:"shutdown_grace"`
 	// BypassHosts are tunnelled without interception (certificate-pinned
-	// apps, hosts you must not decrypt): exact names or "*.example.com".
+	// apps, hosts you must not decrypt): host patterns, exact names or
+	// "*.example.com" for every subdomain.
 	BypassHosts []string `yaml:"bypass_hosts"`
+	// TrustForwardedFor identifies a client without an account by the
+	// address a balancer in front of the proxy reports (the last
+	// X-Forwarded-For entry, else X-Real-IP) instead of the connection's,
+	// for the rate limit and the per-client flight cap alike. Only behind
+	// a balancer you control: clients can send these headers themselves.
+	// Inside a tunnel the CONNECT decides; the requests it carries cannot
+	// change who they come from. Default false.
+	TrustForwardedFor bool `yaml:"trust_forwarded_for"`
 }
 
 // WithDefaults returns c with zero fields set to their defaults.
@@ -42,6 +57,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = 4096
+	}
+	if c.MaxConnsPerClient == 0 {
+		c.MaxConnsPerClient = max(c.MaxConns/2, 1)
 	}
 	if c.ReadHeaderTimeout == 0 {
 		c.ReadHeaderTimeout = 10 * time.Second
@@ -69,6 +87,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxConns < 1 {
 		errs = append(errs, fmt.Errorf("max_conns: must be at least 1, got %d", c.MaxConns))
+	}
+	if c.MaxConnsPerClient < -1 || c.MaxConnsPerClient > c.MaxConns {
+		errs = append(errs, fmt.Errorf("max_conns_per_client: must be -1 (off) or 1 to max_conns (%d), got %d", c.MaxConns, c.MaxConnsPerClient))
 	}
 	if c.MaxHeaderBytes < 4096 {
 		errs = append(errs, fmt.Errorf("max_header_bytes: must be at least 4096, got %d", c.MaxHeaderBytes))

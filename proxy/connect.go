@@ -14,8 +14,6 @@ import (
 	"github.com/elazarl/goproxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
-	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
-
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
@@ -38,24 +36,48 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 		pctx.Resp = s.challenge(pctx.Req, "proxy credentials required (Proxy-Authorization: Basic)")
 		return goproxy.RejectConnect, host
 	}
-	client := &clientInfo{user: user, connect: host}
+	// Who the client is, decided once for the whole tunnel: its
+	// requests carry this identity, whatever they say themselves. The
+	// CONNECT's own X-Onceproxy-Session names the tunnel's session.
+	info, err := s.tunnelClient(user, pctx.Req.RemoteAddr, pctx.Req.Header)
+	if err != nil {
+		s.logger.Warn("refused CONNECT with a bad session hint", "target", host, "client", pctx.Req.RemoteAddr, "err", err)
+		pctx.Resp = badSession(pctx.Req, err)
+		return goproxy.RejectConnect, host
+	}
+	if r := s.attribute(pctx.Req, info); r != nil {
+		s.logger.Warn("refused CONNECT: the client holds its share of connections", "target", host, "client", info.Client)
+		pctx.Resp = r
+		return goproxy.RejectConnect, host
+	}
+	client := &clientInfo{info: info, connect: host}
 	if _, refused := s.checkTarget(pctx.Req.Context(), pctx.Req, name); refused != nil {
 		s.logger.Warn("refused CONNECT to a forbidden target", "target", host, "client", pctx.Req.RemoteAddr)
 		pctx.Resp = refused
 		return goproxy.RejectConnect, host
 	}
 	pctx.UserData = client
-	if hostmatch.Any(s.cfg.BypassHosts, name) {
+	if s.bypass.Match(name) {
 		// A blind tunnel is one request as far as the rate limit goes;
 		// intercepted tunnels are counted request by request.
-		account, _ := clientinfo.ParseUser(user)
-		if r := s.limit(pctx.Req.Context(), pctx.Req, account, name); r != nil {
+		if r := s.limit(pctx.Req.Context(), pctx.Req, info.Client, name); r != nil {
 			pctx.Resp = r
 			return goproxy.RejectConnect, host
 		}
 		return &goproxy.ConnectAction{Action: goproxy.ConnectAccept}, host
 	}
 	return s.mitmAction, host
+}
+
+// tunnelClient identifies the client of an authenticated tunnel: its proxy
+// user, and the X-Onceproxy-Session header of its CONNECT when it had one
+// (h is nil on the SOCKS5 door).
+func (s *Server) tunnelClient(user, remoteAddr string, h http.Header) (clientinfo.Info, error) {
+	info, err := s.identify(user, remoteAddr, h)
+	if err != nil || h == nil {
+		return info, err
+	}
+	return sessionHeader(info, h)
 }
 
 func checkConnectTarget(name, port string) error {
@@ -77,27 +99,39 @@ func checkConnectTarget(name, port string) error {
 	return nil
 }
 
-// dialTunnel opens the upstream side of a blind tunnel (bypass hosts).
+// dialTunnel is goproxy's dial for a bypass CONNECT, which handleConnect
+// authenticated and checked: its user picks the upstream session
+// (user-session-ID) like any request's would.
 func (s *Server) dialTunnel(req *http.Request, network, addr string) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout)
+	return s.dialBlind(context.Background(), addr, proxyUser(req.Header), req.RemoteAddr, req.Header)
+}
+
+// dialBlind opens the upstream side of a blind tunnel to addr for a client
+// (its proxy user, its address, the headers of its CONNECT; nil on the
+// SOCKS5 door), within the dial timeout. The client was authenticated and
+// identified before (handleConnect, CheckTunnel), which refused bad hints;
+// here its user and header pick the upstream session like any request's
+// would. The guard runs again, on this context: the mark of an
+// allow-listed name must reach the dial.
+func (s *Server) dialBlind(ctx context.Context, addr, user, remoteAddr string, h http.Header) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
 	defer cancel()
-	// The CONNECT was authenticated in handleConnect; here its user picks
-	// the upstream session (user-session-ID) like any request's would.
-	client := &clientInfo{user: proxyUser(req.Header), connect: addr}
-	ctx = clientinfo.With(ctx, client.info(req.Header, req.RemoteAddr))
-	if s.guard != nil {
-		host, _, _ := net.SplitHostPort(addr)
-		var err error
-		if ctx, err = s.guard.CheckHostContext(ctx, host); err != nil {
-			return nil, err
-		}
+	info, err := s.tunnelClient(user, remoteAddr, h)
+	if err != nil {
+		return nil, err
 	}
-	c, err := s.upstream.DialContext(ctx, network, addr)
+	ctx = clientinfo.With(ctx, info)
+	host, _, _ := net.SplitHostPort(addr)
+	ctx, err = s.guardHost(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	c, err := s.upstream.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		return nil, err
 	}
 	s.metrics.Tunnel()
-	return &tunnelConn{Conn: c, start: time.Now(), addr: addr, client: req.RemoteAddr, s: s}, nil
+	return &tunnelConn{Conn: halfclose.Conn{Conn: c}, start: time.Now(), addr: addr, client: remoteAddr, s: s}, nil
 }
 
 // tunnelError is goproxy's ConnectionErrHandler: when a bypass tunnel cannot
@@ -114,9 +148,9 @@ func (s *Server) tunnelError(w io.Writer, pctx *goproxy.ProxyCtx, err error) {
 	_ = resp.Write(w)
 }
 
-// tunnelConn logs a bypass tunnel when it ends, with the bytes each way.
+// tunnelConn logs a blind tunnel when it ends, with the bytes each way.
 type tunnelConn struct {
-	net.Conn
+	halfclose.Conn
 	start       time.Time
 	addr        string
 	client      string
@@ -148,10 +182,9 @@ func (c *tunnelConn) Close() error {
 	return err
 }
 
-func (c *tunnelConn) CloseWrite() error {
-	return halfclose.CloseWrite(c.Conn)
-}
-
-func (c *tunnelConn) CloseRead() error {
-	return halfclose.CloseRead(c.Conn)
+// Discard closes a tunnel dialled for nothing (the SOCKS5 door found TLS
+// or HTTP inside, and intercepts it instead), without an access log line.
+func (c *tunnelConn) Discard() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }

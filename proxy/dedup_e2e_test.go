@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/x509"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -19,6 +18,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -29,18 +29,6 @@ func dedupOn(c dedup.Config) *dedup.Config {
 		c.TTL = 45 * time.Second
 	}
 	return &c
-}
-
-// waitUntil polls cond until it holds or 20 s pass.
-func waitUntil(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(time.Minute)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 type fetched struct {
@@ -75,7 +63,7 @@ func TestStampedeThroughMITM(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 		// Hold the answer until every client is waiting, so the test
 		// does not depend on how fast 500 TLS handshakes are.
-		waitUntil(t, "500 waiters", func() bool { return w.engine.Stats().Waiters == n })
+		testkit.Wait(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == n }, "500 waiters")
 		fmt.Fprintf(rw, "page %s %d", r.URL.Path, time.Now().UnixNano())
 	}), false)
 	w = newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
@@ -118,7 +106,7 @@ func TestStampedeH2(t *testing.T) {
 	var originHits atomic.Int64
 	origin := tlsOrigin(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		originHits.Add(1)
-		waitUntil(t, "waiters", func() bool { return w.engine.Stats().Waiters == n })
+		testkit.Wait(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == n }, "waiters")
 		io.WriteString(rw, "h2 page")
 	}), false)
 	w = newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
@@ -161,7 +149,7 @@ func TestLeaderClientDisconnects(t *testing.T) {
 	for range followers {
 		go func() { res <- fetch(context.Background(), c, origin.URL+"/l") }()
 	}
-	waitUntil(t, "followers waiting", func() bool { return w.engine.Stats().Waiters == followers+1 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == followers+1 }, "followers waiting")
 	cancel() // the leader's client goes away (its connection closes)
 	if r := <-leader; r.err == nil {
 		t.Fatalf("leader request did not fail after cancel: %+v", r)
@@ -183,7 +171,7 @@ func TestFailedFlightEndToEnd(t *testing.T) {
 	var w *world
 	origin := tlsOrigin(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			waitUntil(t, "waiters", func() bool { return w.engine.Stats().Waiters == n })
+			testkit.Wait(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == n }, "waiters")
 			http.Error(rw, "origin broke", http.StatusInternalServerError)
 			return
 		}
@@ -209,7 +197,7 @@ func TestFailedFlightEndToEnd(t *testing.T) {
 // dedup layer did.
 func TestErrorResponsesCarryXCache(t *testing.T) {
 	w := newWorld(t, worldOpts{dedup: dedupOn(dedup.Config{})})
-	resp, body := w.get(w.client(false), "http://"+deadAddr(t)+"/x")
+	resp, body := w.get(w.client(false), "http://"+testkit.DeadAddr(t)+"/x")
 	if resp.StatusCode != 502 || resp.Header.Get("X-Cache") != "MISS" || !strings.HasPrefix(resp.Header.Get("X-Cache-Key"), "v1:") {
 		t.Fatalf("got %d X-Cache=%q key=%q %q", resp.StatusCode, resp.Header.Get("X-Cache"), resp.Header.Get("X-Cache-Key"), body)
 	}
@@ -336,7 +324,9 @@ func TestAdminCacheEndpoints(t *testing.T) {
 	var stats struct {
 		Instance dedup.Stats `json:"instance"`
 	}
-	getJSON(t, adm.URL+"/cache/stats", &stats)
+	if err := testkit.GetJSON(adm.URL+"/cache/stats", &stats); err != nil {
+		t.Fatal(err)
+	}
 	s := stats.Instance
 	if s.Requests != 5 || s.XCache["HIT"] != 3 || s.XCache["MISS"] != 2 || s.UpstreamRequests != 2 ||
 		s.BySource["dedup_cache"] != 3 || s.BySource["api"] != 2 || s.SavingsPct != 60 || s.BytesAvoided != 3 || s.Store.Entries != 2 {
@@ -368,18 +358,6 @@ func TestAdminCacheEndpoints(t *testing.T) {
 		if st, b := post(bad); st != 400 || !strings.Contains(b, "error") {
 			t.Errorf("%s: %d %s", bad, st, b)
 		}
-	}
-}
-
-func getJSON(t *testing.T, u string, v any) {
-	t.Helper()
-	resp, err := http.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
-		t.Fatal(err)
 	}
 }
 

@@ -19,6 +19,7 @@ type errorKind string
 
 const (
 	kindBadRequest   errorKind = "bad_request"
+	kindBadSession   errorKind = "bad_session"
 	kindUpstream     errorKind = "upstream_error"
 	kindTimeout      errorKind = "upstream_timeout"
 	kindTLS          errorKind = "upstream_tls"
@@ -27,6 +28,7 @@ const (
 	kindClientGone   errorKind = "client_gone"
 	kindAuth         errorKind = "proxy_auth_required"
 	kindRateLimited  errorKind = "rate_limited"
+	kindTooManyConns errorKind = "too_many_connections"
 	kindForbidden    errorKind = "forbidden_target"
 	headerProxyError           = "X-Onceproxy-Error"
 )

@@ -51,13 +51,13 @@ func (s *Server) challenge(req *http.Request, reason string) *http.Response {
 	return resp
 }
 
-// limit applies the client rate limit; nil means the request may go on.
-func (s *Server) limit(ctx context.Context, req *http.Request, account, host string) *http.Response {
+// limit applies the client rate limit to client (clientinfo.Info.Client,
+// from identify); nil means the request may go on.
+func (s *Server) limit(ctx context.Context, req *http.Request, client, host string) *http.Response {
 	if !s.limiter.Enabled() {
 		return nil
 	}
-	key := s.limiter.ClientKey(account, req.RemoteAddr, req.Header)
-	d := s.limiter.Allow(ctx, key, host)
+	d := s.limiter.Allow(ctx, client, host)
 	if d.Allowed {
 		return nil
 	}
@@ -81,17 +81,24 @@ func retryAfter(d time.Duration) string {
 	return strconv.Itoa(max(int((d+time.Second-1)/time.Second), 1))
 }
 
-// checkTarget applies the SSRF guard to a target host before anything is
-// dialled. It returns the context to dial with, or a 403 response.
-func (s *Server) checkTarget(ctx context.Context, req *http.Request, host string) (context.Context, *http.Response) {
+// guardHost applies the SSRF guard to a target host before anything is
+// dialled or looked up: the one early check of every door and path. It
+// returns the context to dial with (see TargetGuard).
+func (s *Server) guardHost(ctx context.Context, host string) (context.Context, error) {
 	if s.guard == nil {
 		return ctx, nil
 	}
-	ctx, err := s.guard.CheckHostContext(ctx, host)
-	if err == nil {
-		return ctx, nil
+	return s.guard.CheckHostContext(ctx, host)
+}
+
+// checkTarget is guardHost for a request or CONNECT: the context to dial
+// with, or a 403 response.
+func (s *Server) checkTarget(ctx context.Context, req *http.Request, host string) (context.Context, *http.Response) {
+	ctx, err := s.guardHost(ctx, host)
+	if err != nil {
+		return ctx, s.refused(req, err)
 	}
-	return ctx, s.refused(req, err)
+	return ctx, nil
 }
 
 // refused answers a target the guard (at the front door or at dial time)

@@ -13,23 +13,13 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/bcrypt"
-
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
-	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
-func testUsers(t *testing.T) *auth.Users {
-	t.Helper()
-	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
-	u, err := auth.New(auth.Config{Users: []auth.UserConfig{{Name: "alice", PasswordBcrypt: string(hash)}}}, func(string) string { return "" })
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(u.Close)
-	return u
-}
+// testUsers is one proxy user, alice, with password "right".
+func testUsers() map[string]string { return map[string]string{"alice": "right"} }
 
 // clientAs is a client whose proxy URL carries user:pass (sent preemptively
 // by Go on plain requests and on CONNECT).
@@ -46,7 +36,7 @@ func (w *world) clientAs(user, pass string) *http.Client {
 func TestProxyAuth(t *testing.T) {
 	tlsO := tlsOrigin(t, http.HandlerFunc(echoProto), false)
 	plain := plainOrigin(t, http.HandlerFunc(echoProto))
-	w := newWorld(t, worldOpts{users: testUsers(t), originCAs: []*x509.Certificate{tlsO.Certificate()}})
+	w := newWorld(t, worldOpts{users: testUsers(), originCAs: []*x509.Certificate{tlsO.Certificate()}})
 
 	// Plain requests: 407 with a Basic challenge without or with wrong
 	// credentials, 200 with the right ones (session hints allowed).
@@ -94,11 +84,7 @@ func TestProxyAuth(t *testing.T) {
 
 func TestRateLimitPerClient(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
-	lim, err := ratelimit.New(ratelimit.Config{Requests: 3, Window: time.Minute}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, worldOpts{users: testUsers(t), limiter: lim})
+	w := newWorld(t, worldOpts{users: testUsers(), rateLimit: &ratelimit.Config{Requests: 3, Window: time.Minute}})
 	alice := w.clientAs("alice", "right")
 	for i := range 3 {
 		if resp, _ := w.get(alice, origin.URL+"/r"); resp.StatusCode != 200 {
@@ -115,8 +101,7 @@ func TestRateLimitPerClient(t *testing.T) {
 	}
 	// Without users the client IP is the key, and another IP is another
 	// client (127.0.0.2 is this machine too, as a different source).
-	lim2, _ := ratelimit.New(ratelimit.Config{Requests: 1, Window: time.Minute}, nil)
-	w2 := newWorld(t, worldOpts{limiter: lim2})
+	w2 := newWorld(t, worldOpts{rateLimit: &ratelimit.Config{Requests: 1, Window: time.Minute}})
 	if resp, _ := w2.get(w2.client(false), origin.URL+"/x"); resp.StatusCode != 200 {
 		t.Fatal("first request limited")
 	}
@@ -128,18 +113,14 @@ func TestRateLimitPerClient(t *testing.T) {
 	if resp, _ := w2.get(other, origin.URL+"/x"); resp.StatusCode != 200 {
 		t.Fatalf("a client from another IP was limited: %d", resp.StatusCode)
 	}
-	if lim.Rejected() != 2 {
-		t.Fatalf("rejected = %d", lim.Rejected())
+	if n := w.app.Limiter.Rejected(); n != 2 {
+		t.Fatalf("rejected = %d", n)
 	}
 }
 
 func TestGuardRefusesPrivateTargets(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
-	g, err := netguard.New(netguard.Config{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := newWorld(t, worldOpts{guard: g})
+	w := newWorld(t, worldOpts{guard: &netguard.Config{}})
 	_, port, _ := net.SplitHostPort(strings.TrimPrefix(origin.URL, "http://"))
 	for _, target := range []string{
 		origin.URL + "/x",
@@ -170,9 +151,59 @@ func TestGuardRefusesPrivateTargets(t *testing.T) {
 		t.Fatalf("reason: %q", b)
 	}
 	// The allow list opens loopback for tests and local development.
-	g2, _ := netguard.New(netguard.Config{AllowCIDRs: []string{"127.0.0.1/32"}})
-	w2 := newWorld(t, worldOpts{guard: g2})
+	w2 := newWorld(t, worldOpts{guard: &netguard.Config{AllowCIDRs: []string{"127.0.0.1/32"}}})
 	if resp, _ := w2.get(w2.client(false), origin.URL+"/ok"); resp.StatusCode != 200 {
 		t.Fatalf("allowed loopback: %d", resp.StatusCode)
+	}
+}
+
+// TestForbiddenSpellingsRefusedBeforeLookup: every odd spelling of a
+// loopback target is refused by the early check before any name is looked
+// up, on the HTTP port (plain requests and CONNECT) and for the Host of a
+// request inside a tunnel; a resolver that counts lookups proves none
+// happened. (TestSOCKS5RefusesForbiddenTargetsBeforeLookup covers the
+// SOCKS5 port.) A permitted name goes through the same resolver.
+func TestForbiddenSpellingsRefusedBeforeLookup(t *testing.T) {
+	lookups := &countingLookup{}
+	w := newWorld(t, worldOpts{
+		guard:        &netguard.Config{},
+		upstreamOpts: []upstream.Option{upstream.WithLookup(lookups.lookup)},
+	})
+	spellings := []string{"0x7f.1", "2130706433", "127.1", "localhost.", "foo.localhost", "017700000001", "[::ffff:127.0.0.1]"}
+	for _, host := range spellings {
+		// A plain request on the proxy port.
+		resp, body := w.get(w.client(false), "http://"+host+":8080/x")
+		if resp.StatusCode != 403 || resp.Header.Get("X-Onceproxy-Error") != "forbidden_target" {
+			t.Errorf("GET http://%s: %d %q", host, resp.StatusCode, body)
+		}
+		// A CONNECT.
+		conn, err := net.Dial("tcp", w.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fmt.Fprintf(conn, "CONNECT %s:443 HTTP/1.1\r\nHost: %s:443\r\n\r\n", host, host)
+		cr, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+		conn.Close()
+		if err != nil || cr.StatusCode != 403 {
+			t.Errorf("CONNECT %s: %v %v", host, err, cr)
+		}
+		// Inside a tunnel to a name the early check lets through, a request
+		// whose Host is the forbidden spelling.
+		c := insideTunnel(t, w, "public.test:80", false)
+		fmt.Fprintf(c, "GET /x HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+		ir, err := http.ReadResponse(bufio.NewReader(c), nil)
+		if err != nil || ir.StatusCode != 403 {
+			t.Errorf("Host: %s inside a tunnel: %v %v", host, err, ir)
+		}
+	}
+	if got := lookups.looked(); len(got) != 0 {
+		t.Fatalf("names looked up for refused targets: %q", got)
+	}
+	// A name the guard allows is looked up through the same seam.
+	if resp, _ := w.get(w.client(false), "http://public.test/x"); resp.StatusCode == 200 {
+		t.Fatal("public.test answered: the counting resolver was not on the path")
+	}
+	if got := lookups.looked(); len(got) == 0 || got[0] != "public.test" {
+		t.Fatalf("lookups after a permitted name: %q", got)
 	}
 }

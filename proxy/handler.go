@@ -18,30 +18,62 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
-// clientInfo is what the proxy knows about the client behind a request. For
-// MITM'd requests it comes from the CONNECT that opened the tunnel (the
-// request's context carries it: see tunnelFrom).
+// clientInfo is what the proxy knows about the client behind a request,
+// learned once at the front door: from the request itself, or from the
+// CONNECT (or SOCKS5 handshake) that opened its tunnel, which the
+// request's context then carries (see tunnelFrom).
 type clientInfo struct {
-	user    string // proxy user from Proxy-Authorization; "" when none
-	connect string // CONNECT target host:port; "" for plain requests
+	info    clientinfo.Info // user, account, session hint and client identity
+	connect string          // CONNECT target host:port; "" for plain requests
 }
 
 // headerSession lets a client pick its sticky upstream session per request
 // without encoding it in the proxy user name. Never forwarded.
 const headerSession = "X-Onceproxy-Session"
 
-// info is what the stages behind the front door learn about the client.
-// It consumes the X-Onceproxy-Session header, which takes precedence over
-// a session in the user name.
-func (c *clientInfo) info(h http.Header, remoteAddr string) clientinfo.Info {
-	account, session := clientinfo.ParseUser(c.user)
-	if v := h.Get(headerSession); v != "" {
-		if clientinfo.ValidSessionID(v) {
-			session = v
-		}
-		h.Del(headerSession)
+// identify is the front door's one rule for who a client is: the account
+// and session hint its proxy user names, and the client the rate limit
+// and the per-client flight cap count (its account, else its address: the
+// connection's, or with proxy.trust_forwarded_for the one the balancer
+// reports in h; h is nil where no balancer can speak, on the SOCKS5 port).
+// The error is a session hint the proxy cannot honour, for the client to
+// hear about (400).
+func (s *Server) identify(user, remoteAddr string, h http.Header) (clientinfo.Info, error) {
+	u, err := clientinfo.ParseUser(user)
+	if err != nil {
+		return clientinfo.Info{}, err
 	}
-	return clientinfo.Info{User: c.user, Account: account, Session: session, Client: clientinfo.ClientOf(account, remoteAddr)}
+	if s.cfg.TrustForwardedFor && h != nil {
+		if addr := clientinfo.ForwardedFor(h); addr != "" {
+			remoteAddr = addr
+		}
+	}
+	return clientinfo.Info{User: user, Account: u.Account, Session: u.Session,
+		Client: clientinfo.ClientOf(u.Account, remoteAddr)}, nil
+}
+
+// sessionHeader applies the X-Onceproxy-Session header of h to info: it
+// takes precedence over a session in the user name. A value that is not a
+// session id is an error, never ignored.
+func sessionHeader(info clientinfo.Info, h http.Header) (clientinfo.Info, error) {
+	vs := h.Values(headerSession)
+	switch len(vs) {
+	case 0:
+		return info, nil
+	case 1:
+	default:
+		return info, fmt.Errorf("%s: sent %d times; name one session", headerSession, len(vs))
+	}
+	if err := clientinfo.ValidateSessionID(vs[0]); err != nil {
+		return info, fmt.Errorf("%s: %w", headerSession, err)
+	}
+	info.Session = vs[0]
+	return info, nil
+}
+
+// badSession answers a session hint the proxy cannot honour.
+func badSession(req *http.Request, err error) *http.Response {
+	return errorResponse(req, http.StatusBadRequest, kindBadSession, err.Error())
 }
 
 // proxyUser extracts the user name of a Basic Proxy-Authorization header.
@@ -72,14 +104,21 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 		resp = s.finish(req, resp, client, start)
 	}()
 
-	// Requests inside a tunnel were authenticated on its CONNECT; plain
-	// absolute-form requests carry their own credentials.
+	// Requests inside a tunnel were authenticated and identified on its
+	// CONNECT; plain absolute-form requests carry their own credentials.
 	if !inTunnel {
 		user, ok := s.authenticate(req.Header)
 		if !ok {
 			return req, s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
 		}
-		client.user = user
+		info, err := s.identify(user, req.RemoteAddr, req.Header)
+		if err != nil {
+			return req, badSession(req, err)
+		}
+		if r := s.attribute(req, info); r != nil {
+			return req, r
+		}
+		client.info = info
 	}
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,
@@ -89,9 +128,13 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 	if host == "" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest, "request URL has no host")
 	}
-	info := client.info(req.Header, req.RemoteAddr)
+	info, err := sessionHeader(client.info, req.Header)
+	if err != nil {
+		return req, badSession(req, err)
+	}
+	req.Header.Del(headerSession)
 	ctx := req.Context()
-	if r := s.limit(ctx, req, info.Account, host); r != nil {
+	if r := s.limit(ctx, req, info.Client, host); r != nil {
 		return req, r
 	}
 	ctx, refused := s.checkTarget(ctx, req, host)
@@ -208,8 +251,8 @@ func (s *Server) finish(req *http.Request, resp *http.Response, client *clientIn
 		if err := tb.failure(); err != nil {
 			attrs = append(attrs, slog.String("body_error", err.Error()))
 		}
-		if client.user != "" {
-			attrs = append(attrs, slog.String("user", client.user))
+		if client.info.User != "" {
+			attrs = append(attrs, slog.String("user", client.info.User))
 		}
 		s.logger.LogAttrs(req.Context(), slog.LevelInfo, "request", attrs...)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -395,13 +397,9 @@ func TestUntrustedCAIsExplained(t *testing.T) {
 	if err := tc.Handshake(); err == nil {
 		t.Fatal("a client without the CA accepted the interception certificate")
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(w.logs.String(), "does not trust onceproxy's CA") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no hint in the log:\n%s", w.logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		return strings.Contains(w.logs.String(), "does not trust onceproxy's CA")
+	}, "the hint in the log")
 }
 
 // TestMalformedChunkedBodyIs400: a client whose chunked body is malformed
@@ -436,4 +434,122 @@ func TestMalformedChunkedBodyIs400(t *testing.T) {
 			}
 		}
 	}
+}
+
+// silentConnects opens n connections to the proxy port, from source
+// addresses src(i), each sending a CONNECT and then nothing, and returns
+// them with whether the proxy accepted the CONNECT (200) or refused it.
+func silentConnects(t *testing.T, w *world, n int, target string, src func(i int) string) (conns []net.Conn, accepted int) {
+	t.Helper()
+	type res struct {
+		c  net.Conn
+		ok bool
+	}
+	out := make(chan res, n)
+	sem := make(chan struct{}, 64)
+	for i := range n {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src(i))}, Timeout: 30 * time.Second}
+			c, err := d.Dial("tcp", w.proxyURL.Host)
+			if err != nil {
+				out <- res{}
+				return
+			}
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\n\r\n", target, target)
+			resp, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+			_ = c.SetDeadline(time.Time{})
+			out <- res{c, err == nil && resp.StatusCode == 200}
+		}()
+	}
+	for range n {
+		r := <-out
+		if r.c != nil {
+			conns = append(conns, r.c)
+			t.Cleanup(func() { r.c.Close() })
+		}
+		if r.ok {
+			accepted++
+		}
+	}
+	return conns, accepted
+}
+
+// TestSilentTunnelsCannotLockTheDoor: a connection that sends CONNECT and
+// then nothing used to hold its slot for the whole idle timeout: 4,200 of
+// them locked every new client out. Now one client holds at most its share
+// (proxy.max_conns_per_client), its silent tunnels are closed after
+// read_header_timeout, near the cap the idlest connections are shed to
+// make room, and another client is served all along.
+func TestSilentTunnelsCannotLockTheDoor(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	target := strings.TrimPrefix(origin.URL, "http://")
+	served := func(t *testing.T, w *world, n int) {
+		t.Helper()
+		c := w.client(false)
+		tr := c.Transport.(*http.Transport)
+		tr.DisableKeepAlives = true // a new connection each time, as curl makes
+		tr.DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext
+		c.Timeout = 10 * time.Second
+		var slowest time.Duration
+		for range n {
+			start := time.Now()
+			if resp, body := w.get(c, origin.URL+"/page"); resp.StatusCode != 200 || body != "page" {
+				t.Fatalf("another client during the flood: %d %q", resp.StatusCode, body)
+			}
+			slowest = max(slowest, time.Since(start))
+		}
+		t.Logf("another client: %d requests served, the slowest in %s", n, slowest.Round(time.Millisecond))
+	}
+
+	t.Run("one client, 4200 silent CONNECTs", func(t *testing.T) {
+		// A header timeout longer than the flood: every tunnel stays open
+		// while it lasts, and only the per-client share stops them.
+		w := newWorld(t, worldOpts{proxy: proxy.Config{ReadHeaderTimeout: time.Minute}, quiet: true})
+		conns, accepted := silentConnects(t, w, 4200, target, func(int) string { return "127.0.0.1" })
+		st := w.srv.ConnStats()
+		t.Logf("%d connections, %d CONNECTs accepted; stats %+v (max_conns_per_client: half of max_conns, 2048)", len(conns), accepted, st)
+		if accepted > 2048 || st.Live > 2048 || st.Refused < 4200-2048 {
+			t.Fatalf("one client holds %d connections (%d refused), over its share of 2048", st.Live, st.Refused)
+		}
+		served(t, w, 20)
+	})
+
+	t.Run("silent tunnels are closed by read_header_timeout", func(t *testing.T) {
+		const headerTimeout = 2 * time.Second
+		w := newWorld(t, worldOpts{proxy: proxy.Config{ReadHeaderTimeout: headerTimeout}, quiet: true})
+		conns, accepted := silentConnects(t, w, 200, target, func(int) string { return "127.0.0.1" })
+		if accepted != 200 {
+			t.Fatalf("%d of 200 CONNECTs accepted", accepted)
+		}
+		deadline := time.Now().Add(headerTimeout + 20*time.Second)
+		open := 0
+		for _, c := range conns {
+			_ = c.SetReadDeadline(deadline)
+			var ne net.Error
+			if _, err := c.Read(make([]byte, 1)); errors.As(err, &ne) && ne.Timeout() {
+				open++
+			}
+		}
+		if open > 0 {
+			t.Fatalf("%d silent tunnels were still open 20 s after read_header_timeout", open)
+		}
+	})
+
+	t.Run("many clients near the cap", func(t *testing.T) {
+		// Long header timeout: only shedding can make room here.
+		w := newWorld(t, worldOpts{proxy: proxy.Config{MaxConns: 1000, ReadHeaderTimeout: time.Minute}, quiet: true})
+		src := func(i int) string { return fmt.Sprintf("127.0.1.%d", 1+i%100) }
+		_, accepted := silentConnects(t, w, 900, target, src)
+		time.Sleep(1100 * time.Millisecond) // the first wave is idle now
+		_, more := silentConnects(t, w, 200, target, src)
+		st := w.srv.ConnStats()
+		t.Logf("1100 silent CONNECTs from 100 addresses: %d + %d accepted; stats %+v", accepted, more, st)
+		if st.Shed == 0 {
+			t.Fatal("no idle connection was shed near the cap")
+		}
+		served(t, w, 20)
+	})
 }

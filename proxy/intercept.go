@@ -10,10 +10,12 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/elazarl/goproxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
+	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 )
 
 // The requests inside an intercepted CONNECT tunnel are read by an
@@ -28,11 +30,14 @@ import (
 // response copy, WebSocket splicing) exactly like a plain proxy request, so
 // the two paths cannot drift apart.
 
+// recordTypeHandshake starts every TLS stream (a ClientHello record).
+const recordTypeHandshake = 0x16
+
 // tunnel is what the CONNECT that opened a tunnel tells its requests.
 type tunnel struct {
 	client     *clientInfo
 	host       string // the CONNECT target, host:port
-	remoteAddr string // the client's address, as on the CONNECT
+	remoteAddr string // the client's address, as on the CONNECT (or SOCKS5 connection)
 	scheme     string // "https" when the client spoke TLS, else "http"
 }
 
@@ -45,14 +50,12 @@ func tunnelFrom(ctx context.Context) *tunnel {
 }
 
 // interceptedConn is a client connection handed to the inner server, with
-// the tunnel it belongs to.
+// the tunnel it belongs to (ConnContext puts it in every request's
+// context).
 type interceptedConn struct {
-	net.Conn
+	halfclose.Conn
 	t *tunnel
 }
-
-func (c *interceptedConn) CloseWrite() error { return halfclose.CloseWrite(c.Conn) }
-func (c *interceptedConn) CloseRead() error  { return halfclose.CloseRead(c.Conn) }
 
 // newInner builds the server for intercepted tunnels. It shares the proxy
 // port's limits.
@@ -68,6 +71,7 @@ func (s *Server) newInner() *http.Server {
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		Protocols:         &protocols,
 		ErrorLog:          log.New(innerLog{s.logger}, "", 0),
+		ConnState:         markBusy,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if tc, ok := c.(*tls.Conn); ok {
 				c = tc.NetConn()
@@ -131,11 +135,10 @@ func (s *Server) shutdownInner(ctx context.Context) error {
 	return err
 }
 
-// interceptTunnel is the Hijack of an intercepted CONNECT (goproxy has
-// authenticated and checked it in handleConnect): confirm the tunnel, look
-// at the client's first byte to tell TLS from plain HTTP, and hand the
-// connection to the inner server.
-func (s *Server) interceptTunnel(req *http.Request, client net.Conn, pctx *goproxy.ProxyCtx) {
+// hijackConnect is the Hijack of an intercepted CONNECT (goproxy has
+// authenticated and checked it in handleConnect): confirm the tunnel, then
+// intercept it.
+func (s *Server) hijackConnect(req *http.Request, client net.Conn, pctx *goproxy.ProxyCtx) {
 	ci, _ := pctx.UserData.(*clientInfo)
 	if ci == nil {
 		ci = &clientInfo{connect: req.Host}
@@ -148,16 +151,26 @@ func (s *Server) interceptTunnel(req *http.Request, client net.Conn, pctx *gopro
 		client.Close()
 		return
 	}
-	// Waiting for the first byte is bounded by the idle deadline only: a
-	// browser opens tunnels ahead of need and may leave them unused for a
-	// while, which is no reason to cut them.
+	s.intercept(client, &tunnel{client: ci, host: ci.connect, remoteAddr: req.RemoteAddr})
+}
+
+// intercept looks at the first byte of a tunnel's client stream (a CONNECT
+// tunnel's, or a SOCKS5 one's) to tell TLS from plain HTTP, and hands the
+// connection to the inner server, which closes it when done.
+func (s *Server) intercept(client net.Conn, t *tunnel) {
+	// A tunnel must start speaking within read_header_timeout, as a request
+	// on the proxy port must: a silent one holds a connection slot for
+	// nothing, and thousands of them locked every new client out. A
+	// browser reopens a spare tunnel cut this way when it needs one.
+	_ = client.SetReadDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
 	var first [1]byte
 	if _, err := io.ReadFull(client, first[:]); err != nil {
 		client.Close()
 		return
 	}
-	t := &tunnel{client: ci, host: ci.connect, remoteAddr: req.RemoteAddr, scheme: "http"}
-	var conn net.Conn = &interceptedConn{Conn: &prefixConn{Conn: client, prefix: first[:]}, t: t}
+	_ = client.SetReadDeadline(time.Time{})
+	t.scheme = "http"
+	var conn net.Conn = &interceptedConn{Conn: halfclose.Conn{Conn: readahead.New(client, first[:])}, t: t}
 	if first[0] == recordTypeHandshake {
 		t.scheme = "https"
 		cfg := s.certs.ServerConfig(t.host).Clone()
@@ -165,7 +178,7 @@ func (s *Server) interceptTunnel(req *http.Request, client net.Conn, pctx *gopro
 		conn = tls.Server(conn, cfg)
 	}
 	s.startInner()
-	if err := s.innerLn.push(conn, nil); err != nil {
+	if err := s.innerLn.push(conn); err != nil {
 		conn.Close() // shutting down
 	}
 }

@@ -6,8 +6,8 @@ import (
 )
 
 // pushListener is a net.Listener whose connections are pushed in-process
-// instead of accepted from the network: the SOCKS5 door's into the proxy
-// port's http.Server, intercepted tunnels into the inner one.
+// instead of accepted from the network: intercepted tunnels (of either
+// door) into the inner http.Server.
 type pushListener struct {
 	addr net.Addr
 	ch   chan net.Conn
@@ -29,14 +29,12 @@ func (l *pushListener) Accept() (net.Conn, error) {
 }
 
 // push hands c to the http.Server. It fails once the listener is closed
-// (http.Server.Shutdown closes it), or when stop is closed (nil: never).
-func (l *pushListener) push(c net.Conn, stop <-chan struct{}) error {
+// (shutdownInner closes it).
+func (l *pushListener) push(c net.Conn) error {
 	select {
 	case l.ch <- c:
 		return nil
 	case <-l.done:
-		return net.ErrClosed
-	case <-stop:
 		return net.ErrClosed
 	}
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
@@ -290,7 +291,7 @@ func TestUpstreamFailures(t *testing.T) {
 		}
 	}), false)
 	okOrigin := tlsOrigin(t, http.HandlerFunc(echoProto), false)
-	dead := deadAddr(t)
+	dead := testkit.DeadAddr(t)
 	w := newWorld(t, worldOpts{
 		originCAs: []*x509.Certificate{slow.Certificate(), okOrigin.Certificate()},
 		upstream:  upstream.Config{ResponseHeaderTimeout: 300 * time.Millisecond},
@@ -326,17 +327,6 @@ func TestUpstreamFailures(t *testing.T) {
 	if resp, _ := w.get(w.client(false), okOrigin.URL+"/"); resp.StatusCode != 200 {
 		t.Fatalf("after failures: status %d", resp.StatusCode)
 	}
-}
-
-// deadAddr returns a loopback address nobody listens on.
-func deadAddr(t *testing.T) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 func TestMalformedRequests(t *testing.T) {
@@ -472,7 +462,7 @@ func TestHopByHopHeadersStripped(t *testing.T) {
 // TestIgnoresProcessProxyEnv: the proxy's own HTTP(S)_PROXY must not steer
 // its egress.
 func TestIgnoresProcessProxyEnv(t *testing.T) {
-	dead := deadAddr(t)
+	dead := testkit.DeadAddr(t)
 	t.Setenv("HTTP_PROXY", "http://"+dead)
 	t.Setenv("HTTPS_PROXY", "http://"+dead)
 	t.Setenv("NO_PROXY", "")
@@ -540,18 +530,14 @@ func TestGracefulShutdownDrains(t *testing.T) {
 		shut <- w.srv.Shutdown(ctx)
 	}()
 	// New connections are refused once shutdown began.
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		conn, err := net.Dial("tcp", w.proxyURL.Host)
 		if err != nil {
-			break
+			return true
 		}
 		conn.Close()
-		if time.Now().After(deadline) {
-			t.Fatal("proxy still accepts connections during shutdown")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	}, "the proxy to refuse new connections during shutdown")
 	close(release)
 	r := <-done
 	if r.err != nil || r.status != 200 || r.body != "finished" {

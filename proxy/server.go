@@ -1,7 +1,10 @@
 // Package proxy is onceproxy's front door: the HTTP proxy port (absolute-form
 // requests and CONNECT, on goproxy), interception of CONNECT tunnels with the
 // local CA, and the one handler every request goes through on its way to the
-// next stage (the dedup engine, then the upstream).
+// next stage (the dedup engine, then the upstream). The SOCKS5 port is a
+// door of its own (package socks), which the Server runs (ServeSOCKS5) and
+// serves as its socks.Pipeline: the same early target check, blind tunnels
+// and interception as a CONNECT here.
 package proxy
 
 import (
@@ -20,8 +23,13 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
+	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 )
 
 // CertSource provides the server side of intercepted TLS: a config whose
@@ -29,6 +37,13 @@ import (
 // host when the client sends none. *mitm.Authority satisfies it.
 type CertSource interface {
 	ServerConfig(fallbackHost string) *tls.Config
+}
+
+// UserStore verifies proxy users. Verify receives the user name exactly as
+// the client sent it, session hints included ("acct-session-abc"); a store
+// that knows accounts only can split it with clientinfo.ParseUser.
+type UserStore interface {
+	Verify(user, password string) bool
 }
 
 // Upstream is where traffic leaves the proxy: requests through RoundTrip,
@@ -79,6 +94,7 @@ type TargetGuard interface {
 // with Shutdown.
 type Server struct {
 	cfg        Config
+	bypass     *hostmatch.Set // cfg.BypassHosts
 	logger     *slog.Logger
 	certs      CertSource
 	upstream   Upstream
@@ -99,9 +115,12 @@ type Server struct {
 	innerStarted bool
 	innerClosed  bool
 	innerWG      sync.WaitGroup
-	socks        *socksDoor // SOCKS5 listeners and connections (ServeSOCKS5)
 
-	ln       atomic.Pointer[connListener]
+	doorsMu     sync.Mutex
+	doors       []*socks.Server // SOCKS5 doors (ServeSOCKS5), stopped by Shutdown
+	doorsClosed bool
+
+	ln       atomic.Pointer[connlimit.Listener]
 	inflight atomic.Int64 // requests between the handler and the end of their response body
 }
 
@@ -114,8 +133,13 @@ func New(cfg Config, o Options) (*Server, error) {
 	if o.Logger == nil || o.Certs == nil || o.Upstream == nil {
 		return nil, errors.New("proxy: Logger, Certs and Upstream are required")
 	}
+	bypass, err := hostmatch.Compile(cfg.BypassHosts)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: bypass_hosts%w", err)
+	}
 	s := &Server{
 		cfg:       cfg,
+		bypass:    bypass,
 		logger:    o.Logger,
 		certs:     o.Certs,
 		upstream:  o.Upstream,
@@ -126,7 +150,6 @@ func New(cfg Config, o Options) (*Server, error) {
 		limiter:   o.Limiter,
 		guard:     o.Guard,
 		metrics:   o.Metrics,
-		socks:     newSOCKSDoor(),
 	}
 	if s.next == nil {
 		s.next = o.Upstream
@@ -134,7 +157,7 @@ func New(cfg Config, o Options) (*Server, error) {
 	if s.realm == "" {
 		s.realm = "onceproxy"
 	}
-	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.interceptTunnel}
+	s.mitmAction = &goproxy.ConnectAction{Action: goproxy.ConnectHijack, Hijack: s.hijackConnect}
 
 	gp := goproxy.NewProxyHttpServer()
 	gp.Logger = goproxyLogger{o.Logger}
@@ -162,6 +185,10 @@ func New(cfg Config, o Options) (*Server, error) {
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
+		ConnState:         markBusy,
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, clientConnKey{}, c)
+		},
 	}
 	s.inner = s.newInner()
 	s.innerLn = newPushListener(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
@@ -176,6 +203,10 @@ func (s *Server) front(w http.ResponseWriter, r *http.Request) {
 		w = keepBufferedOnHijack{w}
 	} else {
 		w = streamTo(w)
+		if !r.URL.IsAbs() && r.URL.Path == fetchPath {
+			s.fetch(w, r)
+			return
+		}
 	}
 	s.gp.ServeHTTP(w, r)
 }
@@ -190,25 +221,71 @@ func (k keepBufferedOnHijack) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
-	if n := rw.Reader.Buffered(); n > 0 {
-		b, _ := rw.Reader.Peek(n)
-		c = &prefixConn{Conn: c, prefix: append([]byte(nil), b...)}
-	}
+	c = readahead.Buffered(c, rw.Reader)
 	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
+}
+
+// connLimits are the limits both doors put on their client connections.
+func (s *Server) connLimits() connlimit.Config {
+	return connlimit.Config{MaxConns: s.cfg.MaxConns, IdleTimeout: s.cfg.IdleTimeout, MaxPerClient: s.cfg.MaxConnsPerClient}
+}
+
+// markBusy is the ConnState hook of the proxy port's server and of the
+// tunnels' server: a connection serving a request is never shed to make
+// room, an idle one may be.
+func markBusy(c net.Conn, st http.ConnState) {
+	connlimit.SetBusy(c, st == http.StateActive)
+}
+
+// clientConnKey carries a proxy-port request's client connection in its
+// context, for the per-client connection cap.
+type clientConnKey struct{}
+
+// attribute counts the connection a request arrived on against the
+// authenticated account it names, for proxy.max_conns_per_client (until
+// then it counts against its address). It returns the response refusing
+// the request when that account already holds its share.
+func (s *Server) attribute(req *http.Request, info clientinfo.Info) *http.Response {
+	c, _ := req.Context().Value(clientConnKey{}).(net.Conn)
+	if c == nil || info.Account == "" {
+		return nil
+	}
+	if err := connlimit.Attribute(c, info.Client); err != nil {
+		resp := errorResponse(req, http.StatusTooManyRequests, kindTooManyConns, err.Error())
+		resp.Close = true
+		return resp
+	}
+	return nil
+}
+
+// ConnStats sums the client connection counts of both doors.
+func (s *Server) ConnStats() connlimit.Stats {
+	var st connlimit.Stats
+	if cl := s.ln.Load(); cl != nil {
+		st = cl.Stats()
+	}
+	s.doorsMu.Lock()
+	doors := s.doors
+	s.doorsMu.Unlock()
+	for _, d := range doors {
+		ds := d.ConnStats()
+		st.Live, st.Shed, st.Refused = st.Live+ds.Live, st.Shed+ds.Shed, st.Refused+ds.Refused
+	}
+	return st
 }
 
 // nonProxy answers requests that are not proxy requests (origin-form, as if
 // onceproxy were a web server).
 func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
 	resp := errorResponse(r, http.StatusBadRequest, kindBadRequest,
-		"this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port")
+		"this is a forward proxy: send absolute-form requests (GET http://host/path) or CONNECT host:port, or use GET /fetch?url=<URL>")
 	writeResponse(w, resp)
 }
 
 // Serve accepts proxy clients on ln until Shutdown. It returns nil after a
 // Shutdown, or the error that stopped it.
 func (s *Server) Serve(ln net.Listener) error {
-	cl := newConnListener(ln, s.cfg.MaxConns, s.cfg.IdleTimeout)
+	cl := connlimit.New(ln, s.connLimits())
 	s.ln.Store(cl)
 	s.logger.Info("proxy listening", "addr", ln.Addr().String())
 	err := s.srv.Serve(cl)
@@ -222,12 +299,22 @@ func (s *Server) Serve(ln net.Listener) error {
 // requests finish until ctx ends, then cuts every remaining connection (idle
 // keep-alives, MITM sessions, tunnels, WebSockets, SOCKS5 clients).
 func (s *Server) Shutdown(ctx context.Context) error {
-	s.socks.stopAccepting()
+	// The SOCKS5 doors stop accepting at once, and cut what is left of
+	// their connections (blind tunnels) when the drain below is over.
+	s.doorsMu.Lock()
+	s.doorsClosed = true
+	doors := s.doors
+	s.doorsMu.Unlock()
+	drained, cut := context.WithCancel(context.Background())
+	var doorsDone sync.WaitGroup
+	for _, d := range doors {
+		doorsDone.Go(func() { _ = d.Shutdown(drained) })
+	}
 	// Both at once: keep-alive clients inside tunnels must hear "go away"
 	// while plain requests drain, not after.
 	innerErr := make(chan error, 1)
 	go func() { innerErr <- s.shutdownInner(ctx) }()
-	// Closes the HTTP listener and the SOCKS5 bridge; waits for plain requests.
+	// Closes the HTTP listener; waits for plain requests.
 	err := s.srv.Shutdown(ctx)
 	if ierr := <-innerErr; err == nil {
 		err = ierr
@@ -244,9 +331,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	left := s.inflight.Load()
 	if cl := s.ln.Load(); cl != nil {
-		cl.closeAll()
+		cl.CloseAll()
 	}
-	s.socks.cut(s.logger)
+	cut()
+	doorsDone.Wait()
 	if left > 0 {
 		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left)
 		if err == nil {

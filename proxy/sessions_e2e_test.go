@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
@@ -39,7 +40,7 @@ func TestRotateAndRetryReachesCoalescedWaiters(t *testing.T) {
 		hits.Add(1)
 		if exitIP(r) == banned {
 			// Hold the 429 until every client waits on this flight.
-			waitUntil(t, "clients coalesced", func() bool { return w.engine.Stats().Waiters == n })
+			testkit.Wait(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == n }, "clients coalesced")
 			rw.Header().Set("Retry-After", "1")
 			http.Error(rw, "slow down", http.StatusTooManyRequests)
 			return

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"os/exec"
@@ -27,12 +28,15 @@ import (
 	xproxy "golang.org/x/net/proxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
-func socksOn(c proxy.SOCKS5Config) *proxy.SOCKS5Config { return &c }
+func socksOn(c socks.Config) *socks.Config { return &c }
 
 // socksURL is the world's SOCKS5 port as a proxy URL, with credentials.
 func (w *world) socksURL(user, pass string) *url.URL {
@@ -153,7 +157,7 @@ func TestSOCKS5ThroughMITM(t *testing.T) {
 	w := newWorld(t, worldOpts{
 		originCAs:    []*x509.Certificate{tlsA.Certificate(), tlsB.Certificate()},
 		dedup:        dedupOn(dedup.Config{}),
-		socks5:       socksOn(proxy.SOCKS5Config{AllowNoAuth: true, MITMPorts: []int{portOf(t, tlsA.URL), portOf(t, plainA.URL)}}),
+		socks5:       socksOn(socks.Config{AllowNoAuth: true, MITMPorts: []int{portOf(t, tlsA.URL), portOf(t, plainA.URL)}}),
 		wrapUpstream: rec.wrap,
 	})
 	clients := []struct {
@@ -221,8 +225,8 @@ func TestSOCKS5Curl(t *testing.T) {
 	w := newWorld(t, worldOpts{
 		originCAs: []*x509.Certificate{origin.Certificate()},
 		dedup:     dedupOn(dedup.Config{}),
-		socks5:    socksOn(proxy.SOCKS5Config{MITMPorts: []int{portOf(t, origin.URL)}}),
-		users:     staticUsers{"curl-user": "s3cret"},
+		socks5:    socksOn(socks.Config{MITMPorts: []int{portOf(t, origin.URL)}}),
+		users:     map[string]string{"curl-user": "s3cret"},
 	})
 	for _, tc := range []struct {
 		name string
@@ -259,13 +263,13 @@ func TestSOCKS5StampedeSplitWithHTTPPort(t *testing.T) {
 	var originHits atomic.Int64
 	origin := tlsOrigin(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		originHits.Add(1)
-		waitUntil(t, "all waiters", func() bool { return w.engine.Stats().Waiters == n })
+		testkit.Wait(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == n }, "all waiters")
 		fmt.Fprintf(rw, "page %d", time.Now().UnixNano())
 	}), false)
 	w = newWorld(t, worldOpts{
 		originCAs: []*x509.Certificate{origin.Certificate()},
 		dedup:     dedupOn(dedup.Config{}),
-		socks5:    socksOn(proxy.SOCKS5Config{AllowNoAuth: true, MITMPorts: []int{portOf(t, origin.URL)}}),
+		socks5:    socksOn(socks.Config{AllowNoAuth: true, MITMPorts: []int{portOf(t, origin.URL)}}),
 	})
 	socksC := w.socksClient("fleet", "pw", false)
 	httpURL := *w.proxyURL
@@ -402,7 +406,7 @@ func TestSOCKS5RawTCPTunnel(t *testing.T) {
 		ports []int
 	}{{"other-port", nil}, {"mitm-port", []int{portOf(t, "tcp://"+echo)}}} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, worldOpts{socks5: socksOn(proxy.SOCKS5Config{AllowNoAuth: true, MITMPorts: tc.ports})})
+			w := newWorld(t, worldOpts{socks5: socksOn(socks.Config{AllowNoAuth: true, MITMPorts: tc.ports})})
 			c := socksTunnelTCP(t, w, echo)
 			data := make([]byte, 1<<20)
 			rand.Read(data)
@@ -441,11 +445,11 @@ func TestSOCKS5ServerSpeaksFirst(t *testing.T) {
 	port := portOf(t, "tcp://"+banner)
 	for _, tc := range []struct {
 		name       string
-		cfg        proxy.SOCKS5Config
+		cfg        socks.Config
 		min, below time.Duration
 	}{
-		{"other-port", proxy.SOCKS5Config{AllowNoAuth: true, SniffTimeout: 5 * time.Second}, 0, 4 * time.Second},
-		{"mitm-port", proxy.SOCKS5Config{AllowNoAuth: true, SniffTimeout: 300 * time.Millisecond, MITMPorts: []int{port}}, 300 * time.Millisecond, 10 * time.Second},
+		{"other-port", socks.Config{AllowNoAuth: true, SniffTimeout: 5 * time.Second}, 0, 4 * time.Second},
+		{"mitm-port", socks.Config{AllowNoAuth: true, SniffTimeout: 300 * time.Millisecond, MITMPorts: []int{port}}, 300 * time.Millisecond, 10 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, worldOpts{socks5: socksOn(tc.cfg)})
@@ -482,7 +486,7 @@ func TestSOCKS5BypassHostIsBlind(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, worldOpts{
 				proxy:  proxy.Config{BypassHosts: []string{"127.0.0.1"}},
-				socks5: socksOn(proxy.SOCKS5Config{AllowNoAuth: true, MITMPorts: tc.ports}),
+				socks5: socksOn(socks.Config{AllowNoAuth: true, MITMPorts: tc.ports}),
 			})
 			pool := x509.NewCertPool()
 			pool.AddCert(origin.Certificate())
@@ -503,13 +507,6 @@ func TestSOCKS5BypassHostIsBlind(t *testing.T) {
 			}
 		})
 	}
-}
-
-type staticUsers map[string]string
-
-func (s staticUsers) Verify(user, password string) bool {
-	p, ok := s[user]
-	return ok && p == password
 }
 
 // rawSOCKS speaks SOCKS5 byte by byte, to check replies exactly.
@@ -597,8 +594,8 @@ func TestSOCKS5Refusals(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
 	w := newWorld(t, worldOpts{
 		proxy:  proxy.Config{ReadHeaderTimeout: 500 * time.Millisecond},
-		socks5: socksOn(proxy.SOCKS5Config{}),
-		users:  staticUsers{"u": "good"},
+		socks5: socksOn(socks.Config{}),
+		users:  map[string]string{"u": "good"},
 	})
 	login := func(r *rawSOCKS) {
 		r.t.Helper()
@@ -706,7 +703,7 @@ func TestSOCKS5Refusals(t *testing.T) {
 // TestSOCKS5NoUserStoreNoAuthRefusesEveryone: without a user store and
 // without allow_no_auth nobody gets in, and the log says why.
 func TestSOCKS5NoUserStoreNoAuthRefusesEveryone(t *testing.T) {
-	w := newWorld(t, worldOpts{socks5: socksOn(proxy.SOCKS5Config{})})
+	w := newWorld(t, worldOpts{socks5: socksOn(socks.Config{})})
 	for _, methods := range [][]byte{{0}, {2}, {0, 2}, {0xff}} {
 		r := dialRaw(t, w)
 		if got := r.greet(methods...); !bytes.Equal(got, []byte{5, 0xff}) {
@@ -714,9 +711,9 @@ func TestSOCKS5NoUserStoreNoAuthRefusesEveryone(t *testing.T) {
 		}
 		r.expectClosed()
 	}
-	waitUntil(t, "the refusal logged", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		return strings.Contains(w.logs.String(), "socks5.allow_no_auth is false")
-	})
+	}, "the refusal logged")
 	if !strings.Contains(w.logs.String(), "every SOCKS5 client will be refused") {
 		t.Error("no start-up line saying every client will be refused")
 	}
@@ -727,7 +724,7 @@ func TestSOCKS5NoUserStoreNoAuthRefusesEveryone(t *testing.T) {
 // session hints are not lost), except a name a Basic header cannot carry.
 func TestSOCKS5AllowNoAuth(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
-	w := newWorld(t, worldOpts{socks5: socksOn(proxy.SOCKS5Config{AllowNoAuth: true})})
+	w := newWorld(t, worldOpts{socks5: socksOn(socks.Config{AllowNoAuth: true})})
 	if got := dialRaw(t, w).greet(0); !bytes.Equal(got, []byte{5, 0}) {
 		t.Fatalf("no-auth: % x", got)
 	}
@@ -764,8 +761,8 @@ func TestSOCKS5SessionHintReachesPipeline(t *testing.T) {
 	want := clientinfo.Info{User: "acct-session-s1", Account: "acct", Session: "s1", Client: "user:acct"}
 	for _, tc := range []struct {
 		name  string
-		users proxy.UserStore
-	}{{"unverified", nil}, {"verified", staticUsers{"acct-session-s1": "pw"}}} {
+		users map[string]string
+	}{{"unverified", nil}, {"verified", map[string]string{"acct": "pw"}}} {
 		t.Run(tc.name, func(t *testing.T) {
 			seen := make(chan clientinfo.Info, 8)
 			rec := &recordingUpstream{}
@@ -777,7 +774,7 @@ func TestSOCKS5SessionHintReachesPipeline(t *testing.T) {
 						return up.RoundTrip(r)
 					})
 				},
-				socks5:       socksOn(proxy.SOCKS5Config{AllowNoAuth: true}),
+				socks5:       socksOn(socks.Config{AllowNoAuth: true}),
 				users:        tc.users,
 				wrapUpstream: rec.wrap,
 			})
@@ -806,7 +803,7 @@ func TestSOCKS5SessionHintReachesPipeline(t *testing.T) {
 // before the reply, so failures get their RFC 1928 code; host names reach
 // the upstream unresolved.
 func TestSOCKS5DialFailuresMapToReplies(t *testing.T) {
-	dead := deadAddr(t)
+	dead := testkit.DeadAddr(t)
 	deadHost, deadPort, _ := net.SplitHostPort(dead)
 	dp, _ := strconv.Atoi(deadPort)
 	rec := &recordingUpstream{fail: map[string]error{
@@ -818,7 +815,7 @@ func TestSOCKS5DialFailuresMapToReplies(t *testing.T) {
 		"broken.test:9999":  errors.New("something else broke"),
 	}}
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
-	w := newWorld(t, worldOpts{socks5: socksOn(proxy.SOCKS5Config{AllowNoAuth: true}), wrapUpstream: rec.wrap})
+	w := newWorld(t, worldOpts{socks5: socksOn(socks.Config{AllowNoAuth: true}), wrapUpstream: rec.wrap})
 	for _, tc := range []struct {
 		host string
 		port int
@@ -866,7 +863,7 @@ func TestSOCKS5IdleTunnelIsClosed(t *testing.T) {
 	echo := echoServer(t, "", "")
 	w := newWorld(t, worldOpts{
 		proxy:  proxy.Config{IdleTimeout: 300 * time.Millisecond},
-		socks5: socksOn(proxy.SOCKS5Config{AllowNoAuth: true}),
+		socks5: socksOn(socks.Config{AllowNoAuth: true}),
 	})
 	c := socksDial(t, w, "", "", echo)
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -885,7 +882,7 @@ func TestSOCKS5IdleTunnelIsClosed(t *testing.T) {
 func TestSOCKS5ConnectionLimit(t *testing.T) {
 	w := newWorld(t, worldOpts{
 		proxy:  proxy.Config{MaxConns: 1},
-		socks5: socksOn(proxy.SOCKS5Config{AllowNoAuth: true}),
+		socks5: socksOn(socks.Config{AllowNoAuth: true}),
 	})
 	a := dialRaw(t, w)
 	if got := a.greet(0); !bytes.Equal(got, []byte{5, 0}) {
@@ -939,7 +936,7 @@ func TestSOCKS5Shutdown(t *testing.T) {
 	})
 	w := newWorld(t, worldOpts{
 		originCAs: []*x509.Certificate{origin.Certificate()},
-		socks5:    socksOn(proxy.SOCKS5Config{AllowNoAuth: true}),
+		socks5:    socksOn(socks.Config{AllowNoAuth: true}),
 	})
 	half := socksTunnelTCP(t, w, sinkLn.Addr().String())
 	io.WriteString(half, "\x00bye")
@@ -960,14 +957,14 @@ func TestSOCKS5Shutdown(t *testing.T) {
 		defer cancel()
 		shut <- w.srv.Shutdown(ctx)
 	}()
-	waitUntil(t, "the SOCKS5 port to close", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		c, err := net.Dial("tcp", w.socksAddr)
 		if err != nil {
 			return true
 		}
 		c.Close()
 		return false
-	})
+	}, "the SOCKS5 port to close")
 	close(release)
 	if r := <-done; r.err != nil || r.status != 200 || r.body != "finished" {
 		t.Fatalf("in-flight request over SOCKS5: %+v", r)
@@ -1047,7 +1044,7 @@ func TestSOCKS5ThroughUpstreamProxy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, worldOpts{
 				upstream: upstream.Config{URL: tc.url},
-				socks5:   socksOn(proxy.SOCKS5Config{AllowNoAuth: true}),
+				socks5:   socksOn(socks.Config{AllowNoAuth: true}),
 			})
 			before := tc.dials.Load()
 			c := socksTunnelTCP(t, w, echo)
@@ -1074,5 +1071,85 @@ func TestSOCKS5ThroughUpstreamProxy(t *testing.T) {
 				t.Fatalf("upstream proxy opened %d tunnels, want 1", n)
 			}
 		})
+	}
+}
+
+// countingLookup is the upstream's resolver seam: it counts every lookup
+// of an origin's name and answers none.
+type countingLookup struct {
+	mu    sync.Mutex
+	names []string
+}
+
+func (l *countingLookup) lookup(_ context.Context, _, host string) ([]netip.Addr, error) {
+	l.mu.Lock()
+	l.names = append(l.names, host)
+	l.mu.Unlock()
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+func (l *countingLookup) looked() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.names...)
+}
+
+// TestSOCKS5RefusesForbiddenTargetsBeforeLookup: the SSRF guard's early
+// check runs on every SOCKS5 path, as on the HTTP port: a loopback target
+// in any spelling gets reply 0x02 (not allowed by ruleset) on an
+// intercepted port (before the success reply, not after it), on another
+// port and for a bypass host, and nothing is dialled or looked up. A
+// permitted name is looked up through the same seam (it fails here: 0x04),
+// which shows the seam is on the path.
+func TestSOCKS5RefusesForbiddenTargetsBeforeLookup(t *testing.T) {
+	lookups := &countingLookup{}
+	rec := &recordingUpstream{}
+	w := newWorld(t, worldOpts{
+		proxy:        proxy.Config{BypassHosts: []string{"bypassed.localhost"}},
+		upstreamOpts: []upstream.Option{upstream.WithLookup(lookups.lookup)},
+		guard:        &netguard.Config{},
+		socks5:       socksOn(socks.Config{AllowNoAuth: true, MITMPorts: []int{443}, SniffTimeout: 100 * time.Millisecond}),
+		wrapUpstream: rec.wrap,
+	})
+	for _, port := range []int{443, 9999} {
+		for _, host := range []string{"0x7f.1", "2130706433", "127.1", "localhost.", "foo.localhost",
+			"bypassed.localhost", "127.0.0.1"} {
+			t.Run(fmt.Sprintf("%s:%d", host, port), func(t *testing.T) {
+				r := dialRaw(t, w)
+				if got := r.greet(0); !bytes.Equal(got, []byte{5, 0}) {
+					t.Fatalf("greet % x", got)
+				}
+				if got := r.request(1, host, port); got != 2 {
+					t.Fatalf("reply %d, want 2 (connection not allowed by ruleset)", got)
+				}
+				r.expectClosed()
+			})
+		}
+	}
+	if got := lookups.looked(); len(got) != 0 {
+		t.Errorf("refused targets were looked up: %q", got)
+	}
+	if dials, _ := rec.recorded(); len(dials) != 0 {
+		t.Errorf("refused targets were dialled: %q", dials)
+	}
+	if n := w.ca.Stats().Mints; n != 0 {
+		t.Errorf("%d certificates minted for refused targets", n)
+	}
+
+	// The control: a name the guard lets through is looked up, through the
+	// counted seam, on both kinds of port.
+	r := dialRaw(t, w)
+	r.greet(0)
+	if got := r.request(1, "public.test", 9999); got != 4 {
+		t.Fatalf("permitted name on another port: reply %d, want 4 (its lookup fails)", got)
+	}
+	r = dialRaw(t, w)
+	r.greet(0)
+	if got := r.request(1, "public.test", 443); got != 0 {
+		t.Fatalf("permitted name on a MITM port: reply %d, want 0", got)
+	}
+	r.expectClosed() // silent client: dialled after the sniff timeout, and the lookup fails
+	if got := lookups.looked(); len(got) != 2 || got[0] != "public.test" || got[1] != "public.test" {
+		t.Fatalf("lookups %q, want public.test twice", got)
 	}
 }

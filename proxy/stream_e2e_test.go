@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -66,7 +67,9 @@ func TestBigObjectFortyClients(t *testing.T) {
 	var hits atomic.Int64
 	origin := tlsOrigin(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		hits.Add(1)
-		waitUntil(t, "every client on the flight", func() bool { return w.engine.Stats().Waiters == n })
+		if !testkit.Wait(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == n }, "every client on the flight") {
+			return
+		}
 		rw.Header().Set("Content-Length", strconv.Itoa(size))
 		flushIn(rw, body)
 	}), false)

@@ -18,56 +18,73 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/app"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
-	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
-// world is one running proxy with its CA, wired like main.go does it, plus
-// helpers to reach it. Fields are filled by newWorld.
+// world is one running onceproxy, built by app.Build from a configuration
+// exactly as the program builds itself, plus helpers to reach it. Fields
+// are filled by newWorld.
 type world struct {
 	t        testing.TB
+	app      *app.App
 	ca       *mitm.Authority
 	caPool   *x509.CertPool // trusts only onceproxy's CA
 	caFile   string         // ca.pem path, for curl
 	up       *upstream.Pool
 	srv      *proxy.Server
-	engine   *dedup.Engine // nil unless worldOpts.dedup
+	engine   *dedup.Engine
 	proxyURL *url.URL
 	logs     *logbuf.Buffer
 	// socksAddr is the SOCKS5 port (host:port) when worldOpts.socks5 is set.
 	socksAddr string
 }
 
+// worldOpts are the configuration sections a test sets (the rest is the
+// shipped config.yaml) and the app's test seams.
 type worldOpts struct {
 	proxy    proxy.Config
 	upstream upstream.Config
-	next     func(up http.RoundTripper) http.RoundTripper // wraps the upstream as Options.Next
 	// originCAs are trusted for origins (written to files for upstream.ca_files).
 	originCAs []*x509.Certificate
-	// dedup, when set, puts a dedup engine (memory store) in front of the
-	// upstream, as main.go does.
+	// dedup, when set, is the dedup section (dedupOn); nil turns dedup off.
 	dedup *dedup.Config
+	// socks5, when set, also serves SOCKS5 on a loopback port (world.socksAddr).
+	socks5 *socks.Config
+	// users are auth.users: name → password.
+	users map[string]string
+	// rateLimit and guard, when set, are those sections; the shipped guard
+	// lets the proxy reach loopback, where the test origins live.
+	rateLimit *ratelimit.Config
+	guard     *netguard.Config
 	// quiet discards logs (benchmarks: the buffer would grow without bound).
 	quiet bool
-	// socks5, when set, also serves SOCKS5 on a loopback port (world.socksAddr).
-	socks5 *proxy.SOCKS5Config
-	// users is Options.Users.
-	users proxy.UserStore
-	// wrapUpstream wraps Options.Upstream (blind tunnels), e.g. to record dials.
+	// The seams of app.Options.
+	upstreamOpts []upstream.Option
+	next         func(http.RoundTripper) http.RoundTripper
 	wrapUpstream func(proxy.Upstream) proxy.Upstream
-	// limiter, guard and metrics are the Options of the same names.
-	limiter *ratelimit.Limiter
-	guard   proxy.TargetGuard
-	metrics *metrics.Metrics
 }
+
+// shippedConfig is config.yaml, the defaults the program starts from.
+var shippedConfig = func() []byte {
+	b, err := os.ReadFile("../config.yaml")
+	if err != nil {
+		panic(err)
+	}
+	return b
+}()
 
 func newWorld(t testing.TB, o worldOpts) *world {
 	t.Helper()
@@ -79,86 +96,72 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	}
 	logger := slog.New(slog.NewTextHandler(logOut, &slog.HandlerOptions{Level: slog.LevelDebug}))
 
-	ca, err := mitm.LoadOrCreate(mitm.Config{CADir: filepath.Join(dir, "certs")}, logger)
+	cfg, err := app.LoadConfig(shippedConfig, "", nil)
 	if err != nil {
-		t.Fatalf("LoadOrCreate: %v", err)
+		t.Fatal(err)
 	}
-	t.Cleanup(ca.Close)
-
+	cfg.Log.Access = true
+	cfg.Admin.Listen = ""
+	cfg.MITM.CADir = filepath.Join(dir, "certs")
+	cfg.Proxy = o.proxy
+	if cfg.Proxy.Listen == "" {
+		cfg.Proxy.Listen = "127.0.0.1:0"
+	}
+	if cfg.Proxy.ReadHeaderTimeout == 0 {
+		// Hundreds of TLS handshakes on two cores under -race can delay a
+		// client's first request past the production 10s; the tests that
+		// are about the header timeout set their own.
+		cfg.Proxy.ReadHeaderTimeout = time.Minute
+	}
+	if cfg.Proxy.ShutdownGrace == 0 {
+		cfg.Proxy.ShutdownGrace = 5 * time.Second
+	}
+	cfg.SOCKS5.Listen = ""
+	if o.socks5 != nil {
+		cfg.SOCKS5 = *o.socks5
+		cfg.SOCKS5.Listen = "127.0.0.1:0"
+	}
+	cfg.Upstream = o.upstream
 	for i, c := range o.originCAs {
 		f := filepath.Join(dir, "origin-ca-"+string(rune('a'+i))+".pem")
 		if err := os.WriteFile(f, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw}), 0o644); err != nil {
 			t.Fatal(err)
 		}
-		o.upstream.CAFiles = append(o.upstream.CAFiles, f)
+		cfg.Upstream.CAFiles = append(cfg.Upstream.CAFiles, f)
 	}
-	up, err := upstream.New(o.upstream, logger)
-	if err != nil {
-		t.Fatalf("upstream.New: %v", err)
-	}
-	t.Cleanup(up.Close)
-
-	opts := proxy.Options{Logger: logger, Certs: ca, Upstream: up, AccessLog: true, Users: o.users,
-		Limiter: o.limiter, Guard: o.guard, Metrics: o.metrics}
-	if o.wrapUpstream != nil {
-		opts.Upstream = o.wrapUpstream(up)
-	}
-	var engine *dedup.Engine
+	cfg.Dedup.Enabled = false
 	if o.dedup != nil {
-		cfg := o.dedup.WithDefaults()
-		store := dedup.NewMemoryStore(int64(cfg.Memory.MaxBytes))
-		t.Cleanup(store.Close)
-		engine, err = dedup.New(cfg, dedup.Options{Store: store, Next: up, Logger: logger})
-		if err != nil {
-			t.Fatalf("dedup.New: %v", err)
-		}
-		t.Cleanup(engine.Close)
-		opts.Next = engine
+		cfg.Dedup = *o.dedup
 	}
-	if o.next != nil {
-		opts.Next = o.next(up)
+	env := map[string]string{}
+	for name, pw := range o.users {
+		v := "PW_" + strconv.Itoa(len(env))
+		env[v] = pw
+		cfg.Auth.Users = append(cfg.Auth.Users, auth.UserConfig{Name: name, PasswordEnv: v})
 	}
-	if o.proxy.Listen == "" {
-		o.proxy.Listen = "127.0.0.1:0"
+	if o.rateLimit != nil {
+		cfg.RateLimit = *o.rateLimit
 	}
-	if o.proxy.ReadHeaderTimeout == 0 {
-		// Hundreds of TLS handshakes on two cores under -race can delay a
-		// client's first request past the production 10s; the tests that
-		// are about the header timeout set their own.
-		o.proxy.ReadHeaderTimeout = time.Minute
+	if o.guard != nil {
+		cfg.Guard = *o.guard
 	}
-	srv, err := proxy.New(o.proxy, opts)
+	a, err := app.Build(cfg, app.Options{
+		Logger:          logger,
+		Getenv:          func(k string) string { return env[k] },
+		UpstreamOptions: o.upstreamOpts,
+		WrapNext:        o.next,
+		WrapUpstream:    o.wrapUpstream,
+	})
 	if err != nil {
-		t.Fatalf("proxy.New: %v", err)
+		t.Fatalf("app.Build: %v", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	var socksAddr string
-	var socksServed chan error
-	if o.socks5 != nil {
-		sln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		socksAddr = sln.Addr().String()
-		socksServed = make(chan error, 1)
-		go func() { socksServed <- srv.ServeSOCKS5(sln, *o.socks5) }()
-	}
+	go func() { served <- a.Serve(ctx) }()
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
+		cancel()
 		if err := <-served; err != nil {
 			t.Errorf("Serve: %v", err)
-		}
-		if socksServed != nil {
-			if err := <-socksServed; err != nil {
-				t.Errorf("ServeSOCKS5: %v", err)
-			}
 		}
 		if t.Failed() {
 			t.Logf("proxy log:\n%s", logs.String())
@@ -166,19 +169,22 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	})
 
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.Certificate())
+	pool.AddCert(a.CA.Certificate())
 	w := &world{
 		t:        t,
-		ca:       ca,
+		app:      a,
+		ca:       a.CA,
 		caPool:   pool,
-		caFile:   ca.CertPath(),
-		up:       up,
-		srv:      srv,
-		engine:   engine,
-		proxyURL: &url.URL{Scheme: "http", Host: ln.Addr().String()},
+		caFile:   a.CA.CertPath(),
+		up:       a.Upstream,
+		srv:      a.Proxy,
+		engine:   a.Engine,
+		proxyURL: &url.URL{Scheme: "http", Host: a.Addrs().Proxy},
 		logs:     logs,
 	}
-	w.socksAddr = socksAddr
+	if o.socks5 != nil {
+		w.socksAddr = a.Addrs().SOCKS5
+	}
 	return w
 }
 

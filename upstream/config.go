@@ -7,11 +7,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path"
 	"slices"
 	"strings"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
@@ -71,8 +71,10 @@ type Config struct {
 // SessionConfig is one entry of upstream.sessions.
 type SessionConfig struct {
 	// ID names the session in X-Onceproxy-Upstream, logs and the admin
-	// API, and is the id used with the provider's rotate API. Required:
-	// 1-64 characters of letters, digits, '_', '-' and '.'.
+	// API, and is the id used with the provider's rotate API; clients
+	// name it in X-Onceproxy-Session or their user name
+	// (user-session-ID). Required: 1-64 characters of letters, digits,
+	// '_', '-' and '.'.
 	ID string `yaml:"id"`
 	// URL is the gateway with this session's credentials:
 	// http://USER:PASS@HOST:PORT or socks5://USER:PASS@HOST:PORT. Required.
@@ -139,8 +141,10 @@ type RuleConfig struct {
 	// Name labels the rule in logs and is its rate bucket for
 	// sticky: account_rule. Default "rules[N]".
 	Name string `yaml:"name"`
-	// Host is a glob matched against the request's host name without port
-	// ("*.example.com", "api.example.com"). Empty matches every host.
+	// Host is a host pattern matched against the request's host name
+	// without port: "api.example.com" exactly, or "*.example.com" for
+	// every subdomain at any depth (not example.com itself); case and a
+	// trailing dot do not matter. Empty matches every host.
 	Host string `yaml:"host"`
 	// PathPrefix restricts the rule to paths starting with it. Empty
 	// matches every path.
@@ -245,8 +249,12 @@ func (c Config) WithDefaults() Config {
 
 // Validate reports every problem in c, each prefixed with its key path
 // relative to upstream. ("sessions[2].url: ..."). Zero values are checked
-// as the defaults they stand for.
-func (c Config) Validate() error {
+// as the defaults they stand for. getenv reads provider.api_key_env (the
+// environment the program was given; nil means os.Getenv).
+func (c Config) Validate(getenv func(string) string) error {
+	if getenv == nil {
+		getenv = os.Getenv
+	}
 	c = c.WithDefaults()
 	var errs []error
 	add := func(key string, format string, args ...any) {
@@ -295,9 +303,10 @@ func (c Config) Validate() error {
 	}
 	for i, s := range c.Sessions {
 		key := fmt.Sprintf("sessions[%d]", i)
+		idErr := clientinfo.ValidateSessionID(s.ID)
 		switch {
-		case !validID(s.ID):
-			add(key+".id", "must be 1-64 characters of letters, digits, '_', '-' or '.', got %q", s.ID)
+		case idErr != nil:
+			errs = append(errs, fmt.Errorf("%s.id: %w", key, idErr))
 		case seen[s.ID] != "":
 			add(key+".id", "%q is already used by %s", s.ID, seen[s.ID])
 		default:
@@ -323,7 +332,7 @@ func (c Config) Validate() error {
 			add("provider.api_key", "set api_key or api_key_env, not both")
 		case p.APIKey == "" && p.APIKeyEnv == "":
 			add("provider.api_key", "required when provider.api is set (or name a variable in provider.api_key_env)")
-		case p.APIKeyEnv != "" && os.Getenv(p.APIKeyEnv) == "":
+		case p.APIKeyEnv != "" && getenv(p.APIKeyEnv) == "":
 			add("provider.api_key_env", "environment variable %s is unset or empty", p.APIKeyEnv)
 		}
 		if p.Refresh == 0 {
@@ -363,8 +372,8 @@ func (c Config) Validate() error {
 	for i, r := range c.Rules {
 		key := fmt.Sprintf("rules[%d]", i)
 		if r.Host != "" {
-			if _, err := path.Match(r.Host, ""); err != nil || strings.ContainsAny(r.Host, "/: ") {
-				add(key+".host", "%q is not a host glob", r.Host)
+			if err := hostmatch.Valid(r.Host); err != nil {
+				errs = append(errs, fmt.Errorf("%s.host: %w", key, err))
 			}
 		}
 		if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {
@@ -412,25 +421,11 @@ func validateMethods(key string, methods []string) []error {
 	return errs
 }
 
-// validID reports whether id is 1-64 characters of [A-Za-z0-9_.-]: safe in
-// a header, a log line and a URL path segment.
-func validID(id string) bool {
-	if id == "" || len(id) > 64 {
-		return false
-	}
-	for i := 0; i < len(id); i++ {
-		c := id[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-' || c == '.') {
-			return false
-		}
-	}
-	return true
-}
-
-// apiKey returns the provider API key from the file or the environment.
-func (p ProviderConfig) apiKey() string {
+// apiKey returns the provider API key from the file or from the
+// environment getenv reads.
+func (p ProviderConfig) apiKey(getenv func(string) string) string {
 	if p.APIKeyEnv != "" {
-		return os.Getenv(p.APIKeyEnv)
+		return getenv(p.APIKeyEnv)
 	}
 	return p.APIKey
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -33,8 +34,9 @@ func TestConfigDefaults(t *testing.T) {
 }
 
 func TestConfigValidateUpstreamKeys(t *testing.T) {
-	t.Setenv("ONCEPROXY_TEST_EMPTY_KEY", "")
-	t.Setenv("ONCEPROXY_TEST_KEY", "k")
+	// The environment the program was given, not the process's.
+	env := map[string]string{"ONCEPROXY_TEST_KEY": "k", "ONCEPROXY_TEST_EMPTY_KEY": ""}
+	getenv := func(k string) string { return env[k] }
 	ok := upstream.Config{
 		Sessions: []upstream.SessionConfig{
 			{ID: "s1", URL: "http://u:p@gw.example:8000"},
@@ -48,7 +50,7 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 			BanStatuses: []int{403}, BanBody: "captcha", RetryMethods: []string{"GET", "POST"}}},
 		WhenExhausted: "direct",
 	}
-	if err := ok.Validate(); err != nil {
+	if err := ok.Validate(getenv); err != nil {
 		t.Fatalf("valid config rejected: %v", err)
 	}
 	for _, tc := range []struct {
@@ -66,7 +68,7 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 			{ID: "d", URL: "http://u:secret@gw", Weight: 11},
 			{ID: "bad id", URL: "http://gw:1"},
 		}}, []string{
-			"sessions[0].id: must be 1-64",
+			"sessions[0].id: session id is empty",
 			`sessions[1].id: "default" is already used by url`,
 			"sessions[2].url: required",
 			`sessions[3].id: "a" is already used by sessions[2]`,
@@ -76,7 +78,7 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 			"sessions[5].interval: only for rotation: timed",
 			"sessions[6].url: ", "missing port",
 			"sessions[6].weight: must be 1-10, got 11",
-			"sessions[7].id:",
+			`sessions[7].id: session id "bad id": ' ' is not allowed`,
 		}},
 		{"provider problems", upstream.Config{Provider: upstream.ProviderConfig{
 			API: "ftp://u:secret@api", Protocol: "quic", Refresh: -time.Second,
@@ -92,12 +94,12 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 		}, []string{"health.url: must be an absolute", "health.timeout: must not be negative", "retry.max_attempts: must be 1-10",
 			`retry.methods[0]: "get" is not an upper-case HTTP method`, "retry.methods[1]:", `when_exhausted: must be "fail" or "direct"`}},
 		{"rules", upstream.Config{Rules: []upstream.RuleConfig{
-			{Host: "[a-", PathPrefix: "api", Sticky: "forever", BanStatuses: []int{99, 700}, RetryMethods: []string{"post"}},
-		}}, []string{"rules[0].host:", "rules[0].path_prefix: must start with '/'", "rules[0].sticky: must be none, host, account or account_rule",
+			{Host: "*.shop.*", PathPrefix: "api", Sticky: "forever", BanStatuses: []int{99, 700}, RetryMethods: []string{"post"}},
+		}}, []string{`rules[0].host: "*.shop.*" is not a host name`, "rules[0].path_prefix: must start with '/'", "rules[0].sticky: must be none, host, account or account_rule",
 			"rules[0].ban_statuses[0]: 99", "rules[0].ban_statuses[1]: 700", "rules[0].retry_methods[0]:"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cfg.Validate()
+			err := tc.cfg.Validate(getenv)
 			if err == nil {
 				t.Fatalf("no error, want %v", tc.want)
 			}
@@ -148,9 +150,9 @@ func TestRunAndCloseLeaveNoGoroutine(t *testing.T) {
 			t.Fatalf("request %d: %v %+v", i, err, r)
 		}
 	}
-	eventually(t, "refreshes and probes", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		return p.ProviderStatus().Refreshes >= 3 && statusOf(t, p, "pr").Requests >= 3
-	})
+	}, "refreshes and probes")
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatalf("Run returned %v", err)
@@ -171,4 +173,58 @@ func TestRunAndCloseLeaveNoGoroutine(t *testing.T) {
 		t.Errorf("after Run and Close, the pool left goroutines behind:\n%v", err)
 	}
 	fp.Close()
+}
+
+// TestRuleHostPatterns: a rule's host is a host pattern like every other
+// in the configuration: "*.shop.example" covers subdomains at any depth,
+// not the apex; names match whatever their case and a trailing dot.
+func TestRuleHostPatterns(t *testing.T) {
+	p, err := upstream.New(upstream.Config{Rules: []upstream.RuleConfig{
+		{Name: "api", Host: "api.example.com"},
+		{Name: "shop", Host: "*.shop.example"},
+	}}, quiet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	for _, tc := range []struct{ host, want string }{
+		{"api.example.com", "api"},
+		{"API.Example.COM.", "api"},
+		{"x.api.example.com", "default"},
+		{"a.shop.example", "shop"},
+		{"a.b.shop.example", "shop"},
+		{"shop.example", "default"},
+		{"evilshop.example", "default"},
+	} {
+		if got := upstream.RuleFor(p, tc.host, "/"); got != tc.want {
+			t.Errorf("%s matched rule %q, want %q", tc.host, got, tc.want)
+		}
+	}
+}
+
+// TestProviderKeyFromGivenEnvironment: provider.api_key_env is read from
+// the environment WithGetenv hands the pool (the one the program was
+// given), not from the process's own: the provider API accepts the key and
+// its sessions are listed.
+func TestProviderKeyFromGivenEnvironment(t *testing.T) {
+	const name = "PROVIDER_KEY_FOR_TEST_6d1f"
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	getenv := func(k string) string {
+		if k == name {
+			return fp.APIKey()
+		}
+		return ""
+	}
+	cfg := upstream.Config{Provider: upstream.ProviderConfig{API: fp.APIURL(), APIKeyEnv: name}}
+	p, err := upstream.New(cfg, quiet, upstream.WithGetenv(getenv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if n := len(p.Sessions()); n != 2 {
+		t.Fatalf("%d sessions listed, want the provider's 2 (was the key sent?)", n)
+	}
+	if _, err := upstream.New(cfg, quiet); err == nil || !strings.Contains(err.Error(), name+" is unset") {
+		t.Fatalf("without the variable in the process environment: err = %v", err)
+	}
 }

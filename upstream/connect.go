@@ -10,7 +10,7 @@ import (
 	"net/url"
 	"time"
 
-	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
+	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 )
 
 // connectThrough opens a tunnel to addr through the HTTP proxy at proxyURL
@@ -69,11 +69,8 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		return nil, &DialError{Op: "CONNECT " + addr, Err: ctx.Err()}
 	}
 	_ = conn.SetDeadline(time.Time{})
-	if br.Buffered() > 0 {
-		// The proxy may already have relayed the first bytes of the origin.
-		return &bufferedConn{Conn: conn, r: br}, nil
-	}
-	return conn, nil
+	// The proxy may already have relayed the first bytes of the origin.
+	return readahead.Buffered(conn, br), nil
 }
 
 func trimLine(b []byte) string {
@@ -83,21 +80,4 @@ func trimLine(b []byte) string {
 		}
 	}
 	return string(b)
-}
-
-// bufferedConn replays bytes read ahead by a bufio.Reader before reading the
-// connection itself.
-type bufferedConn struct {
-	net.Conn
-	r *bufio.Reader
-}
-
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
-
-func (c *bufferedConn) CloseWrite() error {
-	return halfclose.CloseWrite(c.Conn)
-}
-
-func (c *bufferedConn) CloseRead() error {
-	return halfclose.CloseRead(c.Conn)
 }

@@ -8,6 +8,8 @@ import (
 	"net/netip"
 	"runtime/debug"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
 // Bus carries notes between the proxy instances that drive the same
@@ -96,8 +98,8 @@ func decodeSessionEvent(msg string, left time.Duration) (SessionEvent, error) {
 	if err := json.Unmarshal([]byte(msg), &ev); err != nil {
 		return ev, fmt.Errorf("%w: %v", errNote, err)
 	}
-	if !validID(ev.Session) {
-		return ev, fmt.Errorf("%w: session %q is not a session id", errNote, ev.Session)
+	if err := clientinfo.ValidateSessionID(ev.Session); err != nil {
+		return ev, fmt.Errorf("%w: %v", errNote, err)
 	}
 	switch ev.Kind {
 	case EventCooldown:

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
 // FuzzSessionNote feeds arbitrary notes, live and recalled, to the decoder
@@ -34,7 +36,7 @@ func FuzzSessionNote(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !validID(ev.Session) {
+		if clientinfo.ValidateSessionID(ev.Session) != nil {
 			t.Fatalf("accepted session id %q", ev.Session)
 		}
 		switch ev.Kind {

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -79,7 +80,9 @@ type Option func(*options)
 
 type options struct {
 	control func(ctx context.Context, network, address string, c syscall.RawConn) error
+	lookup  LookupFunc
 	bus     Bus
+	getenv  func(string) string
 }
 
 // WithDialControl sets the net.Dialer ControlContext of connections the
@@ -90,18 +93,33 @@ func WithDialControl(f func(ctx context.Context, network, address string, c sysc
 	return func(o *options) { o.control = f }
 }
 
+// WithLookup sets how the pool resolves the host names of the connections
+// it opens directly to origins (requests and tunnels alike; gateways and
+// the provider API are the operator's own addresses and are dialled as
+// usual). Default: net.DefaultResolver.LookupNetIP.
+func WithLookup(f LookupFunc) Option {
+	return func(o *options) { o.lookup = f }
+}
+
+// WithGetenv sets how the pool reads the environment variables the
+// configuration names (provider.api_key_env): the environment the program
+// was given. Default os.Getenv.
+func WithGetenv(getenv func(string) string) Option {
+	return func(o *options) { o.getenv = getenv }
+}
+
 // New builds a Pool from cfg (defaults applied here). It starts no
 // goroutine. With a provider configured it fetches the session list once,
 // bounded by provider.timeout; if that fails the failure is logged and the
 // pool serves its static sessions (or answers 503 "no upstream sessions
 // yet") until a refresh by Run succeeds.
 func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
-	var o options
+	o := options{getenv: os.Getenv}
 	for _, opt := range opts {
 		opt(&o)
 	}
 	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.Validate(o.getenv); err != nil {
 		return nil, fmt.Errorf("upstream: %w", err)
 	}
 	tlsConf, err := originTLSConfig(cfg, logger)
@@ -111,6 +129,10 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	kit := &connKit{cfg: cfg, tls: tlsConf,
 		dialer: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
 		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
+		lookup: o.lookup,
+	}
+	if kit.lookup == nil {
+		kit.lookup = net.DefaultResolver.LookupNetIP
 	}
 	p := &Pool{
 		cfg: cfg,
@@ -144,7 +166,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	p.sessions.Store(newSessionSet(p.static))
 
 	if cfg.Provider.API != "" {
-		p.provider = newProviderClient(cfg.Provider, tlsConf, kit.dialer)
+		p.provider = newProviderClient(cfg.Provider, cfg.Provider.apiKey(o.getenv), tlsConf, kit.dialer)
 		p.prov.API = p.provider.base
 		ctx, cancel := context.WithTimeout(context.Background(), cfg.Provider.Timeout)
 		err := p.refresh(ctx)

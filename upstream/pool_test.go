@@ -23,6 +23,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -174,18 +175,6 @@ func exitIP(t *testing.T, fp *fakeprovider.Provider, id string) string {
 		t.Fatalf("fake provider has no session %s", id)
 	}
 	return s.ExitIP
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
 }
 
 func TestStickyHintOneExitIPAndRotationFollows(t *testing.T) {
@@ -469,7 +458,7 @@ func TestBanBody(t *testing.T) {
 		return true
 	})
 	cfg := providerConfig(fp)
-	cfg.Rules = []upstream.RuleConfig{{Name: "shop", Host: "127.0.0.*", BanBody: "cf-captcha-wall", BanStatuses: []int{403}}}
+	cfg.Rules = []upstream.RuleConfig{{Name: "shop", Host: "127.0.0.1", BanBody: "cf-captcha-wall", BanStatuses: []int{403}}}
 	logger, _ := testLogger(t)
 	p := newPool(t, cfg, logger)
 
@@ -519,7 +508,7 @@ func TestBanBody(t *testing.T) {
 func TestDeadGatewayCooldown(t *testing.T) {
 	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
 	o := newOrigin(t, false)
-	dead := deadAddr(t)
+	dead := testkit.DeadAddr(t)
 	logger, logs := testLogger(t)
 	p := newPool(t, upstream.Config{Sessions: []upstream.SessionConfig{
 		{ID: "dead", URL: "http://u:p4ss@" + dead, Weight: 10},
@@ -590,17 +579,6 @@ func TestDeadGatewayCooldown(t *testing.T) {
 	}
 }
 
-func deadAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // TestGatewayFailuresAreRetriedElsewhere: a gateway that answers CONNECT
 // with 429 or 502, or hangs, costs the client nothing.
 func TestGatewayFailuresAreRetriedElsewhere(t *testing.T) {
@@ -644,7 +622,7 @@ func TestProviderDownAtStart(t *testing.T) {
 	t.Run("static sessions still serve", func(t *testing.T) {
 		logger, logs := testLogger(t)
 		p := newPool(t, upstream.Config{
-			Provider: upstream.ProviderConfig{API: "http://" + deadAddr(t), APIKey: "s3cr3t-api-key"},
+			Provider: upstream.ProviderConfig{API: "http://" + testkit.DeadAddr(t), APIKey: "s3cr3t-api-key"},
 			Sessions: []upstream.SessionConfig{{ID: "mine", URL: fp.URL("s1", "http")}},
 		}, logger)
 		if r := mustGet(t, p, o.URL, clientinfo.Info{}); r.upstream != "mine" {
@@ -682,7 +660,7 @@ func TestProviderDownAtStart(t *testing.T) {
 		done := make(chan error)
 		go func() { done <- p.Run(ctx) }()
 		fp.SetAPIMode(fakeprovider.APIOK)
-		eventually(t, "a refresh", func() bool { return len(p.Sessions()) == 2 })
+		testkit.Eventually(t, testkit.Patience, func() bool { return len(p.Sessions()) == 2 }, "a refresh")
 		cancel()
 		if err := <-done; err != nil {
 			t.Fatalf("Run: %v", err)
@@ -779,7 +757,7 @@ func TestDialContextThroughSession(t *testing.T) {
 	for _, proto := range []string{"http", "socks5"} {
 		cfg := providerConfig(fp)
 		cfg.Provider.Protocol = proto
-		cfg.Sessions = []upstream.SessionConfig{{ID: "dead", URL: "http://u:p@" + deadAddr(t), Weight: 10}}
+		cfg.Sessions = []upstream.SessionConfig{{ID: "dead", URL: "http://u:p@" + testkit.DeadAddr(t), Weight: 10}}
 		p := newPool(t, cfg, logger)
 		for _, id := range []string{"s2", "dead"} {
 			ctx, cancel := context.WithTimeout(clientinfo.With(context.Background(), clientinfo.Info{Session: id}), 5*time.Second)
@@ -951,7 +929,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2, APIKey: "APIKEY-7c1d"})
 	o := newOrigin(t, false)
 	cfg := providerConfig(fp)
-	cfg.URL = "http://u:STATICPASS@" + deadAddr(t)
+	cfg.URL = "http://u:STATICPASS@" + testkit.DeadAddr(t)
 	cfg.Health.URL = o.URL
 	cfg.Health.Interval = 20 * time.Millisecond
 	logger, logs := testLogger(t)
@@ -959,7 +937,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- p.Run(ctx) }()
-	eventually(t, "a health round", func() bool { return statusOf(t, p, "default").LastOutcome != "" })
+	testkit.Eventually(t, testkit.Patience, func() bool { return statusOf(t, p, "default").LastOutcome != "" }, "a health round")
 	cancel()
 	<-done
 	for i := range 4 {
@@ -1003,13 +981,13 @@ func TestHealthChecks(t *testing.T) {
 		cancel()
 		<-done
 	}()
-	eventually(t, "b marked by a probe", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		st := statusOf(t, p, "b")
 		return !st.Available && st.LastOutcome == "connection_error"
-	})
-	eventually(t, "a's exit IP from the probe", func() bool { return statusOf(t, p, "a").ExitIP == exitIP(t, fp, "s1") })
+	}, "b marked by a probe")
+	testkit.Eventually(t, testkit.Patience, func() bool { return statusOf(t, p, "a").ExitIP == exitIP(t, fp, "s1") }, "a's exit IP from the probe")
 	fp.SetMode("s2", fakeprovider.ModeOK)
-	eventually(t, "b back after a good probe", func() bool { return statusOf(t, p, "b").Available })
+	testkit.Eventually(t, testkit.Patience, func() bool { return statusOf(t, p, "b").Available }, "b back after a good probe")
 	if st := statusOf(t, p, "b"); st.ExitIP != exitIP(t, fp, "s2") {
 		t.Errorf("b exit IP %q, want %s", st.ExitIP, exitIP(t, fp, "s2"))
 	}

@@ -13,6 +13,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
 // The provider API, RoProxy-style. Both calls authenticate with
@@ -68,10 +70,12 @@ type providerClient struct {
 	client   *http.Client
 }
 
-func newProviderClient(cfg ProviderConfig, tlsConf *tls.Config, dialer *net.Dialer) *providerClient {
+// newProviderClient calls cfg.API with key (the api_key, or the value of
+// api_key_env).
+func newProviderClient(cfg ProviderConfig, key string, tlsConf *tls.Config, dialer *net.Dialer) *providerClient {
 	return &providerClient{
 		base:     strings.TrimRight(cfg.API, "/"),
-		key:      cfg.apiKey(),
+		key:      key,
 		protocol: cfg.Protocol,
 		client: &http.Client{
 			Timeout: cfg.Timeout,
@@ -162,8 +166,8 @@ func (c *providerClient) list(ctx context.Context) ([]sessionSpec, error) {
 
 // spec turns one wire session into a sessionSpec for the configured protocol.
 func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
-	if !validID(ws.ID) {
-		return sessionSpec{}, fmt.Errorf("id %q is not 1-64 characters of letters, digits, '_', '-' or '.'", ws.ID)
+	if err := clientinfo.ValidateSessionID(ws.ID); err != nil {
+		return sessionSpec{}, fmt.Errorf("id: %w", err)
 	}
 	if ws.Username == "" {
 		return sessionSpec{}, fmt.Errorf("session %s: no username", ws.ID)

@@ -9,20 +9,21 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"path"
 	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/contentcoding"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // rule is a compiled upstream.rules entry; the pool's default rule (no
 // host, no path, no ban signals) applies when none matches.
 type rule struct {
 	name         string
-	host         string // lower-case glob; "" any
+	anyHost      bool           // no host pattern: every host
+	host         *hostmatch.Set // the rule's host pattern, unless anyHost
 	pathPrefix   string
 	sticky       string
 	banStatuses  []int
@@ -36,9 +37,13 @@ func compileRules(cfg Config) (rules []*rule, def *rule) {
 		if name == "" {
 			name = fmt.Sprintf("rules[%d]", i)
 		}
+		// Config.Validate checked the pattern; were it bad anyway, the
+		// nil Set would match no host rather than every host.
+		host, _ := hostmatch.Compile([]string{rc.Host})
 		r := &rule{
 			name:         name,
-			host:         strings.ToLower(rc.Host),
+			anyHost:      rc.Host == "",
+			host:         host,
 			pathPrefix:   rc.PathPrefix,
 			sticky:       rc.Sticky,
 			banStatuses:  slices.Clone(rc.BanStatuses),
@@ -59,12 +64,7 @@ func (r *rule) matches(host, urlPath string) bool {
 	if r.pathPrefix != "" && !strings.HasPrefix(urlPath, r.pathPrefix) {
 		return false
 	}
-	if r.host != "" {
-		if ok, _ := path.Match(r.host, host); !ok {
-			return false
-		}
-	}
-	return true
+	return r.anyHost || r.host.Match(host)
 }
 
 // match returns the first rule matching host (no port) and path.
@@ -72,7 +72,6 @@ func (p *Pool) match(host, urlPath string) *rule {
 	if len(p.rules) == 0 {
 		return p.defRule
 	}
-	host = strings.ToLower(strings.TrimSuffix(host, "."))
 	for _, r := range p.rules {
 		if r.matches(host, urlPath) {
 			return r

@@ -15,8 +15,6 @@ import (
 	xproxy "golang.org/x/net/proxy"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
-
-	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
 // Session sources, shown in the admin API.
@@ -138,21 +136,14 @@ type connKit struct {
 	cfg    Config
 	tls    *tls.Config
 	dialer *net.Dialer // gateways and the provider API: the operator's own addresses
-	// direct dials origins from this host; its Control (the SSRF guard)
-	// sees the resolved address of every connection.
+	// direct dials origins from this host, by address: its Control (the
+	// SSRF guard) sees every address connected to.
 	direct *net.Dialer
+	// lookup resolves the names of origins dialled directly (dialDirect).
+	lookup LookupFunc
 }
 
 func (k *connKit) idle(c net.Conn) net.Conn { return idleconn.Wrap(c, k.cfg.IdleTimeout) }
-
-// dialDirect connects to addr from this host.
-func (k *connKit) dialDirect(ctx context.Context, network, addr string) (net.Conn, error) {
-	c, err := k.direct.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, &DialError{Op: "dial " + addr, Err: err}
-	}
-	return k.idle(c), nil
-}
 
 // transport builds one http.Transport. keepAlive false makes every request
 // open its own connection (per_request sessions: a new exit IP each time).
@@ -240,15 +231,16 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			ctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			// A dialer per connection keeps hold of the TCP connection
-			// under x/net's SOCKS5 wrapper, which hides CloseWrite: a
-			// blind tunnel must pass a client's half-close on.
+			// under x/net's SOCKS5 wrapper, which hides CloseWrite (a
+			// blind tunnel must pass a client's half-close on) and adds
+			// only the bound address, which nothing here reads: once the
+			// handshake is done, the tunnel is the gateway connection.
 			raw := &rawDialer{d: k.dialer}
 			cd, _ := socks5Dialer(pu, raw)
-			c, err := cd.DialContext(ctx, "tcp", addr)
-			if err != nil {
+			if _, err := cd.DialContext(ctx, "tcp", addr); err != nil {
 				return nil, &DialError{Op: "socks5 connect " + addr + " through session " + spec.id + " (" + pu.Host + ")", Err: err}
 			}
-			return k.idle(&halfCloseConn{Conn: c, raw: raw.conn}), nil
+			return k.idle(raw.conn), nil
 		}
 		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
 			return s.tunnel(ctx, addr)
@@ -303,19 +295,4 @@ func (r *rawDialer) DialContext(ctx context.Context, network, addr string) (net.
 	c, err := r.d.DialContext(ctx, network, addr)
 	r.conn = c
 	return c, err
-}
-
-// halfCloseConn gives a SOCKS5 tunnel back the half-close of the TCP
-// connection underneath it.
-type halfCloseConn struct {
-	net.Conn
-	raw net.Conn
-}
-
-func (c *halfCloseConn) CloseWrite() error {
-	return halfclose.CloseWrite(c.raw)
-}
-
-func (c *halfCloseConn) CloseRead() error {
-	return halfclose.CloseRead(c.raw)
 }

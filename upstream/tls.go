@@ -38,14 +38,17 @@ func originTLSConfig(cfg Config, logger *slog.Logger) (*tls.Config, error) {
 		logger.Warn("TLS verification is OFF for origin host: anyone on the path can impersonate it",
 			"host", h, "key", "upstream.insecure_skip_verify_hosts")
 	}
-	skip := cfg.InsecureSkipVerifyHosts
+	skip, err := hostmatch.Compile(cfg.InsecureSkipVerifyHosts)
+	if err != nil {
+		return nil, fmt.Errorf("upstream.insecure_skip_verify_hosts%w", err)
+	}
 	// crypto/tls can only skip verification for every host or none. Turn the
 	// built-in check off and redo exactly the same verification in
 	// VerifyConnection for every host that is not listed (the pattern of the
 	// crypto/tls VerifyConnection example).
 	conf.InsecureSkipVerify = true
 	conf.VerifyConnection = func(cs tls.ConnectionState) error {
-		if hostmatch.Any(skip, cs.ServerName) {
+		if skip.Match(cs.ServerName) {
 			return nil
 		}
 		if len(cs.PeerCertificates) == 0 {

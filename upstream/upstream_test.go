@@ -23,6 +23,7 @@ import (
 
 	socks5 "github.com/things-go/go-socks5"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -287,9 +288,7 @@ func TestThroughSOCKS5Upstream(t *testing.T) {
 }
 
 func TestDeadUpstreamIsADialError(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := ln.Addr().String()
-	ln.Close()
+	dead := testkit.DeadAddr(t)
 	for _, u := range []string{"http://u:p@" + dead, "socks5://u:p@" + dead} {
 		f, err := upstream.New(upstream.Config{URL: u}, quiet)
 		if err != nil {
@@ -325,7 +324,7 @@ func TestConfigValidate(t *testing.T) {
 		}, []string{"dial_timeout:", "max_idle_conns_per_host:", "ca_files[0]:", "insecure_skip_verify_hosts[0]:"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cfg.Validate()
+			err := tc.cfg.Validate(nil)
 			if len(tc.want) == 0 {
 				if err != nil {
 					t.Fatalf("unexpected error: %v", err)

@@ -20,6 +20,9 @@
 //	go run ./cmd/onceload -k 1 -n 10000 -c 100
 //	go run ./cmd/onceload -k 100 -n 10000 -c 100
 //
+// With -repeat 8 -k 1000, each of 1000 URLs is asked for 8 times at once:
+// a stampede per URL, one MISS and seven COALESCED each.
+//
 // Add -target https://127.0.0.1:9443 to aim at the -serve-origin one
 // instead. The exit status is 1 if any request failed or got a status of
 // 400 or more, and 2 for invalid flags.
@@ -58,6 +61,7 @@ type config struct {
 	proxy   *url.URL // nil: direct
 	caFile  string
 	n, c, k int
+	repeat  int
 	h2      bool
 	timeout time.Duration
 	target  string // base URL; "" starts an origin
@@ -92,6 +96,7 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 	flags.IntVar(&cfg.n, "n", 10000, "total number of requests")
 	flags.IntVar(&cfg.c, "c", 100, "number of concurrent workers")
 	flags.IntVar(&cfg.k, "k", 1, "number of distinct URLs (1: every request is the same, a stampede)")
+	flags.IntVar(&cfg.repeat, "repeat", 1, "requests per URL in a row before the next (with -c >= -repeat, a stampede on each URL)")
 	flags.BoolVar(&cfg.h2, "h2", false, "offer HTTP/2 on TLS connections (the proxy's MITM, or a TLS target when direct)")
 	flags.DurationVar(&cfg.timeout, "timeout", 30*time.Second, "per-request timeout, body included (0: none)")
 	flags.StringVar(&cfg.target, "target", "", "base URL of the origin (default: start one)")
@@ -109,8 +114,8 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 	if flags.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments: %q", flags.Args())}
 	}
-	if cfg.n < 1 || cfg.c < 1 || cfg.k < 1 {
-		return nil, usageError{errors.New("-n, -c and -k must be at least 1")}
+	if cfg.n < 1 || cfg.c < 1 || cfg.k < 1 || cfg.repeat < 1 {
+		return nil, usageError{errors.New("-n, -c, -k and -repeat must be at least 1")}
 	}
 	if cfg.timeout < 0 || cfg.origin.Latency < 0 || cfg.origin.BodySize < 0 {
 		return nil, usageError{errors.New("-timeout, -origin-latency and -origin-size must not be negative")}
@@ -265,6 +270,7 @@ func load(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 		C:       cfg.c,
 		HTTP2:   cfg.h2,
 		Timeout: cfg.timeout,
+		Repeat:  cfg.repeat,
 	})
 	if res == nil {
 		fmt.Fprintf(stderr, "onceload: %v\n", runErr)

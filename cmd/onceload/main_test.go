@@ -31,6 +31,7 @@ func TestBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-n", "0"},
 		{"-c", "-1"},
+		{"-repeat", "0"},
 		{"-origin-latency", "-1s"},
 		{"-serve-origin", "-target", "http://127.0.0.1:1"},
 		{"-proxy", "socks5://127.0.0.1:1080"},

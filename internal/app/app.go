@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"os"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -32,6 +33,27 @@ type Options struct {
 	// Getenv reads the process environment (auth.users[].password_env,
 	// upstream.provider.api_key_env, admin.token_env). nil reads nothing.
 	Getenv func(string) string
+	// Load reads the configuration again, for a reload (SIGHUP, POST
+	// /config/reload); nil: the instance cannot reload.
+	Load func() (*Config, error)
+	// LogLevel, when set, is the logger's level: a reload sets it from
+	// log.level.
+	LogLevel *slog.LevelVar
+	// HUP delivers SIGHUP: each one reloads the configuration.
+	HUP <-chan os.Signal
+
+	// The seams below let a test observe or replace one part of the
+	// wiring users run; the program leaves them unset.
+
+	// UpstreamOptions are added to the upstream pool's (a name lookup
+	// that counts, say).
+	UpstreamOptions []upstream.Option
+	// WrapNext wraps the stage the proxy hands every request to (the dedup
+	// engine, in front of the upstream).
+	WrapNext func(http.RoundTripper) http.RoundTripper
+	// WrapUpstream wraps the upstream the proxy opens blind tunnels and
+	// protocol switches through.
+	WrapUpstream func(proxy.Upstream) proxy.Upstream
 }
 
 // App is a built onceproxy: listeners bound, CA loaded, every part wired.
@@ -39,15 +61,22 @@ type Options struct {
 type App struct {
 	cfg    *Config
 	log    *slog.Logger
+	getenv func(string) string
+	hup    <-chan os.Signal
 	lns    *listeners
-	shared *shared // nil: this instance runs alone
-	up     *upstream.Pool
-	px     *proxy.Server
+	live   live
+	reload reloader
+	polite *ratelimit.Polite
+	shared *shared      // nil: this instance runs alone
 	admin  *http.Server // nil when admin.listen is ""
-	// Engine is the dedup engine, for tests that look inside.
-	Engine *dedup.Engine
-	// CA is the local certificate authority.
-	CA *mitm.Authority
+
+	// The parts, for the tests that look inside.
+	CA       *mitm.Authority
+	Upstream *upstream.Pool
+	Engine   *dedup.Engine
+	Limiter  *ratelimit.Limiter
+	Proxy    *proxy.Server
+	Metrics  *metrics.Metrics
 
 	closers []func() // in the order they were made; run backwards
 }
@@ -64,7 +93,15 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	if getenv == nil {
 		getenv = func(string) string { return "" }
 	}
-	a := &App{cfg: cfg, log: o.Logger}
+	// A Config from LoadConfig is complete already; one put together in
+	// code (tests) gets its defaults and the same checks here.
+	c := *cfg
+	c.withDefaults()
+	if err := c.validate(getenv); err != nil {
+		return nil, err
+	}
+	cfg = &c
+	a := &App{cfg: cfg, log: o.Logger, getenv: getenv, hup: o.HUP, live: live{level: o.LogLevel}, reload: reloader{load: o.Load}}
 	defer func() {
 		if err != nil {
 			a.Close()
@@ -84,6 +121,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	if err != nil {
 		return nil, err
 	}
+	a.live.guard.Store(guard)
 	local := dedup.NewMemoryStore(int64(cfg.Dedup.Memory.MaxBytes))
 	a.closers = append(a.closers, local.Close)
 	if a.shared, err = openShared(cfg, local, logger); err != nil {
@@ -93,22 +131,23 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		a.closers = append(a.closers, func() { _ = a.shared.life.Close() })
 	}
 
-	upOpts := []upstream.Option{upstream.WithDialControl(a.lns.guardControl(guard))}
+	upOpts := append([]upstream.Option{upstream.WithDialControl(a.lns.guardControl(&a.live)), upstream.WithGetenv(getenv)},
+		o.UpstreamOptions...)
 	if a.shared != nil {
 		// Session cooldowns and rotations are fleet news.
 		upOpts = append(upOpts, upstream.WithBus(a.shared.bus))
 	}
-	if a.up, err = upstream.New(cfg.Upstream, logger, upOpts...); err != nil {
+	if a.Upstream, err = upstream.New(cfg.Upstream, logger, upOpts...); err != nil {
 		return nil, err
 	}
-	a.closers = append(a.closers, a.up.Close)
-	logger.Info("upstream", "egress", a.up.Describe())
+	a.closers = append(a.closers, a.Upstream.Close)
+	logger.Info("upstream", "egress", a.Upstream.Describe())
 	// Politeness pacing sits behind dedup: only requests that really go
 	// upstream wait for their turn at a host.
-	polite := ratelimit.NewPolite(cfg.RateLimit, a.up)
-	a.closers = append(a.closers, polite.Close)
+	a.polite = ratelimit.NewPolite(cfg.RateLimit, a.Upstream)
+	a.closers = append(a.closers, a.polite.Close)
 
-	dopts := dedup.Options{Store: local, Next: polite, Logger: logger}
+	dopts := dedup.Options{Store: local, Next: a.polite, Logger: logger, Savings: cfg.Savings}
 	var counter ratelimit.Counter
 	if a.shared != nil {
 		dopts.Store, dopts.Fleet, dopts.Recorder = a.shared.cache, a.shared.cache, a.shared.bus
@@ -119,48 +158,56 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	}
 	// Flights still running after the proxy drained are cut here.
 	a.closers = append(a.closers, a.Engine.Close)
-	warnTTLOverRotation(logger, cfg, a.up)
+	warnTTLOverRotation(logger, cfg, a.Upstream)
 
-	limiter, err := ratelimit.New(cfg.RateLimit, counter)
-	if err != nil {
+	if a.Limiter, err = ratelimit.New(cfg.RateLimit, counter); err != nil {
 		return nil, err
 	}
-	a.closers = append(a.closers, limiter.Close)
+	a.closers = append(a.closers, a.Limiter.Close)
 	users, err := auth.New(cfg.Auth, getenv)
 	if err != nil {
 		return nil, err
 	}
-	a.closers = append(a.closers, users.Close)
+	a.live.users.Store(users)
+	a.closers = append(a.closers, func() { a.live.users.Load().Close() })
+	a.Metrics = metrics.New()
 	popts := proxy.Options{
 		Logger:    logger,
 		Certs:     a.CA,
-		Upstream:  a.up,
+		Upstream:  a.Upstream,
 		Next:      a.Engine,
 		AccessLog: cfg.Log.Access,
 		Realm:     cfg.Auth.Realm,
-		Limiter:   limiter,
-		Guard:     guard,
-		Metrics:   metrics.New(),
+		Limiter:   a.Limiter,
+		Guard:     &a.live,
+		Metrics:   a.Metrics,
+	}
+	if o.WrapNext != nil {
+		popts.Next = o.WrapNext(popts.Next)
+	}
+	if o.WrapUpstream != nil {
+		popts.Upstream = o.WrapUpstream(popts.Upstream)
 	}
 	if users.Enabled() {
-		popts.Users = users
+		popts.Users = &a.live
 	} else {
 		logger.Warn("no proxy users configured: the proxy ports accept anyone who can reach them",
 			"proxy", cfg.Proxy.Listen, "socks5", cfg.SOCKS5.Listen)
 	}
-	if a.px, err = proxy.New(cfg.Proxy, popts); err != nil {
+	if a.Proxy, err = proxy.New(cfg.Proxy, popts); err != nil {
 		return nil, err
 	}
-	registerMetrics(popts.Metrics, a.Engine, a.CA, a.up, a.shared)
+	registerMetrics(a.Metrics, a.Proxy, a.Engine, a.CA, a.Upstream, a.shared)
 
 	if a.lns.admin != nil {
 		ao := admin.Options{
 			CAPEM:     a.CA.CertPEM(),
-			Proxy:     a.px,
+			Proxy:     a.Proxy,
 			Cache:     a.Engine,
-			Sessions:  a.up,
-			Metrics:   popts.Metrics.Handler(),
+			Sessions:  a.Upstream,
+			Metrics:   a.Metrics.Handler(),
 			Token:     adminToken(cfg.Admin, getenv),
+			Reloader:  a,
 			ProxyAddr: a.lns.proxy.Addr().String(),
 		}
 		if a.shared != nil {
@@ -202,11 +249,14 @@ func (a *App) Serve(ctx context.Context) error {
 	defer a.Close()
 	cfg := a.cfg
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return a.px.Serve(a.lns.proxy) })
+	g.Go(func() error { return a.Proxy.Serve(a.lns.proxy) })
 	if a.lns.socks != nil {
-		g.Go(func() error { return a.px.ServeSOCKS5(a.lns.socks, cfg.SOCKS5) })
+		g.Go(func() error { return a.Proxy.ServeSOCKS5(a.lns.socks, cfg.SOCKS5) })
 	}
-	g.Go(func() error { return a.up.Run(gctx) })
+	g.Go(func() error { return a.Upstream.Run(gctx) })
+	if a.hup != nil {
+		g.Go(func() error { a.serveReloads(gctx, a.hup); return nil })
+	}
 	if a.shared != nil {
 		g.Go(func() error { return a.shared.life.Run(gctx) })
 	}
@@ -223,7 +273,7 @@ func (a *App) Serve(ctx context.Context) error {
 		a.log.Info("shutting down", "grace", cfg.Proxy.ShutdownGrace)
 		sctx, cancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace)
 		defer cancel()
-		err := a.px.Shutdown(sctx)
+		err := a.Proxy.Shutdown(sctx)
 		if a.admin != nil {
 			_ = a.admin.Shutdown(sctx)
 		}

@@ -13,6 +13,7 @@ import (
 	"reflect"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
@@ -22,8 +23,10 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/pgstore"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
@@ -33,18 +36,20 @@ const envPrefix = "ONCEPROXY_"
 
 // Config is the whole configuration, one section per package.
 type Config struct {
-	Log       LogConfig          `yaml:"log"`
-	Proxy     proxy.Config       `yaml:"proxy"`
-	SOCKS5    proxy.SOCKS5Config `yaml:"socks5"`
-	Admin     AdminConfig        `yaml:"admin"`
-	MITM      mitm.Config        `yaml:"mitm"`
-	Upstream  upstream.Config    `yaml:"upstream"`
-	Dedup     dedup.Config       `yaml:"dedup"`
-	Redis     rediscache.Config  `yaml:"redis"`
-	Auth      auth.Config        `yaml:"auth"`
-	RateLimit ratelimit.Config   `yaml:"rate_limit"`
-	Guard     netguard.Config    `yaml:"guard"`
-	Process   ProcessConfig      `yaml:"process"`
+	Log       LogConfig           `yaml:"log"`
+	Proxy     proxy.Config        `yaml:"proxy"`
+	SOCKS5    socks.Config        `yaml:"socks5"`
+	Admin     AdminConfig         `yaml:"admin"`
+	MITM      mitm.Config         `yaml:"mitm"`
+	Upstream  upstream.Config     `yaml:"upstream"`
+	Dedup     dedup.Config        `yaml:"dedup"`
+	Redis     rediscache.Config   `yaml:"redis"`
+	Postgres  pgstore.Config      `yaml:"postgres"`
+	Auth      auth.Config         `yaml:"auth"`
+	RateLimit ratelimit.Config    `yaml:"rate_limit"`
+	Guard     netguard.Config     `yaml:"guard"`
+	Savings   dedup.SavingsConfig `yaml:"savings"`
+	Process   ProcessConfig       `yaml:"process"`
 }
 
 // LogConfig is the `log:` section.
@@ -90,17 +95,33 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 	if err := applyEnv(&cfg, environ); err != nil {
 		return nil, err
 	}
-	if !cfg.Redis.Enabled() {
-		// The conventional variable, for platforms that inject it.
-		if u := LookupEnv(environ, "REDIS_URL"); u != "" {
-			cfg.Redis.URL = u
-		}
+	if err := conventionalStore(&cfg, environ); err != nil {
+		return nil, err
 	}
 	cfg.withDefaults()
 	if err := cfg.validate(getenv); err != nil {
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// conventionalStore fills the shared store from the variables platforms
+// inject, REDIS_URL and DATABASE_URL, when the configuration names none:
+// a store configured explicitly (file or ONCEPROXY_*) wins over them.
+func conventionalStore(cfg *Config, environ []string) error {
+	if cfg.Redis.Enabled() || cfg.Postgres.Enabled() {
+		return nil
+	}
+	redisURL, databaseURL := LookupEnv(environ, "REDIS_URL"), LookupEnv(environ, "DATABASE_URL")
+	switch {
+	case redisURL != "" && databaseURL != "":
+		return &configError{errs: []error{errors.New("REDIS_URL and DATABASE_URL are both set: a fleet shares one store; choose it with redis.url or postgres.url (ONCEPROXY_REDIS_URL, ONCEPROXY_POSTGRES_URL)")}}
+	case redisURL != "":
+		cfg.Redis.URL = redisURL
+	case databaseURL != "":
+		cfg.Postgres.URL = databaseURL
+	}
+	return nil
 }
 
 func (c *Config) withDefaults() {
@@ -110,8 +131,10 @@ func (c *Config) withDefaults() {
 	c.Upstream = c.Upstream.WithDefaults()
 	c.Dedup = c.Dedup.WithDefaults()
 	c.Redis = c.Redis.WithDefaults()
+	c.Postgres = c.Postgres.WithDefaults()
 	c.Auth = c.Auth.WithDefaults()
 	c.RateLimit = c.RateLimit.WithDefaults()
+	c.Savings = c.Savings.WithDefaults()
 }
 
 // validate checks every section and returns all problems, one per line, each
@@ -146,12 +169,21 @@ func (c *Config) validate(getenv func(string) string) error {
 		errs = append(errs, fmt.Errorf("socks5.listen: %s is already proxy.listen or admin.listen", l))
 	}
 	add("mitm", c.MITM.Validate())
-	add("upstream", c.Upstream.Validate())
+	add("upstream", c.Upstream.Validate(getenv))
 	add("dedup", c.Dedup.Validate())
 	add("redis", c.Redis.Validate())
+	add("postgres", c.Postgres.Validate())
+	if c.Redis.Enabled() && c.Postgres.Enabled() {
+		redisKey := "redis.url"
+		if c.Redis.URL == "" {
+			redisKey = "redis.addrs"
+		}
+		errs = append(errs, fmt.Errorf("postgres.url: set together with %s: a fleet shares one store, Redis or PostgreSQL; configure one of them", redisKey))
+	}
 	add("auth", c.Auth.Validate(getenv))
 	add("rate_limit", c.RateLimit.Validate())
 	add("guard", c.Guard.Validate())
+	add("savings", c.Savings.Validate())
 	if len(c.Auth.Users) == 0 && !c.Auth.AllowUnauthenticated {
 		// An open MITM proxy on a network is a liability: without users,
 		// only loopback listeners are accepted.
@@ -185,6 +217,15 @@ func (e *configError) Error() string {
 
 func (e *configError) Unwrap() []error { return e.errs }
 
+// Problems lists every problem, one per key.
+func (e *configError) Problems() []string {
+	out := make([]string, len(e.errs))
+	for i, err := range e.errs {
+		out[i] = err.Error()
+	}
+	return out
+}
+
 // flatten splits an errors.Join tree into its leaves.
 func flatten(err error) []error {
 	if err == nil {
@@ -201,26 +242,40 @@ func flatten(err error) []error {
 }
 
 func decodeStrict(r io.Reader, v any) error {
-	dec := yaml.NewDecoder(r)
+	// Configuration is small: read it whole, so a problem can be traced
+	// back to the key that holds it.
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return err
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
-	err := dec.Decode(v)
+	err = dec.Decode(v)
 	if errors.Is(err, io.EOF) {
 		return nil // an empty file means "all defaults"
 	}
-	return friendlyYAMLError(err)
+	return friendlyYAMLError(err, b)
 }
 
-var unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
+var (
+	unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
+	typeErrorRE    = regexp.MustCompile("^line (\\d+): cannot unmarshal !!\\w+ `(.*)` into (\\S+)$")
+)
 
-// friendlyYAMLError rewrites yaml's "field x not found in type proxy.Config"
-// into the key path a user wrote ("unknown key proxy.x").
-func friendlyYAMLError(err error) error {
+// friendlyYAMLError rewrites yaml's messages into the key paths a user
+// wrote: "field x not found in type proxy.Config" becomes "unknown key
+// proxy.x", and "line 3: cannot unmarshal !!str `nope` into
+// time.Duration" names the key whose value it is. Each problem is one
+// entry of a configError.
+func friendlyYAMLError(err error, doc []byte) error {
 	var te *yaml.TypeError
 	if err == nil || !errors.As(err, &te) {
 		return err
 	}
+	var root yaml.Node
+	_ = yaml.Unmarshal(doc, &root)
 	sections := sectionNames()
-	lines := make([]string, 0, len(te.Errors))
+	var errs []error
 	for _, msg := range te.Errors {
 		if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
 			key := m[2]
@@ -228,10 +283,63 @@ func friendlyYAMLError(err error) error {
 				key = sec + "." + key
 			}
 			msg = fmt.Sprintf("line %s: unknown key %q", m[1], key)
+		} else if m := typeErrorRE.FindStringSubmatch(msg); m != nil {
+			line, _ := strconv.Atoi(m[1])
+			what := m[3]
+			if w, ok := wantOf[what]; ok {
+				what = w
+			}
+			if key := keyAt(&root, "", line, m[2]); key != "" {
+				msg = fmt.Sprintf("line %d: %s: %q is not %s", line, key, m[2], what)
+			}
 		}
-		lines = append(lines, msg)
+		errs = append(errs, errors.New(msg))
 	}
-	return errors.New(strings.Join(lines, "; "))
+	return &configError{errs: errs}
+}
+
+// wantOf says in words what a Go type expects.
+var wantOf = map[string]string{
+	"time.Duration": "a duration such as 45s",
+	"int":           "a whole number",
+	"int64":         "a whole number",
+	"float64":       "a number",
+	"bool":          "true or false",
+	"string":        "a string",
+}
+
+// keyAt finds the key path of the scalar value at line in a YAML tree:
+// the deepest mapping key on that line whose value is value.
+func keyAt(n *yaml.Node, path string, line int, value string) string {
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if k := keyAt(c, path, line, value); k != "" {
+				return k
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := strings.TrimPrefix(path+"."+k.Value, ".")
+			if v.Kind == yaml.ScalarNode && v.Line == line && v.Value == value {
+				return p
+			}
+			if found := keyAt(v, p, line, value); found != "" {
+				return found
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			if c.Kind == yaml.ScalarNode && c.Line == line && c.Value == value {
+				return fmt.Sprintf("%s[%d]", path, i)
+			}
+			if found := keyAt(c, fmt.Sprintf("%s[%d]", path, i), line, value); found != "" {
+				return found
+			}
+		}
+	}
+	return ""
 }
 
 // sectionNames maps Go type names ("proxy.Config") to their yaml key path.
@@ -373,13 +481,16 @@ func envNames(cfg *Config) []string {
 	return names
 }
 
-// NewLogger builds the process logger from the log section.
-func NewLogger(c LogConfig, w io.Writer) *slog.Logger {
+// NewLogger builds the process logger from the log section. Its level is
+// the returned LevelVar, which a reload sets.
+func NewLogger(c LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(c.Level))
-	opts := &slog.HandlerOptions{Level: level}
+	lv := new(slog.LevelVar)
+	lv.Set(level)
+	opts := &slog.HandlerOptions{Level: lv}
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
+		return slog.New(slog.NewJSONHandler(w, opts)), lv
 	}
-	return slog.New(slog.NewTextHandler(w, opts))
+	return slog.New(slog.NewTextHandler(w, opts)), lv
 }

@@ -9,8 +9,8 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 )
 
 // shippedConfig is config.yaml as main embeds it.
@@ -43,7 +43,7 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	zero.Admin = AdminConfig{Listen: "127.0.0.1:9090"}
 	// Fields whose zero value is a meaningful setting get their shipped
 	// value from the file alone.
-	zero.SOCKS5 = proxy.SOCKS5Config{Listen: proxy.DefaultSOCKS5Listen, AllowNoAuth: true}
+	zero.SOCKS5 = socks.Config{Listen: socks.DefaultListen, AllowNoAuth: true}
 	zero.Guard.AllowCIDRs = []string{"127.0.0.0/8", "::1/128"}
 	zero.Dedup.Enabled = true
 	zero.Dedup.TTL = dedup.DefaultTTL
@@ -195,5 +195,61 @@ func TestConfigExamplesAreValid(t *testing.T) {
 	}
 	if len(cfg.Upstream.Rules) < 2 || len(cfg.Upstream.Sessions) < 2 {
 		t.Fatalf("upstream examples not found: %+v %+v", cfg.Upstream.Rules, cfg.Upstream.Sessions)
+	}
+}
+
+// TestHostPatternsValidatedAtLoad: every key that takes host patterns
+// speaks one dialect (exact name, or "*.domain" for any subdomain), and a
+// pattern outside it is a start-up error that names its key.
+func TestHostPatternsValidatedAtLoad(t *testing.T) {
+	p := writeConfig(t, `
+proxy: {bypass_hosts: ["*pinned.example"]}
+dedup: {rules: [{name: captcha, host: "*2captcha.com"}]}
+upstream: {rules: [{host: "127.0.0.*"}], insecure_skip_verify_hosts: ["a.*.example"]}
+rate_limit: {exclude_hosts: ["[internal]"]}
+guard: {allow_hosts: ["*"]}
+`)
+	_, err := LoadConfig(shippedConfig, p, nil)
+	if err == nil {
+		t.Fatal("glob-style host patterns accepted")
+	}
+	for _, want := range []string{
+		`proxy.bypass_hosts[0]: "*pinned.example"`,
+		`dedup.rules[0](captcha).host: "*2captcha.com"`,
+		`upstream.rules[0].host: "127.0.0.*"`,
+		`upstream.insecure_skip_verify_hosts[0]: "a.*.example"`,
+		`rate_limit.exclude_hosts[0]: "[internal]"`,
+		`guard.allow_hosts[0]:`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	ok := writeConfig(t, `
+proxy: {bypass_hosts: ["*.pinned.example", Pinned.Example.]}
+dedup: {rules: [{host: "*.2captcha.com"}, {host: 2captcha.com}]}
+upstream: {rules: [{host: "127.0.0.1"}]}
+rate_limit: {exclude_hosts: ["*.internal.example"]}
+`)
+	if _, err := LoadConfig(shippedConfig, ok, nil); err != nil {
+		t.Fatalf("host patterns rejected: %v", err)
+	}
+}
+
+// TestProviderKeyFromInjectedEnvironment: upstream.provider.api_key_env is
+// read from the environment the program was given, like every other
+// *_env key, not from the process's own.
+func TestProviderKeyFromInjectedEnvironment(t *testing.T) {
+	const name = "PROVIDER_KEY_FOR_TEST_6d1f"
+	if os.Getenv(name) != "" {
+		t.Fatalf("%s is set in the process environment; the test needs it unset", name)
+	}
+	p := writeConfig(t, "upstream:\n  provider:\n    api: https://provider.example\n    api_key_env: "+name+"\n")
+	if _, err := LoadConfig(shippedConfig, p, []string{name + "=k3y"}); err != nil {
+		t.Fatalf("key in the injected environment not seen: %v", err)
+	}
+	_, err := LoadConfig(shippedConfig, p, nil)
+	if err == nil || !strings.Contains(err.Error(), "upstream.provider.api_key_env: environment variable "+name+" is unset") {
+		t.Fatalf("missing key: err = %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/pgstore"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/rediscache"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
@@ -12,8 +13,8 @@ import (
 
 // shared is the store the instances of a fleet share, as the wiring sees
 // it: the parts its consumers declare. Each backend is a package of its own
-// (rediscache); openShared picks one from the configuration, and nothing
-// else in the wiring knows which it is.
+// (rediscache, pgstore); openShared picks one from the configuration, and
+// nothing else in the wiring knows which it is.
 type shared struct {
 	name string
 	// cache is the shared cache and flights.
@@ -36,22 +37,31 @@ type shared struct {
 		Close() error
 		Available() bool
 		Rejected() int64
+		Errors() int64
 	}
 }
 
 // openShared opens the configured shared store; nil when none is
-// configured and this instance runs alone.
+// configured and this instance runs alone. The configuration allows one
+// at most.
 func openShared(cfg *Config, local *dedup.MemoryStore, logger *slog.Logger) (*shared, error) {
-	if !cfg.Redis.Enabled() {
-		logger.Info("no shared store configured: cache and flights are this process's only")
-		return nil, nil
+	switch {
+	case cfg.Redis.Enabled():
+		rediscache.RouteLogs(logger)
+		b, err := rediscache.Open(cfg.Redis, local, logger)
+		if err != nil {
+			return nil, err
+		}
+		return &shared{name: "redis", cache: b.Cache, bus: b.Bus, life: b}, nil
+	case cfg.Postgres.Enabled():
+		b, err := pgstore.Open(cfg.Postgres, local, logger)
+		if err != nil {
+			return nil, err
+		}
+		return &shared{name: "postgres", cache: b.Cache, bus: b.Bus, life: b}, nil
 	}
-	rediscache.RouteLogs(logger)
-	b, err := rediscache.Open(cfg.Redis, local, logger)
-	if err != nil {
-		return nil, err
-	}
-	return &shared{name: "redis", cache: b.Cache, bus: b.Bus, life: b}, nil
+	logger.Info("no shared store configured: cache and flights are this process's only")
+	return nil, nil
 }
 
 // The admin API's view of the shared store (admin.Fleet).

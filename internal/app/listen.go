@@ -7,8 +7,6 @@ import (
 	"net/http"
 	"net/netip"
 	"syscall"
-
-	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 )
 
 // listeners are the sockets onceproxy serves on.
@@ -97,7 +95,9 @@ func (l *listeners) isSelf(ap netip.AddrPort) bool {
 
 // guardControl is the dial-time check of every direct origin connection:
 // never our own ports, then the SSRF guard on the resolved address.
-func (l *listeners) guardControl(g *netguard.Guard) func(ctx context.Context, network, address string, c syscall.RawConn) error {
+func (l *listeners) guardControl(g interface {
+	Control(ctx context.Context, network, address string, c syscall.RawConn) error
+}) func(ctx context.Context, network, address string, c syscall.RawConn) error {
 	return func(ctx context.Context, network, address string, c syscall.RawConn) error {
 		if ap, err := netip.ParseAddrPort(address); err == nil && l.isSelf(ap) {
 			return &selfError{ap}

@@ -3,12 +3,19 @@ package app
 import (
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // registerMetrics exposes the totals the components keep themselves.
-func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authority, up *upstream.Pool, shared *shared) {
+func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine, ca *mitm.Authority, up *upstream.Pool, shared *shared) {
+	m.Gauge("client_connections", "Client connections open now, on the proxy and SOCKS5 ports.",
+		func() float64 { return float64(px.ConnStats().Live) })
+	m.Counter("connections_shed_total", "Idle client connections closed to make room near proxy.max_conns.",
+		func() float64 { return float64(px.ConnStats().Shed) })
+	m.Counter("connections_refused_total", "Client connections refused because their client held proxy.max_conns_per_client.",
+		func() float64 { return float64(px.ConnStats().Refused) })
 	stat := func(f func(dedup.Stats) float64) func() float64 {
 		return func() float64 { return f(engine.Stats()) }
 	}
@@ -26,6 +33,11 @@ func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authorit
 		stat(func(s dedup.Stats) float64 { return float64(s.UpstreamRequests) }))
 	m.Counter("upstream_bytes_avoided_total", "Response body bytes served without an upstream request (HIT, COALESCED).",
 		stat(func(s dedup.Stats) float64 { return float64(s.BytesAvoided) }))
+	m.Register(metrics.NewVec("money_saved_total", "Money not paid upstream: requests avoided times the per-request price plus bytes avoided times the per-GB price (savings.*).",
+		true, []string{"currency"}, func(emit func(float64, ...string)) {
+			s := engine.Stats()
+			emit(s.MoneySaved, s.Currency)
+		}))
 	m.Counter("certificates_minted_total", "Leaf certificates signed by the local CA.",
 		func() float64 { return float64(ca.Stats().Mints) })
 	m.Gauge("certificates_cached", "Leaf certificates held in memory.",
@@ -50,11 +62,29 @@ func registerMetrics(m *metrics.Metrics, engine *dedup.Engine, ca *mitm.Authorit
 			}
 		}))
 	}
+	m.Gauge("upstream_sessions_cooling_ratio", "Share of the upstream sessions cooling down now (0 with no sessions).",
+		func() float64 {
+			list := up.Sessions()
+			cooling := 0
+			for _, s := range list {
+				if !s.Available {
+					cooling++
+				}
+			}
+			if len(list) == 0 {
+				return 0
+			}
+			return float64(cooling) / float64(len(list))
+		})
 	rejected := func() float64 { return float64(up.NotesRejected()) }
 	if shared != nil {
 		m.Register(metrics.NewVec("store_available", "1 when the store shared by the fleet is in use, 0 while its breaker is open.",
 			false, []string{"store"}, func(emit func(float64, ...string)) {
 				emit(boolValue(shared.Available()), shared.Name())
+			}))
+		m.Register(metrics.NewVec("store_errors_total", "Commands to the store shared by the fleet that failed (timeouts, refused connections, errors from the store).",
+			true, []string{"store"}, func(emit func(float64, ...string)) {
+				emit(float64(shared.life.Errors()), shared.Name())
 			}))
 		rejected = func() float64 { return float64(up.NotesRejected() + shared.life.Rejected()) }
 	}

@@ -2,6 +2,8 @@ package clientinfo
 
 import (
 	"context"
+	"net/http"
+	"strings"
 	"testing"
 )
 
@@ -10,15 +12,88 @@ func TestParseUser(t *testing.T) {
 		{"", "", ""},
 		{"alice", "alice", ""},
 		{"alice-session-abc123", "alice", "abc123"},
-		{"customer-acme-cc-DE-sessid-s_1-sesstime-10", "customer-acme-cc-DE-sesstime-10", "s_1"},
+		{"alice-session-eu-1", "alice", "eu-1"},
+		{"alice-sessid-crawl.7", "alice", "crawl.7"},
+		// The id is everything after the first marker.
+		{"customer-acme-cc-DE-sessid-s_1-sesstime-10", "customer-acme-cc-DE", "s_1-sesstime-10"},
 		{"brd-customer-c1-zone-z1-country-us-session-xyz", "brd-customer-c1-zone-z1-country-us", "xyz"},
-		{"alice-session-", "alice-session-", ""},
-		{"alice-session-bad.id", "alice-session-bad.id", ""},
+		{"alice-session-a-session-b", "alice", "a-session-b"},
+		{"alice-sessid-a-session-b", "alice", "a-session-b"},
 		{"session-abc", "session-abc", ""}, // no account part: not a hint
+		{"alice-session", "alice-session", ""},
+		{"alice-" + strings.Repeat("s", 64), "alice-" + strings.Repeat("s", 64), ""},
+		{"alice-session-" + strings.Repeat("s", 64), "alice", strings.Repeat("s", 64)},
 	} {
-		a, s := ParseUser(tc.in)
-		if a != tc.account || s != tc.session {
-			t.Errorf("ParseUser(%q) = %q, %q; want %q, %q", tc.in, a, s, tc.account, tc.session)
+		u, err := ParseUser(tc.in)
+		if err != nil || u.Account != tc.account || u.Session != tc.session {
+			t.Errorf("ParseUser(%q) = %+v, %v; want %q, %q", tc.in, u, err, tc.account, tc.session)
+		}
+	}
+}
+
+func TestParseUserRefusesBadSessions(t *testing.T) {
+	for _, tc := range []struct{ in, account, reason string }{
+		{"alice-session-", "alice", "empty"},
+		{"alice-sessid-", "alice", "empty"},
+		{"alice-session-bad/id", "alice", `'/'`},
+		{"alice-session-a b", "alice", `' '`},
+		{"alice-session-é", "alice", "not allowed"},
+		{"alice-session-" + strings.Repeat("s", 65), "alice", "more than 64"},
+	} {
+		u, err := ParseUser(tc.in)
+		if err == nil || !strings.Contains(err.Error(), tc.reason) || !strings.Contains(err.Error(), "session") {
+			t.Errorf("ParseUser(%q): err = %v, want one saying %s", tc.in, err, tc.reason)
+		}
+		if u.Account != tc.account || u.Session != "" {
+			t.Errorf("ParseUser(%q) = %+v: want the account %q and no session", tc.in, u, tc.account)
+		}
+	}
+}
+
+func TestValidateSessionID(t *testing.T) {
+	for _, id := range []string{"a", "eu-1", "us.2", "crawl_7", "A-b.C_9", strings.Repeat("x", 64)} {
+		if err := ValidateSessionID(id); err != nil {
+			t.Errorf("ValidateSessionID(%q): %v", id, err)
+		}
+	}
+	for _, id := range []string{"", "a/b", "a b", "a:b", "a\x00", "ü", strings.Repeat("x", 65)} {
+		if ValidateSessionID(id) == nil {
+			t.Errorf("ValidateSessionID(%q) accepted", id)
+		}
+	}
+}
+
+func TestClientOf(t *testing.T) {
+	for _, tc := range []struct{ account, remote, want string }{
+		{"acme", "127.0.0.1:5000", "user:acme"},
+		{"", "127.0.0.1:5000", "ip:127.0.0.1"},
+		{"", "[::ffff:127.0.0.1]:5000", "ip:127.0.0.1"},
+		{"", "[::1]:5000", "ip:::1"},
+		{"", "203.0.113.7", "ip:203.0.113.7"},
+		{"", "pipe", "ip:pipe"},
+	} {
+		if got := ClientOf(tc.account, tc.remote); got != tc.want {
+			t.Errorf("ClientOf(%q, %q) = %q, want %q", tc.account, tc.remote, got, tc.want)
+		}
+	}
+}
+
+func TestForwardedFor(t *testing.T) {
+	for _, tc := range []struct {
+		h    http.Header
+		want string
+	}{
+		{http.Header{}, ""},
+		// The balancer appends: the last entry is the one it saw.
+		{http.Header{"X-Forwarded-For": {"198.51.100.9, 203.0.113.7"}}, "203.0.113.7"},
+		{http.Header{"X-Forwarded-For": {"198.51.100.9", "203.0.113.7"}}, "203.0.113.7"},
+		{http.Header{"X-Forwarded-For": {"203.0.113.7"}, "X-Real-Ip": {"198.51.100.1"}}, "203.0.113.7"},
+		{http.Header{"X-Forwarded-For": {"garbage"}, "X-Real-Ip": {"198.51.100.1"}}, "198.51.100.1"},
+		{http.Header{"X-Real-Ip": {" 2001:db8::1 "}}, "2001:db8::1"},
+		{http.Header{"X-Forwarded-For": {"garbage"}}, ""},
+	} {
+		if got := ForwardedFor(tc.h); got != tc.want {
+			t.Errorf("ForwardedFor(%v) = %q, want %q", tc.h, got, tc.want)
 		}
 	}
 }
@@ -27,7 +102,7 @@ func TestContext(t *testing.T) {
 	if got := From(context.Background()); got != (Info{}) {
 		t.Fatalf("empty context: %+v", got)
 	}
-	in := Info{User: "u-session-s", Account: "u", Session: "s", Key: "v1:x"}
+	in := Info{User: "u-session-s", Account: "u", Session: "s", Key: "v1:x", Client: "user:u"}
 	if got := From(With(context.Background(), in)); got != in {
 		t.Fatalf("round trip: %+v", got)
 	}

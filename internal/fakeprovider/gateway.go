@@ -87,10 +87,20 @@ func (p *Provider) connect(w http.ResponseWriter, r *http.Request, s *session) {
 		tc.Close()
 		return
 	}
-	// The server stops waiting for hijacked connections: the provider's
-	// WaitGroup owns the pumps from here. Add cannot race Close's Wait:
-	// the gateway server still counts this handler.
+	// The server stops waiting for a connection once it is hijacked, so
+	// Close may already be waiting on the WaitGroup: Add only while the
+	// provider is open, under the lock Close takes to mark it closed.
+	p.mu.Lock()
+	select {
+	case <-p.closing:
+		p.mu.Unlock()
+		client.Close()
+		tc.Close()
+		return
+	default:
+	}
 	p.wg.Add(1)
+	p.mu.Unlock()
 	go func() {
 		defer p.wg.Done()
 		pump(client, brw.Reader, tc)

@@ -54,3 +54,40 @@ func TestCloseWriteReachesTCP(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+type wrapper struct{ Conn }
+
+// TestSupportedLooksThroughWrappers: a chain of wrappers over TCP
+// half-closes; over a pipe (no CloseWrite) it does not, and Supported says
+// so before CloseWrite would close it.
+func TestSupportedLooksThroughWrappers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			defer c.Close()
+			io.Copy(io.Discard, c)
+		}
+	}()
+	tcp, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcp.Close()
+	if c := (&wrapper{Conn{Conn{tcp}}}); !Supported(c) {
+		t.Error("wrappers over TCP: Supported = false")
+	}
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	if c := (&wrapper{Conn{a}}); Supported(c) {
+		t.Error("wrapper over a pipe: Supported = true, but CloseWrite would close it")
+	}
+	if Supported(wrapped{tcp}) {
+		// wrapped hides CloseWrite and does not unwrap: nothing to see.
+		t.Error("a wrapper that neither forwards nor unwraps: Supported = true")
+	}
+}

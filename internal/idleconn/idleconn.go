@@ -29,7 +29,8 @@ const refreshEvery = time.Second
 // owner's and the idle one, so the idle timeout can shorten an owner's
 // deadline but never extend it. A zero owner deadline means "idle only".
 type Conn struct {
-	net.Conn
+	halfclose.Conn // CloseWrite, CloseRead and Unwrap pass through
+
 	timeout time.Duration
 	last    atomic.Int64 // unix nanos of the last idle refresh
 	rd, wd  atomic.Int64 // the owner's read/write deadlines, unix nanos; 0 = none
@@ -40,7 +41,7 @@ func Wrap(c net.Conn, timeout time.Duration) net.Conn {
 	if timeout <= 0 {
 		return c
 	}
-	ic := &Conn{Conn: c, timeout: timeout}
+	ic := &Conn{Conn: halfclose.Conn{Conn: c}, timeout: timeout}
 	ic.touch(true)
 	return ic
 }
@@ -102,17 +103,3 @@ func (c *Conn) SetWriteDeadline(t time.Time) error {
 	c.wd.Store(unixNano(t))
 	return c.Conn.SetWriteDeadline(c.effective(c.wd.Load()))
 }
-
-// CloseWrite half-closes the connection when the underlying one supports it,
-// so tunnels keep TCP half-close semantics through the wrapper.
-func (c *Conn) CloseWrite() error {
-	return halfclose.CloseWrite(c.Conn)
-}
-
-// CloseRead is the read-side counterpart of CloseWrite.
-func (c *Conn) CloseRead() error {
-	return halfclose.CloseRead(c.Conn)
-}
-
-// Unwrap returns the wrapped connection.
-func (c *Conn) Unwrap() net.Conn { return c.Conn }

@@ -58,6 +58,12 @@ type Options struct {
 
 	// Method is the request method. If empty, GET. Requests have no body.
 	Method string
+
+	// Repeat sends each target this many times in a row before moving on
+	// to the next. If zero, 1 (plain round-robin). With C at least Repeat
+	// the copies are in flight together: a stampede on every target, which
+	// a deduplicating proxy answers with one upstream request each.
+	Repeat int
 }
 
 // maxErrorSamples is how many distinct error messages a Result keeps.
@@ -84,8 +90,8 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 			return nil, fmt.Errorf("run: target %q: want an absolute http or https URL", t)
 		}
 	}
-	if o.N < 0 || o.C < 0 || o.Timeout < 0 {
-		return nil, fmt.Errorf("run: negative N (%d), C (%d) or Timeout (%v)", o.N, o.C, o.Timeout)
+	if o.N < 0 || o.C < 0 || o.Timeout < 0 || o.Repeat < 0 {
+		return nil, fmt.Errorf("run: negative N (%d), C (%d), Repeat (%d) or Timeout (%v)", o.N, o.C, o.Repeat, o.Timeout)
 	}
 	n := o.N
 	if n == 0 {
@@ -131,6 +137,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	r := &runner{
 		tr:      tr,
 		targets: slices.Clone(o.Targets),
+		repeat:  int64(max(o.Repeat, 1)),
 		n:       int64(n),
 		method:  method,
 		header:  header,
@@ -176,6 +183,7 @@ func rootCAs(caFile string) (*x509.CertPool, error) {
 type runner struct {
 	tr      *http.Transport
 	targets []string
+	repeat  int64 // consecutive requests per target
 	n       int64
 	method  string
 	header  http.Header // without Host
@@ -213,7 +221,7 @@ func (r *runner) work(ctx context.Context, w *worker) {
 		if i >= r.n {
 			return
 		}
-		r.do(ctx, w, r.targets[i%int64(len(r.targets))])
+		r.do(ctx, w, r.targets[(i/r.repeat)%int64(len(r.targets))])
 	}
 }
 

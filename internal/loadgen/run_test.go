@@ -76,6 +76,25 @@ func TestRunDirect(t *testing.T) {
 	checkPercentiles(t, res)
 }
 
+// TestRunRepeat: with Repeat, each target is sent that many times in a row
+// (here one worker, so the origin sees the order), then the next.
+func TestRunRepeat(t *testing.T) {
+	arrived := make(chan string, 16)
+	o := startOrigin(t, OriginOptions{arrived: arrived})
+	res, err := Run(context.Background(), Options{Targets: itemTargets(o.URL(), 2), N: 7, C: 1, Repeat: 3})
+	if err != nil || res.Requests != 7 || res.Errors != 0 {
+		t.Fatalf("Run() = %+v, %v", res, err)
+	}
+	close(arrived)
+	var got []string
+	for p := range arrived {
+		got = append(got, strings.TrimPrefix(p, "/item/"))
+	}
+	if g, e := strings.Join(got, ""), "0001110"; g != e {
+		t.Errorf("order of targets = %s, want %s", g, e)
+	}
+}
+
 func TestRunTLS(t *testing.T) {
 	o := startOrigin(t, OriginOptions{TLS: true, BodySize: 64})
 	targets := itemTargets(o.URL(), 3)
@@ -267,6 +286,7 @@ func TestRunOptionErrors(t *testing.T) {
 		{"other scheme", Options{Targets: []string{"ftp://127.0.0.1/"}}},
 		{"unparsable target", Options{Targets: []string{"http://[::1"}}},
 		{"negative N", Options{Targets: valid, N: -1}},
+		{"negative Repeat", Options{Targets: valid, Repeat: -1}},
 		{"invalid method", Options{Targets: valid, Method: "BAD METHOD"}},
 		{"missing CA file", Options{Targets: valid, CAFile: filepath.Join(dir, "missing.pem")}},
 		{"CA file without PEM", Options{Targets: valid, CAFile: notPEM}},

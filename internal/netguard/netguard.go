@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Config is the `guard:` config section. The zero value blocks every
@@ -54,7 +56,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for i, s := range c.AllowHosts {
-		if _, err := parseAllowHost(s); err != nil {
+		if err := checkAllowHost(s); err != nil {
 			errs = append(errs, fmt.Errorf("allow_hosts[%d]: %w", i, err))
 		}
 	}
@@ -92,31 +94,17 @@ func parseAllowCIDR(s string) (netip.Prefix, error) {
 	return p, nil
 }
 
-// parseAllowHost parses an allow_hosts entry into its normalized form:
-// lower case, no trailing dot, and a wildcard as its ".suffix".
-func parseAllowHost(s string) (string, error) {
-	name, wildcard := strings.CutPrefix(s, "*.")
+// checkAllowHost checks an allow_hosts entry: a host pattern like every
+// other in the configuration (hostmatch), but neither "*" nor an IP
+// address, which have settings of their own.
+func checkAllowHost(s string) error {
 	switch {
-	case s == "":
-		return "", errors.New("empty host name")
 	case s == "*":
-		return "", errors.New(`"*" would turn the guard off; use allow_private`)
+		return errors.New(`"*" would turn the guard off; use allow_private`)
 	case isLiteral(s):
-		return "", fmt.Errorf("%q is an IP address; put it in allow_cidrs", s)
-	case strings.ContainsAny(s, ":/"):
-		return "", fmt.Errorf("%q: want a bare host name, without scheme, port or path", s)
+		return fmt.Errorf("%q is an IP address; put it in allow_cidrs", s)
 	}
-	if !validHostName(name) {
-		return "", fmt.Errorf("%q is not a host name (a wildcard is allowed only as a leading \"*.\")", s)
-	}
-	if endsInNumber(name) {
-		return "", fmt.Errorf("%q is neither an IP address nor a host name", s)
-	}
-	name = strings.ToLower(strings.TrimSuffix(name, "."))
-	if wildcard {
-		return "." + name, nil
-	}
-	return name, nil
+	return hostmatch.Valid(s)
 }
 
 // A Guard decides which addresses the proxy may connect to. It is
@@ -124,9 +112,8 @@ func parseAllowHost(s string) (string, error) {
 // New(Config{}), blocks every address that is not public.
 type Guard struct {
 	allowPrivate bool
-	cidrs        []netip.Prefix      // unmapped
-	hosts        map[string]struct{} // exact names, normalized
-	suffixes     []string            // ".internal.example" for "*.internal.example"
+	cidrs        []netip.Prefix // unmapped
+	hosts        *hostmatch.Set // AllowHosts
 }
 
 // defaultGuard is what a nil *Guard behaves as.
@@ -137,18 +124,14 @@ func New(c Config) (*Guard, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Guard{allowPrivate: c.AllowPrivate, hosts: make(map[string]struct{})}
+	hosts, err := hostmatch.Compile(c.AllowHosts)
+	if err != nil {
+		return nil, fmt.Errorf("allow_hosts%w", err)
+	}
+	g := &Guard{allowPrivate: c.AllowPrivate, hosts: hosts}
 	for _, s := range c.AllowCIDRs {
 		p, _ := parseAllowCIDR(s)
 		g.cidrs = append(g.cidrs, p)
-	}
-	for _, s := range c.AllowHosts {
-		h, _ := parseAllowHost(s)
-		if strings.HasPrefix(h, ".") {
-			g.suffixes = append(g.suffixes, h)
-		} else {
-			g.hosts[h] = struct{}{}
-		}
 	}
 	return g, nil
 }
@@ -226,7 +209,7 @@ func (g *Guard) checkHost(host string) (allowed bool, err error) {
 		return false, &BlockedError{Host: host, Class: invalidHost}
 	}
 	name := strings.ToLower(strings.TrimSuffix(host, "."))
-	if g.allowsHost(name) {
+	if g.hosts.Match(name) {
 		return true, nil
 	}
 	switch {
@@ -242,19 +225,6 @@ func (g *Guard) checkHost(host string) (allowed bool, err error) {
 		return false, g.check(host, netip.IPv6Loopback())
 	}
 	return false, nil
-}
-
-// allowsHost reports whether the normalized name is in AllowHosts.
-func (g *Guard) allowsHost(name string) bool {
-	if _, ok := g.hosts[name]; ok {
-		return true
-	}
-	for _, s := range g.suffixes {
-		if len(name) > len(s) && strings.HasSuffix(name, s) {
-			return true
-		}
-	}
-	return false
 }
 
 // Control is for net.Dialer.ControlContext. It parses address, the resolved

@@ -45,6 +45,21 @@ type Sessions interface {
 	Rotate(ctx context.Context, id string) error
 }
 
+// Reloader reads the configuration again and applies what can change
+// while the proxy serves.
+type Reloader interface {
+	Reload() (Reload, error)
+}
+
+// Reload is what a configuration reload did.
+type Reload struct {
+	// Changed are the keys applied.
+	Changed []string `json:"changed"`
+	// Restart are the changed keys that need a restart: their running
+	// values stay until then.
+	Restart []string `json:"restart_needed,omitempty"`
+}
+
 // Inflight counts the requests being served (the proxy server).
 type Inflight interface {
 	Inflight() int64
@@ -73,6 +88,8 @@ type Options struct {
 	// ProxyAddr is the proxy port's address, shown in the status page's
 	// recipes.
 	ProxyAddr string
+	// Reloader serves POST /config/reload.
+	Reloader Reloader
 }
 
 // New returns the admin API handler.
@@ -100,6 +117,21 @@ func New(o Options) http.Handler {
 	}
 	if o.Sessions != nil {
 		sessionRoutes(mux, o.Sessions)
+	}
+	if o.Reloader != nil {
+		mux.HandleFunc("POST /config/reload", func(w http.ResponseWriter, r *http.Request) {
+			res, err := o.Reloader.Reload()
+			if err != nil {
+				body := map[string]any{"error": "configuration refused; the running one stays: " + err.Error()}
+				var p interface{ Problems() []string }
+				if errors.As(err, &p) {
+					body["problems"] = p.Problems()
+				}
+				WriteJSON(w, http.StatusUnprocessableEntity, body)
+				return
+			}
+			WriteJSON(w, http.StatusOK, res)
+		})
 	}
 	if o.Cache != nil {
 		mux.HandleFunc("GET /cache/stats", func(w http.ResponseWriter, r *http.Request) {

@@ -71,6 +71,7 @@ func statusPage(o Options) http.HandlerFunc {
 }
 
 var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
+	"money": func(v float64) string { return strconv.FormatFloat(v, 'f', moneyDigits(v), 64) },
 	"bytes": func(n any) string {
 		var v float64
 		switch x := n.(type) {
@@ -107,6 +108,7 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 <h2>Savings (this instance)</h2>
 <div class="cards">
 <div class="card"><span>savings</span><b id="savings">{{.SavingsPct}}%</b></div>
+<div class="card"><span>money saved</span><b id="money">{{money .MoneySaved}} {{.Currency}}</b></div>
 <div class="card"><span>requests</span><b id="requests">{{.Requests}}</b></div>
 <div class="card"><span>HIT</span><b id="hit">{{index .XCache "HIT"}}</b></div>
 <div class="card"><span>COALESCED</span><b id="coalesced">{{index .XCache "COALESCED"}}</b></div>
@@ -133,6 +135,15 @@ chromium --proxy-server=http://{{.Proxy}} --ignore-certificate-errors-spki-list=
 <p>API: <a href="/cache/stats">/cache/stats</a> · <a href="/upstream/sessions">/upstream/sessions</a> · <a href="/metrics">/metrics</a> · <a href="/health">/health</a></p>
 </body></html>
 `))
+
+// moneyDigits shows cents for sums of a currency unit or more, and enough
+// digits to see small savings (a few HITs at a fraction of a cent each).
+func moneyDigits(v float64) int {
+	if v >= 1 || v == 0 {
+		return 2
+	}
+	return 6
+}
 
 func formatFloat(v float64) string {
 	if v == float64(int64(v)) {

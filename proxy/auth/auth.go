@@ -66,7 +66,7 @@ func (c Config) Validate(getenv func(string) string) error {
 		case seen[u.Name]:
 			errs = append(errs, fmt.Errorf("%s.name: %q listed twice", key, u.Name))
 		default:
-			if acct, sess := clientinfo.ParseUser(u.Name); acct != u.Name || sess != "" {
+			if parsed, err := clientinfo.ParseUser(u.Name); err != nil || parsed.Account != u.Name {
 				errs = append(errs, fmt.Errorf("%s.name: %q contains a session hint (-session-/-sessid-); name the account only", key, u.Name))
 			}
 			for _, r := range u.Name {
@@ -145,7 +145,10 @@ func (u *Users) Verify(name, password string) bool {
 	if !u.Enabled() {
 		return false
 	}
-	account, _ := clientinfo.ParseUser(name)
+	// A bad session hint does not change whose credentials these are:
+	// the front door refuses the hint itself, to a client it knows.
+	parsed, _ := clientinfo.ParseUser(name)
+	account := parsed.Account
 	rec, ok := u.users[account]
 	if !ok && u.dummy != nil {
 		rec = user{hash: u.dummy, isHash: true}

@@ -29,8 +29,14 @@ func TestVerify(t *testing.T) {
 		{"alice", "wrong", false},
 		{"alice", "", false},
 		{"fleet", "envpass", true},
-		{"fleet-sessid-x1-cc-DE", "envpass", false}, // "fleet-cc-DE" is not an account
+		{"fleet-cc-DE-sessid-x1", "envpass", false}, // "fleet-cc-DE" is not an account
+		{"fleet-sessid-x1-cc-DE", "envpass", true},  // session "x1-cc-DE": the id comes last
 		{"fleet-sessid-x1", "envpass", true},
+		{"fleet-session-eu-1", "envpass", true},
+		// Whose credentials these are does not depend on the hint; the
+		// front door refuses the bad hint itself, with the reason.
+		{"alice-session-", "s3cret", true},
+		{"alice-session-", "wrong", false},
 		{"fleet", "envpas", false},
 		{"mallory", "s3cret", false},
 		{"", "", false},
@@ -55,10 +61,12 @@ func TestValidate(t *testing.T) {
 		{Name: "a", PasswordBcrypt: "not-bcrypt"},
 		{Name: "b-session-x", PasswordEnv: "SET"},
 		{Name: "c:d", PasswordEnv: "UNSET"},
+		{Name: "e-sessid-", PasswordEnv: "SET"},
 	}}.Validate(env(map[string]string{"SET": "1", "X": "1"}))
 	for _, want := range []string{
 		"users[0].name: empty", "users[1]: set exactly one", `users[2].name: "a" listed twice`,
 		"users[2].password_bcrypt: not a bcrypt hash", "users[3].name:", "users[4].name:", "users[4].password_env: UNSET is unset",
+		`users[5].name: "e-sessid-" contains a session hint`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)

@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"path"
 	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Config is the `dedup:` section of config.yaml. Its top-level settings are
@@ -68,9 +68,11 @@ type Config struct {
 	// abandon requests in a loop (HTTP/2 rapid reset) from piling up
 	// detached fetches. Beyond it requests get 503. Default 4096.
 	MaxFlights int `yaml:"max_flights"`
-	// MaxFlightsPerClient caps the flights one client (proxy account, else
-	// client IP) may lead at once, so one client cannot take every slot of
-	// max_flights from the others. Default a quarter of max_flights.
+	// MaxFlightsPerClient caps the flights one client may lead at once, so
+	// one client cannot take every slot of max_flights from the others. The
+	// client is the one the front door identified (clientinfo.Info.Client:
+	// proxy account, else client IP), the same the rate limit counts.
+	// Default a quarter of max_flights.
 	MaxFlightsPerClient int `yaml:"max_flights_per_client"`
 	// Memory is the in-process cache.
 	Memory MemoryConfig `yaml:"memory"`
@@ -102,8 +104,10 @@ type DiskConfig struct {
 type RuleConfig struct {
 	// Name identifies the rule in logs and errors.
 	Name string `yaml:"name"`
-	// Host is a glob on the request host without port ("*.example.com",
-	// "api.example.com"); empty matches any host.
+	// Host is a host pattern matched against the request host without
+	// port: "api.example.com" exactly, or "*.example.com" for every
+	// subdomain at any depth (not example.com itself); case and a trailing
+	// dot do not matter. Empty matches any host.
 	Host string `yaml:"host"`
 	// PathPrefix matches the start of the URL path; empty matches any.
 	PathPrefix string `yaml:"path_prefix"`
@@ -261,8 +265,8 @@ func ruleLabel(r RuleConfig) string {
 func (r RuleConfig) validate() []error {
 	var errs []error
 	if r.Host != "" {
-		if _, err := path.Match(r.Host, "x"); err != nil || strings.ContainsAny(r.Host, "/: ") {
-			errs = append(errs, fmt.Errorf("host: %q is not a valid host glob", r.Host))
+		if err := hostmatch.Valid(r.Host); err != nil {
+			errs = append(errs, fmt.Errorf("host: %w", err))
 		}
 	}
 	if r.PathPrefix != "" && !strings.HasPrefix(r.PathPrefix, "/") {

@@ -68,16 +68,21 @@ func TestConfigValidate(t *testing.T) {
 
 func TestRuleMatching(t *testing.T) {
 	rs := compileRules(Config{Enabled: true, TTL: time.Minute, Rules: []RuleConfig{
-		{Name: "captcha", Host: "*2captcha.com", PathPrefix: "/in.php", Methods: []string{"POST"}},
+		{Name: "captcha", Host: "2captcha.com", PathPrefix: "/in.php", Methods: []string{"POST"}},
+		{Name: "captcha-sub", Host: "*.2captcha.com", PathPrefix: "/in.php", Methods: []string{"POST"}},
 		{Name: "api", Host: "api.example.com"},
+		{Name: "shop", Host: "*.shop.test"},
 		{Name: "any-checkout", PathPrefix: "/checkout", Dedup: ptr(false)},
 	}}.WithDefaults())
 	for _, tc := range []struct{ method, url, want string }{
 		{"POST", "https://2captcha.com/in.php", "captcha"},
-		{"POST", "https://api.2captcha.com/in.php?x=1", "captcha"},
+		{"POST", "https://api.2captcha.com/in.php?x=1", "captcha-sub"},
+		{"POST", "https://evil2captcha.com/in.php", "default"},
 		{"GET", "https://2captcha.com/in.php", "default"},
 		{"GET", "https://API.Example.com:8443/v1", "api"},
 		{"GET", "https://api.example.com./v1", "api"},
+		{"GET", "https://a.b.shop.test/x", "shop"},
+		{"GET", "https://shop.test/x", "default"},
 		{"GET", "https://www.example.com/checkout/pay", "any-checkout"},
 		{"GET", "https://api.example.com/checkout", "api"}, // first match wins
 		{"GET", "https://other.test/", "default"},
@@ -88,7 +93,7 @@ func TestRuleMatching(t *testing.T) {
 			t.Errorf("%s %s matched %q, want %q", tc.method, tc.url, r.Name(), tc.want)
 		}
 	}
-	if rs.list[2].dedups("GET") || !rs.list[0].dedups("POST") || rs.def.dedups("POST") || !rs.def.dedups("HEAD") {
+	if rs.list[4].dedups("GET") || !rs.list[0].dedups("POST") || rs.def.dedups("POST") || !rs.def.dedups("HEAD") {
 		t.Error("dedups() wrong")
 	}
 }

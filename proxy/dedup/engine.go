@@ -30,6 +30,12 @@ type Options struct {
 	Fleet Fleet
 	// Recorder also receives every outcome (fleet statistics); optional.
 	Recorder Recorder
+	// Savings prices what a HIT or COALESCED answer saved; zero prices
+	// count no money.
+	Savings SavingsConfig
+	// Prices, when set, prices each upstream on its own (providers with
+	// their own prices); Savings otherwise.
+	Prices Prices
 }
 
 // Engine deduplicates requests: it answers from the cache, makes identical
@@ -42,17 +48,24 @@ type Options struct {
 // own pace. Bodies up to max_body_bytes are cached whole in the Store;
 // bigger ones, up to max_object_bytes, in the engine's own disk tier.
 type Engine struct {
-	cfg     Config
-	rules   *rules
-	store   Store
-	next    http.RoundTripper
-	log     *slog.Logger
-	fleet   Fleet
-	rec     Recorder
-	flights flights
-	spools  *spools
-	disk    *diskTier // nil: disk.max_bytes is 0
-	st      counters
+	cfg   Config
+	rules *rules
+	store Store
+	// peek reads the cache before a flight: the whole store, or with a
+	// Fleet and a TieredStore only this process's tier (Join reads the
+	// shared one).
+	peek  func(ctx context.Context, key string) (*Entry, error)
+	next  http.RoundTripper
+	log   *slog.Logger
+	fleet Fleet
+	rec   Recorder
+	// prices and currency price the savings report.
+	prices   Prices
+	currency string
+	flights  flights
+	spools   *spools
+	disk     *diskTier // nil: disk.max_bytes is 0
+	st       counters
 
 	// base is canceled by Close: flights run detached from their clients
 	// but not from the engine's lifetime.
@@ -76,8 +89,19 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if o.Store == nil || o.Next == nil || o.Logger == nil {
 		return nil, errors.New("dedup: Store, Next and Logger are required")
 	}
+	savings := o.Savings.WithDefaults()
+	if err := savings.Validate(); err != nil {
+		return nil, fmt.Errorf("dedup: savings: %w", err)
+	}
 	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
-		perClient: map[string]int{}}
+		prices: o.Prices, currency: savings.Currency, perClient: map[string]int{}}
+	if e.prices == nil {
+		e.prices = savings
+	}
+	e.peek = o.Store.Get
+	if t, ok := o.Store.(TieredStore); ok && o.Fleet != nil {
+		e.peek = t.GetLocal
+	}
 	e.flights.m = map[string]*flight{}
 	spoolDir, err := openRunDir(cfg.SpoolDir)
 	if err != nil {
@@ -275,10 +299,12 @@ func (b *prefixedBody) Close() error { return b.c.Close() }
 // for req must use: key itself, or the key of req's variant when key holds
 // another variant of a response that varies (Vary).
 func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byte) (_ *http.Response, flightKey string, ok bool) {
-	ent, found, flightKey := e.find(req.Context(), req, key)
+	ent, found, flightKey := e.find(req.Context(), req, key, e.peek)
 	if ent == nil && req.Method == http.MethodHead {
+		// The whole store, shared tier included: no flight for the GET
+		// key would look there for this HEAD.
 		if getKey, err := rule.keyer.Key(http.MethodGet, req.URL, req.Header, principalOf(req.Context()), body); err == nil {
-			ent, found, _ = e.find(req.Context(), req, getKey)
+			ent, found, _ = e.find(req.Context(), req, getKey, e.store.Get)
 		}
 	}
 	if ent == nil {
@@ -294,8 +320,8 @@ func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byt
 // a flight for req must use. Variants live under keys of their own, so
 // clients with different User-Agents (say) do not keep replacing each
 // other's cached copy.
-func (e *Engine) find(ctx context.Context, req *http.Request, key string) (ent *Entry, found, flightKey string) {
-	ent = e.get(ctx, key)
+func (e *Engine) find(ctx context.Context, req *http.Request, key string, lookup func(context.Context, string) (*Entry, error)) (ent *Entry, found, flightKey string) {
+	ent = e.get(ctx, key, lookup)
 	if ent == nil {
 		return nil, "", key
 	}
@@ -303,15 +329,16 @@ func (e *Engine) find(ctx context.Context, req *http.Request, key string) (ent *
 		return ent, key, key
 	}
 	vkey := variantKey(key, ent.Vary, req.Header)
-	if v := e.get(ctx, vkey); v != nil && v.varyMatches(req.Header) {
+	if v := e.get(ctx, vkey, lookup); v != nil && v.varyMatches(req.Header) {
 		return v, vkey, vkey
 	}
 	return nil, "", vkey
 }
 
-// get looks key up in the Store, then in the disk tier.
-func (e *Engine) get(ctx context.Context, key string) *Entry {
-	ent, err := e.store.Get(ctx, key)
+// get looks key up with lookup (the Store, or its tier in this process),
+// then in the disk tier.
+func (e *Engine) get(ctx context.Context, key string, lookup func(context.Context, string) (*Entry, error)) *Entry {
+	ent, err := lookup(ctx, key)
 	if err == nil {
 		return ent
 	}
@@ -391,8 +418,10 @@ func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body 
 
 // answer turns a flight's result into this caller's response.
 func (e *Engine) answer(req *http.Request, key string, f *flight, res *flightResult, leader bool) (*http.Response, error) {
+	// A flight that found the response cached (here or in the fleet)
+	// answers everyone who waited on it from the cache.
 	xcache := CacheCoalesced
-	if leader {
+	if leader || res.label == CacheHit {
 		xcache = res.label
 	}
 	if res.obj != nil {
@@ -441,27 +470,45 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http
 	resp := ent.response(req, body, header)
 	markCache(resp.Header, xcache, key)
 	avoided := 0
-	if xcache == CacheHit {
-		resp.Header.Set("Age", age(ent))
-		avoided = len(ent.Body)
-	} else if xcache == CacheCoalesced {
+	if xcache == CacheHit || xcache == CacheCoalesced {
+		if xcache == CacheHit {
+			resp.Header.Set("Age", age(ent))
+		}
 		avoided = len(ent.Body)
 	}
-	e.count(xcache, avoided)
+	e.countSaved(xcache, avoided, e.moneySaved(ent, xcache, avoided))
 	return resp, true
+}
+
+// moneySaved prices an answer that spared an upstream request (HIT,
+// COALESCED) and avoided bytes of the response meta describes, at the
+// price of the upstream that fetched it.
+func (e *Engine) moneySaved(meta *Entry, xcache string, avoided int) int64 {
+	if xcache != CacheHit && xcache != CacheCoalesced {
+		return 0
+	}
+	return nano(e.prices.PriceOf(meta.Header.Get(headerUpstream)).saved(avoided))
 }
 
 func age(ent *Entry) string {
 	return strconv.FormatInt(int64(time.Since(ent.StoredAt)/time.Second), 10)
 }
 
-// count records one response's outcome, here and for the fleet.
-func (e *Engine) count(xcache string, avoided int) {
-	e.st.count(xcache, avoided)
+// count records one response's outcome that saved nothing, here and for
+// the fleet.
+func (e *Engine) count(xcache string, avoided int) { e.countSaved(xcache, avoided, 0) }
+
+// countSaved records one response's outcome and the money it saved.
+func (e *Engine) countSaved(xcache string, avoided int, moneyNano int64) {
+	e.st.count(xcache, avoided, moneyNano)
 	if e.rec != nil {
 		e.rec.Record(xcache, avoided)
 	}
 }
+
+// headerUpstream names the upstream session that fetched a response (set
+// by the upstream pool, stored with the entry): it picks the price.
+const headerUpstream = "X-Onceproxy-Upstream"
 
 func markCache(h http.Header, xcache, key string) {
 	h.Set(HeaderCache, xcache)
@@ -529,8 +576,8 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	}()
 
 	// Another flight may have filled the cache between our lookup and
-	// winning this one.
-	if ent := e.get(e.base, key); ent != nil && ent.varyMatches(req.Header) {
+	// winning this one (with a Fleet, Join checks the shared tier).
+	if ent := e.get(e.base, key, e.peek); ent != nil && ent.varyMatches(req.Header) {
 		return &flightResult{entry: ent, label: CacheHit}, nil
 	}
 	label := CacheMiss
@@ -786,6 +833,7 @@ func varyValues(resp, req http.Header) (vals []HeaderValue, all bool) {
 // Stats returns what deduplication saved so far.
 func (e *Engine) Stats() Stats {
 	s := e.st.snapshot()
+	s.Currency = e.currency
 	s.Store = e.store.Stats()
 	if e.disk != nil {
 		d := e.disk.stats()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // countingTransport is the seam between the engine and the network: a real
@@ -148,7 +149,7 @@ func TestStampedeCoalesces(t *testing.T) {
 	for range n {
 		go func() { results <- f.get("/hot?b=2&a=1") }()
 	}
-	waitFor(t, func() bool { return f.eng.Stats().Waiters == n })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n }, "%d waiters", n)
 	close(release)
 	counts := map[string]int{}
 	for range n {
@@ -167,18 +168,6 @@ func TestStampedeCoalesces(t *testing.T) {
 	st := f.eng.Stats()
 	if st.Requests != n || st.RequestsAvoided != n-1 || st.UpstreamRequests != 1 || st.BySource["dedup_wait"] != n-1 {
 		t.Fatalf("stats %+v", st)
-	}
-}
-
-// waitFor polls cond until it holds or 10 s pass.
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached in 10s")
-		}
-		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -205,7 +194,7 @@ func TestLeaderDisconnectDoesNotCancelFlight(t *testing.T) {
 	for range n {
 		go func() { followers <- f.get("/x") }()
 	}
-	waitFor(t, func() bool { return f.eng.Stats().Waiters == n+1 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n+1 }, "%d waiters", n+1)
 	cancel()
 	if r := <-leader; r.err == nil {
 		t.Fatalf("leader: want context error, got %+v", r)
@@ -242,7 +231,7 @@ func TestFailedFlightAnswersItsWaitersAndCachesNothing(t *testing.T) {
 	for range n {
 		go func() { res <- f.get("/flaky") }()
 	}
-	waitFor(t, func() bool { return f.eng.Stats().Waiters == n })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n }, "%d waiters", n)
 	close(release)
 	for range n {
 		if r := <-res; r.status != 500 {
@@ -432,14 +421,14 @@ func TestVaryWhileCoalescing(t *testing.T) {
 	f = newFixture(t, Config{TTL: time.Minute}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.UserAgent() == "desktop" {
 			// The first flight answers once every client waits on it.
-			waitFor(t, func() bool { return f.eng.Stats().Waiters == 2*perUA })
+			testkit.Wait(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == 2*perUA }, "%d waiters", 2*perUA)
 		}
 		w.Header().Set("Vary", "User-Agent")
 		fmt.Fprintf(w, "page for %s", r.UserAgent())
 	}))
 	first := make(chan result, 1)
 	go func() { first <- f.get("/page", "User-Agent", "desktop") }()
-	waitFor(t, func() bool { return f.eng.Stats().Waiters == 1 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == 1 }, "one waiter")
 	res := make(chan result, 2*perUA)
 	for i := range 2*perUA - 1 {
 		ua := []string{"desktop", "mobile"}[i%2]
@@ -479,11 +468,11 @@ func TestTTLExpiry(t *testing.T) {
 	if r := f.get("/ttl"); r.xcache != CacheHit {
 		t.Fatalf("within TTL: %s", r.xcache)
 	}
-	waitFor(t, func() bool { return f.get("/ttl").xcache == CacheMiss })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.get("/ttl").xcache == CacheMiss }, "the entry to expire")
 }
 
 func TestDedupOffRule(t *testing.T) {
-	f := newFixture(t, Config{TTL: time.Minute, Rules: []RuleConfig{{Host: "127.0.0.*", PathPrefix: "/checkout", Dedup: ptr(false)}}},
+	f := newFixture(t, Config{TTL: time.Minute, Rules: []RuleConfig{{Host: "127.0.0.1", PathPrefix: "/checkout", Dedup: ptr(false)}}},
 		http.HandlerFunc(okHandler))
 	f.get("/checkout/1")
 	if r := f.get("/checkout/1"); r.xcache != CacheBypass || !strings.HasPrefix(r.key, "v1:") {
@@ -650,7 +639,7 @@ func TestEachWaiterOwnsItsResponse(t *testing.T) {
 		wg.Add(1)
 		go run()
 	}
-	waitFor(t, func() bool { return f.eng.Stats().Waiters == n })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n }, "%d waiters", n)
 	close(release)
 	wg.Wait()
 	for range n {
@@ -738,7 +727,7 @@ func TestMaxFlights(t *testing.T) {
 	for i := range 2 {
 		go func() { res <- f.get(fmt.Sprintf("/f%d", i)) }()
 	}
-	waitFor(t, func() bool { return f.eng.Stats().Flights == 2 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Flights == 2 }, "two flights")
 	r := f.get("/f3")
 	var hs interface{ HTTPStatus() int }
 	if r.err == nil || !errorsAs(r.err, &hs) || hs.HTTPStatus() != 503 {
@@ -771,12 +760,12 @@ func TestMaxFlightsPerClient(t *testing.T) {
 	for i := range 2 {
 		go func() { res <- f.do(as("ip:10.0.0.1"), http.MethodGet, fmt.Sprintf("/a%d", i), nil, "") }()
 	}
-	waitFor(t, func() bool { return f.eng.Stats().Flights == 2 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Flights == 2 }, "two flights")
 	if r := f.do(as("ip:10.0.0.1"), http.MethodGet, "/a3", nil, ""); r.err == nil || !strings.Contains(r.err.Error(), "this client") {
 		t.Fatalf("third flight of one client: %+v", r)
 	}
 	go func() { res <- f.do(as("ip:10.0.0.2"), http.MethodGet, "/b", nil, "") }()
-	waitFor(t, func() bool { return f.eng.Stats().Flights == 3 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Flights == 3 }, "three flights")
 	close(release)
 	for range 3 {
 		if r := <-res; r.status != 200 {

@@ -70,7 +70,7 @@ func (e *Engine) peerResponse(r *http.Request, key string) *http.Response {
 		}
 		e.flights.leave(f, false)
 	}
-	ent := e.get(r.Context(), key)
+	ent := e.get(r.Context(), key, e.peek) // what this process holds
 	if ent == nil {
 		return nil
 	}

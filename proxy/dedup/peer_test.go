@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // TestPeerHandlerServesHeldBodies: another instance reads, from the peer
@@ -51,7 +52,7 @@ func TestPeerHandlerServesHeldBodies(t *testing.T) {
 		t.Fatalf("in flight: %d bytes, %v, header %v", len(head)+len(rest), err, resp.Header)
 	}
 	io.Copy(io.Discard, leader.Body)
-	waitFor(t, func() bool { return f.eng.flights.running() == 0 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.flights.running() == 0 }, "the download to end")
 
 	for _, tc := range []struct {
 		rng     string

@@ -34,7 +34,9 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 	if err != nil {
 		return nil, false, nil
 	}
-	ent, found, flightKey := e.find(req.Context(), req, key)
+	// The whole store, shared tier included: no flight would look there
+	// for the whole object of this Range request.
+	ent, found, flightKey := e.find(req.Context(), req, key, e.store.Get)
 	if ent != nil {
 		resp, ok := e.serveRange(req, ent, wholeEntry(ent), found, CacheHit)
 		return resp, ok, nil
@@ -113,7 +115,7 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 	if xcache == CacheHit {
 		header.Set("Age", age(meta))
 	}
-	e.count(xcache, int(n))
+	e.countSaved(xcache, int(n), e.moneySaved(meta, xcache, int(n)))
 	return &http.Response{Status: "206 " + http.StatusText(http.StatusPartialContent), StatusCode: http.StatusPartialContent,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: body, ContentLength: n, Request: req}, true
 }

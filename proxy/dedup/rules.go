@@ -2,10 +2,11 @@ package dedup
 
 import (
 	"net/http"
-	"path"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Rule is a compiled dedup.rules entry (or the default rule): what a
@@ -13,7 +14,8 @@ import (
 // Rules are immutable after compile and shared by all requests.
 type Rule struct {
 	name       string
-	host       string
+	anyHost    bool           // no host pattern: every host
+	host       *hostmatch.Set // the rule's host pattern, unless anyHost
 	pathPrefix string
 	methods    map[string]bool // match filter; nil = any
 	optIn      map[string]bool // methods beyond GET/HEAD that are deduplicated
@@ -35,12 +37,7 @@ func (r *Rule) matches(method, host, urlPath string) bool {
 	if r.pathPrefix != "" && !strings.HasPrefix(urlPath, r.pathPrefix) {
 		return false
 	}
-	if r.host != "" {
-		if ok, _ := path.Match(r.host, host); !ok {
-			return false
-		}
-	}
-	return true
+	return r.anyHost || r.host.Match(host)
 }
 
 // dedups reports whether requests with this method are deduplicated.
@@ -67,9 +64,13 @@ func compileRules(c Config) *rules {
 	}
 	rs := &rules{def: def}
 	for i, rc := range c.Rules {
+		// Config.Validate checked the pattern; were it bad anyway, the
+		// nil Set would match no host rather than every host.
+		host, _ := hostmatch.Compile([]string{rc.Host})
 		r := &Rule{
 			name:       rc.Name,
-			host:       strings.ToLower(rc.Host),
+			anyHost:    rc.Host == "",
+			host:       host,
 			pathPrefix: rc.PathPrefix,
 			off:        !c.Enabled || rc.Dedup != nil && !*rc.Dedup,
 			ttl:        c.TTL,
@@ -123,7 +124,7 @@ func (rs *rules) match(req *http.Request) *Rule {
 	if len(rs.list) == 0 {
 		return rs.def
 	}
-	host := strings.TrimSuffix(strings.ToLower(req.URL.Hostname()), ".")
+	host := req.URL.Hostname()
 	for _, r := range rs.list {
 		if r.matches(req.Method, host, req.URL.Path) {
 			return r

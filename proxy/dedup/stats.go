@@ -25,11 +25,13 @@ type counters struct {
 	hit, coalesced, miss, bypass atomic.Uint64
 	upstream                     atomic.Uint64 // requests actually sent upstream
 	bytesAvoided                 atomic.Uint64 // body bytes served without an upstream request
+	moneyNano                    atomic.Int64  // money saved, in billionths of the currency
 	flights                      atomic.Int64  // flights fetching right now
 	waiters                      atomic.Int64  // requests waiting on a flight right now
 }
 
-func (c *counters) count(xcache string, avoided int) {
+func (c *counters) count(xcache string, avoided int, moneyNano int64) {
+	c.moneyNano.Add(moneyNano)
 	switch xcache {
 	case CacheHit:
 		c.hit.Add(1)
@@ -56,9 +58,13 @@ type Stats struct {
 	RequestsAvoided  uint64            `json:"upstream_requests_avoided"`
 	BytesAvoided     uint64            `json:"bytes_avoided"`
 	SavingsPct       float64           `json:"savings_pct"`
-	Flights          int64             `json:"flights_in_progress"`
-	Waiters          int64             `json:"flight_waiters"`
-	Store            StoreStats        `json:"store"`
+	// MoneySaved is requests avoided times the per-request price plus
+	// bytes avoided times the per-GB price, in Currency.
+	MoneySaved float64    `json:"money_saved"`
+	Currency   string     `json:"currency"`
+	Flights    int64      `json:"flights_in_progress"`
+	Waiters    int64      `json:"flight_waiters"`
+	Store      StoreStats `json:"store"`
 	// Disk is the disk tier; nil when it is off.
 	Disk  *StoreStats `json:"disk,omitempty"`
 	Spool SpoolStats  `json:"spool"`
@@ -81,6 +87,7 @@ func (c *counters) snapshot() Stats {
 		UpstreamRequests: c.upstream.Load(),
 		RequestsAvoided:  hit + co,
 		BytesAvoided:     c.bytesAvoided.Load(),
+		MoneySaved:       float64(c.moneyNano.Load()) / 1e9,
 		Flights:          c.flights.Load(),
 		Waiters:          c.waiters.Load(),
 	}

@@ -27,6 +27,20 @@ type Store interface {
 	Stats() StoreStats
 }
 
+// A TieredStore is a Store with a tier in this process in front of a tier
+// shared by the fleet: GetLocal reads the first alone, never leaving the
+// process. With a Fleet, whose Join answers a value already shared
+// (Outcome.Cached) in the same round trip that would otherwise take the
+// lease, the engine reads only this process's tier before a flight: a miss
+// then costs one round trip to learn "not there, you lead", not a shared
+// read first and the join after it.
+type TieredStore interface {
+	Store
+	// GetLocal returns what this process's tier may answer for key
+	// without asking the shared one, or ErrNotFound.
+	GetLocal(ctx context.Context, key string) (*Entry, error)
+}
+
 // StoreStats is a snapshot of a store's size.
 type StoreStats struct {
 	Kind      string `json:"kind"`

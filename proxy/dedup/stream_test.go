@@ -25,6 +25,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // streamConfig puts the spool and the disk tier in the test's own
@@ -162,7 +163,9 @@ func TestFortyReadersOneDownload(t *testing.T) {
 	var f *fixture
 	f = newFixture(t, streamConfig(t, Config{}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Everyone is on the flight before the first byte.
-		waitFor(t, func() bool { return f.eng.Stats().Waiters == n })
+		if !testkit.Wait(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n }, "%d waiters", n) {
+			return
+		}
 		w.Header().Set("Content-Length", strconv.Itoa(size))
 		writeSlowly(w, body)
 	}))
@@ -293,7 +296,9 @@ func TestSlowReaderHoldsBackNobody(t *testing.T) {
 	var f *fixture
 	f = newFixture(t, streamConfig(t, Config{}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer close(originDone)
-		waitFor(t, func() bool { return f.eng.Stats().Waiters == 2 })
+		if !testkit.Wait(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == 2 }, "two waiters") {
+			return
+		}
 		w.Header().Set("Content-Length", strconv.Itoa(size))
 		writeSlowly(w, body)
 	}))
@@ -337,7 +342,7 @@ func TestSlowReaderHoldsBackNobody(t *testing.T) {
 		t.Fatalf("fast reader: %d bytes, %v", len(fast.body), fast.err)
 	}
 	<-originDone
-	waitFor(t, func() bool { return f.eng.flights.running() == 0 }) // the download is over
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.flights.running() == 0 }, "the download to end") // the download is over
 	if got := slowRead.Load(); got >= size/10 {
 		t.Fatalf("the slow reader read %d of %d bytes before the others finished: it held them back", got, size)
 	} else {
@@ -382,7 +387,9 @@ func TestMidBodyFailureFailsEveryReader(t *testing.T) {
 					w.Write(body)
 					return
 				}
-				waitFor(t, func() bool { return f.eng.Stats().Waiters == n })
+				if !testkit.Wait(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n }, "%d waiters", n) {
+					return
+				}
 				writeSlowly(w, body[:len(body)/2])
 				<-cut
 				// net/http cuts the connection (HTTP/1.1) or resets the
@@ -445,7 +452,7 @@ func TestMidBodyFailureFailsEveryReader(t *testing.T) {
 					t.Fatalf("a reader: %v", err)
 				}
 			}
-			waitFor(t, func() bool { return f.eng.Stats().Spool.Active == 0 })
+			testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Spool.Active == 0 }, "the spools to go")
 			if st := f.eng.Stats(); st.Store.Entries != 0 || st.Disk.Entries != 0 {
 				t.Fatalf("a cut body was cached: %+v", st)
 			}
@@ -494,13 +501,13 @@ func TestRangeFromObject(t *testing.T) {
 	tail := make(chan result, 1)
 	go func() { tail <- f.get("/movie", "Range", "bytes=-100") }()
 	// On the flight (the leader and the tail) before the rest comes.
-	waitFor(t, func() bool { return f.interest(leader.Header.Get(HeaderCacheKey)) == 2 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.interest(leader.Header.Get(HeaderCacheKey)) == 2 }, "two requests on the flight")
 	close(release)
 	check(<-tail, 206, "bytes 1048476-1048575/1048576", body[size-100:], CacheCoalesced)
 	if all, err := io.ReadAll(leader.Body); err != nil || !bytes.Equal(all, body) {
 		t.Fatalf("leader: %d bytes, %v", len(all), err)
 	}
-	waitFor(t, func() bool { return f.eng.flights.running() == 0 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.flights.running() == 0 }, "the download to end")
 
 	// Cached, on disk.
 	check(f.get("/movie", "Range", "bytes=0-0"), 206, "bytes 0-0/1048576", body[:1], CacheHit)
@@ -567,10 +574,10 @@ func TestThousandObjectsLeaveNoFiles(t *testing.T) {
 	}
 	close(next)
 	wg.Wait()
-	waitFor(t, func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		st := f.eng.Stats()
 		return st.Spool.Active == 0 && st.Flights == 0
-	})
+	}, "every flight and spool to end")
 	if n, _ := files(t, cfg.SpoolDir); n != 0 {
 		t.Fatalf("%d spool files left", n)
 	}
@@ -600,7 +607,9 @@ func TestStreamedBodyDecodedPerClient(t *testing.T) {
 	zw.Close()
 	var f *fixture
 	f = newFixture(t, streamConfig(t, Config{MaxBodyBytes: 64 * bytesize.KiB}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		waitFor(t, func() bool { return f.eng.Stats().Waiters == 2 })
+		if !testkit.Wait(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == 2 }, "two waiters") {
+			return
+		}
 		w.Header().Set("Content-Encoding", "gzip")
 		w.Header().Set("Content-Length", strconv.Itoa(gz.Len()))
 		w.Header().Set("ETag", `"z"`)
@@ -625,7 +634,7 @@ func TestStreamedBodyDecodedPerClient(t *testing.T) {
 				t.Fatalf("%s: decoded body: %d bytes, Content-Length %q, ETag %q", when, len(r.body), r.header.Get("Content-Length"), r.header.Get("ETag"))
 			}
 		}
-		waitFor(t, func() bool { return f.eng.flights.running() == 0 })
+		testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.flights.running() == 0 }, "the download to end")
 		go func() { both <- f.get("/z", "Accept-Encoding", "gzip") }()
 		go func() { both <- f.get("/z", "Accept-Encoding", "br") }()
 	}
@@ -644,13 +653,15 @@ func TestUnknownCodingFetchesForTheClient(t *testing.T) {
 			io.WriteString(w, "plain")
 			return
 		}
-		waitFor(t, func() bool { return f.eng.Stats().Waiters == 2 })
+		if !testkit.Wait(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == 2 }, "two waiters") {
+			return
+		}
 		w.Header().Set("Content-Encoding", "compress")
 		io.WriteString(w, "LZW bytes")
 	}))
 	both := make(chan result, 2)
 	go func() { both <- f.get("/lzw", "Accept-Encoding", "compress") }()
-	waitFor(t, func() bool { return f.eng.Stats().Waiters == 1 }) // it leads
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == 1 }, "the leader") // it leads
 	go func() { both <- f.get("/lzw") }()
 	for range 2 {
 		r := <-both

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
@@ -16,7 +17,12 @@ import (
 // it is never refused outright. It sits in front of the upstream, behind
 // dedup, so only requests that really go upstream are paced.
 type Polite struct {
-	next  http.RoundTripper
+	next http.RoundTripper
+	pace atomic.Pointer[pace] // nil: requests pass straight through
+}
+
+// pace is one configuration's buckets.
+type pace struct {
 	rps   rate.Limit
 	burst int
 	hosts *otter.Cache[string, *rate.Limiter]
@@ -25,37 +31,48 @@ type Polite struct {
 // NewPolite wraps next; with cfg.PerHostRPS == 0 requests pass straight
 // through (and no per-host table is kept).
 func NewPolite(cfg Config, next http.RoundTripper) *Polite {
+	p := &Polite{next: next}
+	p.Reconfigure(cfg)
+	return p
+}
+
+// Reconfigure sets the pace from cfg while requests flow (a reload of the
+// configuration). Hosts start with a full bucket at the new pace.
+func (p *Polite) Reconfigure(cfg Config) {
 	cfg = cfg.WithDefaults()
-	if cfg.PerHostRPS <= 0 {
-		return &Polite{next: next}
+	var next *pace
+	if cfg.PerHostRPS > 0 {
+		next = &pace{
+			rps:   rate.Limit(cfg.PerHostRPS),
+			burst: cfg.PerHostBurst,
+			hosts: otter.Must(&otter.Options[string, *rate.Limiter]{
+				MaximumSize:      50_000,
+				ExpiryCalculator: otter.ExpiryAccessing[string, *rate.Limiter](10 * time.Minute),
+			}),
+		}
 	}
-	return &Polite{
-		next:  next,
-		rps:   rate.Limit(cfg.PerHostRPS),
-		burst: cfg.PerHostBurst,
-		hosts: otter.Must(&otter.Options[string, *rate.Limiter]{
-			MaximumSize:      50_000,
-			ExpiryCalculator: otter.ExpiryAccessing[string, *rate.Limiter](10 * time.Minute),
-		}),
+	if old := p.pace.Swap(next); old != nil {
+		old.hosts.StopAllGoroutines()
 	}
 }
 
 // RoundTrip implements http.RoundTripper.
 func (p *Polite) RoundTrip(req *http.Request) (*http.Response, error) {
-	if p.hosts == nil {
+	pc := p.pace.Load()
+	if pc == nil {
 		return p.next.RoundTrip(req)
 	}
 	host := strings.ToLower(req.URL.Hostname())
-	lim, _ := p.hosts.ComputeIfAbsent(host, func() (*rate.Limiter, bool) { return rate.NewLimiter(p.rps, p.burst), false })
+	lim, _ := pc.hosts.ComputeIfAbsent(host, func() (*rate.Limiter, bool) { return rate.NewLimiter(pc.rps, pc.burst), false })
 	if err := lim.Wait(req.Context()); err != nil {
-		return nil, fmt.Errorf("ratelimit: waiting for a turn at %s (per_host_rps %v): %w", host, float64(p.rps), err)
+		return nil, fmt.Errorf("ratelimit: waiting for a turn at %s (per_host_rps %v): %w", host, float64(pc.rps), err)
 	}
 	return p.next.RoundTrip(req)
 }
 
 // Close stops the per-host table's background work.
 func (p *Polite) Close() {
-	if p.hosts != nil {
-		p.hosts.StopAllGoroutines()
+	if old := p.pace.Swap(nil); old != nil {
+		old.hosts.StopAllGoroutines()
 	}
 }

@@ -1,7 +1,9 @@
 // Package ratelimit keeps one client from flooding the proxy: a fixed
-// window of N requests per client (proxy account, else client IP), counted
-// in this process or, when Redis is configured, across the fleet. It also
-// offers Polite, a per-target-host pace for upstream requests.
+// window of N requests per client, counted in this process or, when Redis
+// is configured, across the fleet. Who the client is (its proxy account,
+// else its IP) is the front door's decision (clientinfo.Info.Client); the
+// limiter only counts. It also offers Polite, a per-target-host pace for
+// upstream requests.
 package ratelimit
 
 import (
@@ -9,16 +11,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net"
-	"net/http"
-	"net/netip"
-	"path"
 	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Config is the `rate_limit:` section of config.yaml.
@@ -30,12 +29,9 @@ type Config struct {
 	// FailClosed refuses requests (503) when the shared counter (Redis) is
 	// unreachable. Default false: fail open, let them through.
 	FailClosed bool `yaml:"fail_closed"`
-	// TrustForwardedFor takes the client IP from X-Forwarded-For (first
-	// address) or X-Real-IP. Only behind a balancer you control: anyone can
-	// send those headers.
-	TrustForwardedFor bool `yaml:"trust_forwarded_for"`
-	// ExcludeHosts are target hosts whose requests are not counted
-	// (globs, "*.internal.example").
+	// ExcludeHosts are target hosts whose requests are not counted: host
+	// patterns ("status.example.com", "*.internal.example" for every
+	// subdomain).
 	ExcludeHosts []string `yaml:"exclude_hosts"`
 	// PerHostRPS paces requests going upstream to one target host (all
 	// clients together): politeness toward the sites you scrape. 0 = off.
@@ -65,8 +61,8 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("window: must be at least 1s, got %s", c.Window))
 	}
 	for i, h := range c.ExcludeHosts {
-		if _, err := path.Match(h, "x"); err != nil || h == "" {
-			errs = append(errs, fmt.Errorf("exclude_hosts[%d]: %q is not a host glob", i, h))
+		if err := hostmatch.Valid(h); err != nil {
+			errs = append(errs, fmt.Errorf("exclude_hosts[%d]: %w", i, err))
 		}
 	}
 	if c.PerHostRPS < 0 || math.IsNaN(c.PerHostRPS) || math.IsInf(c.PerHostRPS, 0) {
@@ -87,7 +83,7 @@ type Counter interface {
 
 // Limiter decides per request. Its zero value allows everything.
 type Limiter struct {
-	cfg      Config
+	set      atomic.Pointer[limits] // replaced whole by Reconfigure
 	counter  Counter
 	own      *MemoryCounter // the counter New made, closed by Close
 	rejected atomic.Uint64
@@ -101,12 +97,47 @@ func New(cfg Config, counter Counter) (*Limiter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("rate_limit: %w", err)
 	}
-	l := &Limiter{cfg: cfg, counter: counter, now: time.Now}
+	set, err := compile(cfg)
+	if err != nil {
+		return nil, err
+	}
+	l := &Limiter{counter: counter, now: time.Now}
+	l.set.Store(set)
 	if counter == nil {
 		l.own = NewMemoryCounter()
 		l.counter = l.own
 	}
 	return l, nil
+}
+
+// limits is a compiled Config.
+type limits struct {
+	cfg     Config
+	exclude *hostmatch.Set
+}
+
+func compile(cfg Config) (*limits, error) {
+	exclude, err := hostmatch.Compile(cfg.ExcludeHosts)
+	if err != nil {
+		return nil, fmt.Errorf("rate_limit: exclude_hosts%w", err)
+	}
+	return &limits{cfg: cfg, exclude: exclude}, nil
+}
+
+// Reconfigure replaces the limits while the limiter serves (a reload of
+// the configuration): requests already counted stay counted in their
+// window. It fails, changing nothing, for an invalid cfg.
+func (l *Limiter) Reconfigure(cfg Config) error {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("rate_limit: %w", err)
+	}
+	set, err := compile(cfg)
+	if err != nil {
+		return err
+	}
+	l.set.Store(set)
+	return nil
 }
 
 // Close stops the background work of a counter New made itself.
@@ -128,28 +159,32 @@ type Decision struct {
 }
 
 // Enabled reports whether client limits are on.
-func (l *Limiter) Enabled() bool { return l != nil && l.cfg.Requests > 0 }
+func (l *Limiter) Enabled() bool { return l != nil && l.set.Load().cfg.Requests > 0 }
 
-// Allow counts one request by client to host.
+// Allow counts one request by client (clientinfo.Info.Client) to host.
 func (l *Limiter) Allow(ctx context.Context, client, host string) Decision {
-	if !l.Enabled() || l.excluded(host) {
+	if l == nil {
+		return Decision{Allowed: true}
+	}
+	set := l.set.Load()
+	if set.cfg.Requests <= 0 || set.exclude.Match(host) {
 		return Decision{Allowed: true}
 	}
 	now := l.now()
-	w := l.cfg.Window
+	w := set.cfg.Window
 	start := now.Truncate(w)
 	key := "rl:" + client + ":" + strconv.FormatInt(start.Unix(), 10)
 	n, err := l.counter.IncrWindow(ctx, key, w+time.Second)
 	reset := start.Add(w).Sub(now)
 	if err != nil {
 		l.failed.Add(1)
-		if l.cfg.FailClosed {
-			return Decision{Allowed: false, Limit: l.cfg.Requests, RetryAfter: reset, Unavailable: true}
+		if set.cfg.FailClosed {
+			return Decision{Allowed: false, Limit: set.cfg.Requests, RetryAfter: reset, Unavailable: true}
 		}
-		return Decision{Allowed: true, Limit: l.cfg.Requests, Unavailable: true}
+		return Decision{Allowed: true, Limit: set.cfg.Requests, Unavailable: true}
 	}
-	d := Decision{Limit: l.cfg.Requests, Remaining: max(l.cfg.Requests-int(n), 0)}
-	if n <= int64(l.cfg.Requests) {
+	d := Decision{Limit: set.cfg.Requests, Remaining: max(set.cfg.Requests-int(n), 0)}
+	if n <= int64(set.cfg.Requests) {
 		d.Allowed = true
 		return d
 	}
@@ -158,49 +193,12 @@ func (l *Limiter) Allow(ctx context.Context, client, host string) Decision {
 	return d
 }
 
-func (l *Limiter) excluded(host string) bool {
-	for _, g := range l.cfg.ExcludeHosts {
-		if ok, _ := path.Match(g, host); ok {
-			return true
-		}
-	}
-	return false
-}
-
 // Rejected is how many requests were refused since start.
 func (l *Limiter) Rejected() uint64 {
 	if l == nil {
 		return 0
 	}
 	return l.rejected.Load()
-}
-
-// ClientKey names the client a request is counted against: its proxy
-// account when it authenticated, else its IP (from X-Forwarded-For or
-// X-Real-IP when trusted).
-func (l *Limiter) ClientKey(account, remoteAddr string, h http.Header) string {
-	if account != "" {
-		return "user:" + account
-	}
-	if l != nil && l.cfg.TrustForwardedFor {
-		if xff := h.Get("X-Forwarded-For"); xff != "" {
-			first, _, _ := strings.Cut(xff, ",")
-			if ip, err := netip.ParseAddr(strings.TrimSpace(first)); err == nil {
-				return "ip:" + ip.Unmap().String()
-			}
-		}
-		if ip, err := netip.ParseAddr(strings.TrimSpace(h.Get("X-Real-IP"))); err == nil {
-			return "ip:" + ip.Unmap().String()
-		}
-	}
-	host, _, err := net.SplitHostPort(remoteAddr)
-	if err != nil {
-		host = remoteAddr
-	}
-	if ip, err := netip.ParseAddr(host); err == nil {
-		return "ip:" + ip.Unmap().String()
-	}
-	return "ip:" + host
 }
 
 // MemoryCounter is a Counter in this process, bounded in size.

@@ -7,17 +7,33 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/maypok86/otter/v2"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/sync/singleflight"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
-// Cache is the fleet-shared cache and flight coordinator: dedup.Store (a
-// small in-process tier in front of the Redis values) and dedup.Fleet.
+// Cache is the fleet-shared cache and flight coordinator: dedup.Store and
+// dedup.TieredStore (a tier in this process's memory in front of the Redis
+// values) and dedup.Fleet.
+//
+// The memory tier keeps what it holds for its full TTL, within the memory
+// store's byte bound, but answers from a copy of a shared value only for
+// LocalTTL before asking Redis again: Redis has the last word, and an
+// invalidation whose message was lost goes unnoticed for LocalTTL at most.
+// While Redis is unavailable the memory tier is the cache: it answers with
+// everything it holds, and keeps what is fetched meanwhile for its full
+// TTL. Once Redis is back, a copy that Redis does not have (cached
+// meanwhile, or older than a loss of Redis's data) is given back to it the
+// next time it is asked for; a value Redis does have wins.
 type Cache struct {
 	*client
 	local *dedup.MemoryStore
+	// marks says, per key, how far this process may trust its memory copy
+	// (see mark). A key without a mark is asked of Redis; the bound only
+	// costs round trips.
+	marks *otter.Cache[string, mark]
 
 	waiters waiterSet
 	// fleetWaits counts Joins waiting on another process's flight.
@@ -30,22 +46,71 @@ type Cache struct {
 	leases sync.WaitGroup // lease renewals running
 }
 
+// mark is what this process knows of its memory copy of a key.
+type mark struct {
+	// until: the copy answers without asking Redis until then.
+	until time.Time
+	// own: Redis never got this copy (it was cached while Redis was
+	// unavailable), so it is given back when Redis has none.
+	own bool
+	// keep is when the mark itself goes: until, or for an own copy the
+	// copy's expiry.
+	keep time.Time
+}
+
+// maxMarks bounds the marks: the keys answered from memory in the last
+// LocalTTL, and those cached during an outage. Beyond it a copy is asked of
+// Redis, or, cached during an outage, fetched again.
+const maxMarks = 1 << 16
+
 var (
-	_ dedup.Store = (*Cache)(nil)
-	_ dedup.Fleet = (*Cache)(nil)
+	_ dedup.TieredStore = (*Cache)(nil)
+	_ dedup.Fleet       = (*Cache)(nil)
 )
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local}
 	s.waiters.m = make(map[string]map[chan struct{}]struct{})
+	s.marks = otter.Must(&otter.Options[string, mark]{
+		MaximumSize: maxMarks,
+		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, mark]) time.Duration {
+			return time.Until(e.Value.keep)
+		}),
+	})
 	return s
 }
 
-// Get implements dedup.Store: the local tier, then Redis. While Redis is
-// unavailable it answers from the local tier alone.
-func (s *Cache) Get(ctx context.Context, key string) (*dedup.Entry, error) {
-	if e, err := s.local.Get(ctx, key); err == nil {
+// GetLocal implements dedup.TieredStore: the memory copy, when it may
+// answer without Redis (recent enough, or Redis unavailable).
+func (s *Cache) GetLocal(ctx context.Context, key string) (*dedup.Entry, error) {
+	if e := s.localCopy(ctx, key); e != nil {
 		return e, nil
+	}
+	return nil, dedup.ErrNotFound
+}
+
+func (s *Cache) localCopy(ctx context.Context, key string) *dedup.Entry {
+	e, err := s.local.Get(ctx, key)
+	if err != nil {
+		return nil
+	}
+	if !s.available() {
+		return e
+	}
+	if m, ok := s.marks.GetIfPresent(key); ok && time.Now().Before(m.until) {
+		return e
+	}
+	return nil
+}
+
+// Get implements dedup.Store: the memory tier, then Redis. While Redis is
+// unavailable it answers from the memory tier alone.
+func (s *Cache) Get(ctx context.Context, key string) (*dedup.Entry, error) {
+	if e := s.localCopy(ctx, key); e != nil {
+		return e, nil
+	}
+	if !s.available() {
+		return nil, dedup.ErrNotFound
 	}
 	// The shared GET must not end with whichever caller started it.
 	ch := s.gets.DoChan(key, func() (any, error) {
@@ -62,7 +127,7 @@ func (s *Cache) Get(ctx context.Context, key string) (*dedup.Entry, error) {
 	}
 }
 
-// getRemote reads key's value from Redis into the local tier.
+// getRemote reads key's value from Redis into the memory tier.
 func (s *Cache) getRemote(ctx context.Context, key string) (*dedup.Entry, error) {
 	var blob []byte
 	err := s.exec(ctx, func(ctx context.Context) error {
@@ -70,43 +135,95 @@ func (s *Cache) getRemote(ctx context.Context, key string) (*dedup.Entry, error)
 		blob, err = s.rdb.Get(ctx, s.valueKey(tagOf(key))).Bytes()
 		return err
 	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		// Redis away: the memory copy, however old, is the cache. The
+		// breaker logs the outage once instead of every request.
+		if e, err := s.local.Get(ctx, key); err == nil {
+			return e, nil
+		}
+	}
 	if err != nil {
-		// Absent, or Redis away: both are a miss here; the breaker logs
-		// the outage once instead of every request.
 		return nil, dedup.ErrNotFound
 	}
 	e, err := decode(blob)
 	if err != nil || !time.Now().Before(e.ExpiresAt) {
 		return nil, dedup.ErrNotFound
 	}
-	s.putLocal(key, e)
+	s.keepShared(key, e)
 	return e, nil
 }
 
-// putLocal keeps e in the local tier for at most LocalTTL and never past
-// its Redis expiry: an invalidation whose message was lost is bounded by
-// LocalTTL.
-func (s *Cache) putLocal(key string, e *dedup.Entry) {
-	c := *e
-	if limit := time.Now().Add(s.cfg.LocalTTL); c.ExpiresAt.After(limit) {
-		c.ExpiresAt = limit
+// keepShared keeps e, a value Redis has, in the memory tier for its full
+// TTL, to answer from without Redis for LocalTTL.
+func (s *Cache) keepShared(key string, e *dedup.Entry) {
+	if !s.keep(key, e) {
+		return
 	}
-	if ttl := time.Until(c.ExpiresAt); ttl > 0 {
-		_ = s.local.Set(context.Background(), key, &c, ttl)
-	}
+	until := s.trustUntil(e)
+	s.marks.Set(key, mark{until: until, keep: until})
 }
 
-// Set implements dedup.Store (used when a flight had no fleet lease):
-// the local tier always, Redis when available. A value over
-// max_value_bytes stays local.
+// keepOwn keeps e, a value Redis has not got, in the memory tier for its
+// full TTL. shareable: Redis was unavailable, and gets e back when it
+// returns and is asked for it; otherwise (too big for Redis) the copy
+// answers for its whole TTL.
+func (s *Cache) keepOwn(key string, e *dedup.Entry, shareable bool) {
+	if !s.keep(key, e) {
+		return
+	}
+	m := mark{until: e.ExpiresAt, keep: e.ExpiresAt}
+	if shareable {
+		m.until, m.own = s.trustUntil(e), true
+	}
+	s.marks.Set(key, m)
+}
+
+// trustUntil is how long a copy of a shared value answers without Redis.
+func (s *Cache) trustUntil(e *dedup.Entry) time.Time {
+	if t := time.Now().Add(s.cfg.LocalTTL); t.Before(e.ExpiresAt) {
+		return t
+	}
+	return e.ExpiresAt
+}
+
+func (s *Cache) keep(key string, e *dedup.Entry) bool {
+	ttl := time.Until(e.ExpiresAt)
+	if ttl <= 0 {
+		return false
+	}
+	_ = s.local.Set(context.Background(), key, e, ttl)
+	return true
+}
+
+// givenBack returns this process's copy of key when Redis should have it
+// but has none: cached while Redis was unavailable, or kept from before
+// Redis lost its data.
+func (s *Cache) givenBack(key string) *dedup.Entry {
+	e, err := s.local.Get(context.Background(), key)
+	if err != nil || time.Until(e.ExpiresAt) < time.Millisecond {
+		return nil
+	}
+	if m, ok := s.marks.GetIfPresent(key); ok && m.own || s.lostBefore(e.StoredAt) {
+		return e
+	}
+	return nil
+}
+
+// Set implements dedup.Store (used when a flight had no fleet lease): Redis
+// when available (and the memory tier), the memory tier alone otherwise. A
+// value over max_value_bytes stays in memory.
 func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Duration) error {
 	if ttl <= 0 {
 		return nil
 	}
 	e = e.Expiring(ttl)
-	s.putLocal(key, e)
+	if !s.available() {
+		s.keepOwn(key, e, true)
+		return nil
+	}
 	blob := encode(e)
 	if int64(len(blob)) > int64(s.cfg.MaxValueBytes) {
+		s.keepOwn(key, e, false)
 		return nil
 	}
 	err := s.exec(ctx, func(ctx context.Context) error {
@@ -117,10 +234,15 @@ func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 		})
 		return err
 	})
-	if errors.Is(err, dedup.ErrUnavailable) {
-		return nil // degraded: kept locally, the breaker already said so
+	if err != nil {
+		s.keepOwn(key, e, true)
+		if errors.Is(err, dedup.ErrUnavailable) {
+			return nil // degraded: kept in memory, the breaker already said so
+		}
+		return err
 	}
-	return err
+	s.keepShared(key, e)
+	return nil
 }
 
 // index records key under its URL so invalidation by URL finds every
@@ -138,9 +260,9 @@ func (s *Cache) index(ctx context.Context, p redis.Pipeliner, urlKey, key string
 }
 
 // Delete implements dedup.Store, fleet-wide: the value in Redis, and every
-// process's local tier through an event.
+// process's memory tier through an event.
 func (s *Cache) Delete(ctx context.Context, key string) error {
-	_ = s.local.Delete(ctx, key)
+	s.forget(key)
 	tag := tagOf(key)
 	return s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -194,7 +316,13 @@ func (s *Cache) Stats() dedup.StoreStats {
 
 func (s *Cache) flightEnded(tag string) { s.waiters.wake(tag) }
 
-func (s *Cache) invalidated(tag string) { _ = s.local.Delete(context.Background(), fullKey(tag)) }
+func (s *Cache) invalidated(tag string) { s.forget(fullKey(tag)) }
+
+// forget drops this process's copy of key.
+func (s *Cache) forget(key string) {
+	_ = s.local.Delete(context.Background(), key)
+	s.marks.Invalidate(key)
+}
 
 func (s *Cache) invalidatedURL(urlKey string) {
 	_, _ = s.local.DeleteURL(context.Background(), urlKey)

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -35,15 +34,29 @@ type client struct {
 
 	// rejected counts input from Redis that was ignored (Backend.Rejected).
 	rejected atomic.Int64
+	// errors counts commands that failed: timeouts, refused connections,
+	// errors from Redis (Backend.Errors).
+	failed atomic.Int64
+
+	// presentUntil is when this process's presence key lapses, as far as
+	// the last successful heartbeat knows (unix ns; 0: not confirmed).
+	presentUntil atomic.Int64
+	// lostAt is when Redis was last seen to have lost its data (unix ns;
+	// 0: never, as far as this process knows).
+	lostAt atomic.Int64
 
 	mu     sync.Mutex
 	onBack []func() // run each time Redis comes back after an outage
+	epoch  string   // the fleet's epoch as last read (heartbeat.go)
+	// kick asks the heartbeat for a beat now: the breaker is half-open
+	// and waits for its probe.
+	kick chan struct{}
 
-	// life is canceled by Close: lease renewals, waits and reconnect work
-	// stop with it.
+	// life is canceled by Close: the heartbeat, lease renewals, waits and
+	// reconnect work stop with it.
 	life   context.Context
 	cancel context.CancelFunc
-	bg     sync.WaitGroup // onBack functions running
+	bg     sync.WaitGroup // the heartbeat and onBack functions running
 }
 
 func newClient(cfg Config, logger *slog.Logger) (*client, error) {
@@ -59,6 +72,7 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 		prefix:   cfg.KeyPrefix + "v1:",
 	}
 	c.channel = c.prefix + "events"
+	c.kick = make(chan struct{}, 1)
 	c.life, c.cancel = context.WithCancel(context.Background())
 	c.cb = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
 		Name:        "redis",
@@ -73,8 +87,16 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			switch to {
 			case gobreaker.StateOpen:
-				c.log.Warn("redis unavailable: deduplicating per instance (memory store, local flights) until it is back",
-					"retry_in", cfg.BreakerInterval)
+				if from == gobreaker.StateClosed {
+					c.log.Warn("redis unavailable: deduplicating per instance (memory store, local flights) until it is back",
+						"retry_in", cfg.BreakerInterval)
+				}
+			case gobreaker.StateHalfOpen:
+				// The heartbeat is the probe: beat now.
+				select {
+				case c.kick <- struct{}{}:
+				default:
+				}
 			case gobreaker.StateClosed:
 				c.log.Info("redis is back: sharing cache and flights with the fleet again")
 				if from != gobreaker.StateClosed {
@@ -86,16 +108,18 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 	return c, nil
 }
 
-// ping checks Redis once at start, for the log: a Redis that is down is
-// not an error, the breaker takes it from here.
-func (c *client) ping() {
+// start checks Redis once, for the log (a Redis that is down is not an
+// error: the breaker takes it from here), and starts the heartbeat.
+func (c *client) start() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout+c.cfg.Timeout)
 	defer cancel()
-	if err := c.exec(ctx, func(ctx context.Context) error { return c.rdb.Ping(ctx).Err() }); err != nil {
+	if err := c.beat(ctx); err != nil {
 		c.log.Warn("redis not reachable at start; running alone until it is", "redis", describe(c.cfg), "err", err)
 	} else {
 		c.log.Info("redis connected: cache and flights shared with the fleet", "redis", describe(c.cfg))
 	}
+	c.bg.Add(1)
+	go c.heartbeat()
 }
 
 func clientOptions(cfg Config) (*redis.UniversalOptions, error) {
@@ -150,13 +174,26 @@ func randomHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// available reports whether the shared layer is in use (breaker not open).
-func (c *client) available() bool { return c.cb.State() != gobreaker.StateOpen }
+// available reports whether the shared layer is in use: the breaker is
+// closed. While it is half-open only the heartbeat goes to Redis, as the
+// probe: the probe reads the fleet's epoch before any request can learn
+// that Redis is back, so copies Redis lost meanwhile are known as such.
+func (c *client) available() bool { return c.cb.State() == gobreaker.StateClosed }
 
 // exec runs one Redis operation through the breaker with the command
 // timeout. It returns nil, redis.Nil, the caller's context error, or an
-// error wrapping dedup.ErrUnavailable.
+// error wrapping dedup.ErrUnavailable (at once while the breaker is not
+// closed).
 func (c *client) exec(ctx context.Context, op func(context.Context) error) error {
+	if !c.available() {
+		return dedup.ErrUnavailable
+	}
+	return c.probe(ctx, op)
+}
+
+// probe is exec that also runs while the breaker is half-open, as the one
+// request that decides whether Redis is back. Only the heartbeat probes.
+func (c *client) probe(ctx context.Context, op func(context.Context) error) error {
 	_, err := c.cb.Execute(func() (any, error) {
 		ctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 		defer cancel()
@@ -170,14 +207,9 @@ func (c *client) exec(ctx context.Context, op func(context.Context) error) error
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
 		return dedup.ErrUnavailable
 	default:
+		c.failed.Add(1)
 		return fmt.Errorf("%w: %v", dedup.ErrUnavailable, err)
 	}
-}
-
-// newToken names one lock held by this process (a flight's lease, a
-// claim): only its holder may release it.
-func (c *client) newToken() string {
-	return c.instance + "-" + strconv.FormatUint(c.seq.Add(1), 36)
 }
 
 // onReconnect registers f to run each time Redis comes back after the
@@ -232,4 +264,10 @@ func fullKey(tag string) string { return dedup.KeyPrefix + tag }
 func (c *client) valueKey(tag string) string   { return c.prefix + "{" + tag + "}:v" }
 func (c *client) lockKey(tag string) string    { return c.prefix + "{" + tag + "}:l" }
 func (c *client) outcomeKey(tag string) string { return c.prefix + "{" + tag + "}:o" }
+func (c *client) waitersKey(tag string) string { return c.prefix + "{" + tag + "}:w" }
 func (c *client) urlKey(urlKey string) string  { return c.prefix + "u:{" + tagOf(urlKey) + "}" }
+
+// flightKeys are the KEYS of the flight scripts, in their order.
+func (c *client) flightKeys(tag string) []string {
+	return []string{c.lockKey(tag), c.valueKey(tag), c.outcomeKey(tag), c.waitersKey(tag)}
+}

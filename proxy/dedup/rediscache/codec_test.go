@@ -111,14 +111,21 @@ func TestOutcomeCodec(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
-	err := Config{URL: "redis://a:1", Addrs: []string{"b"}, MasterName: "m", DialTimeout: -1, Lease: time.Millisecond, Timeout: time.Second, BreakerFailures: -1, MaxValueBytes: 1}.Validate()
-	for _, want := range []string{"url: set either", "addrs[0]:", "dial_timeout:", "lease:", "breaker_failures:", "max_value_bytes:"} {
+	err := Config{URL: "redis://a:1", Addrs: []string{"b"}, MasterName: "m", DialTimeout: -1, Lease: time.Millisecond, PresenceTTL: time.Second, Timeout: time.Second, BreakerFailures: -1, MaxValueBytes: 1}.Validate()
+	for _, want := range []string{"url: set either", "addrs[0]:", "dial_timeout:", "lease:", "presence_ttl:", "breaker_failures:", "max_value_bytes:"} {
 		if err == nil || !bytes.Contains([]byte(err.Error()), []byte(want)) {
 			t.Errorf("missing %q in %v", want, err)
 		}
 	}
 	if err := (Config{URL: "redis://127.0.0.1:6379/0"}).WithDefaults().Validate(); err != nil {
 		t.Fatal(err)
+	}
+	// presence_ttl follows a longer timeout unless set.
+	if c := (Config{URL: "redis://127.0.0.1:6379/0", Timeout: 2 * time.Second, Lease: 10 * time.Second}).WithDefaults(); c.PresenceTTL != 6*time.Second || c.Validate() != nil {
+		t.Fatalf("presence_ttl %s with timeout 2s: %v", c.PresenceTTL, c.Validate())
+	}
+	if c := (Config{}).WithDefaults(); c.PresenceTTL != 1500*time.Millisecond {
+		t.Fatalf("default presence_ttl %s", c.PresenceTTL)
 	}
 	if err := (Config{URL: "http://nope"}).WithDefaults().Validate(); err == nil {
 		t.Fatal("bad URL accepted")

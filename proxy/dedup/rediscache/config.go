@@ -40,20 +40,32 @@ type Config struct {
 	// (memory store and local flights only) before one probe. Default 5s.
 	BreakerInterval time.Duration `yaml:"breaker_interval"`
 	// Lease is the lifetime of a flight's lock; the leader renews it every
-	// third of it, so a crashed leader is replaced within one Lease.
-	// Default 5s.
+	// third of it. A leader whose instance is known to be gone
+	// (PresenceTTL) is replaced sooner; Lease is the bound for the rest
+	// (an instance of an older version). Default 5s.
 	Lease time.Duration `yaml:"lease"`
+	// PresenceTTL is how long an instance that stopped answering (crashed,
+	// cut off from Redis) still holds its flights: each instance refreshes
+	// a presence key every third of it, and waiters elsewhere take over a
+	// flight whose leader's key has lapsed. At least 3 × Timeout; 0 means
+	// 1.5s, or 3 × Timeout when that is longer.
+	PresenceTTL time.Duration `yaml:"presence_ttl"`
 	// PollInterval is the waiters' safety net when a completion message is
 	// lost. Default 100ms.
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// FailureTTL keeps a failed or uncacheable flight's outcome for waiters
 	// that poll. Default 5s.
 	FailureTTL time.Duration `yaml:"failure_ttl"`
-	// MaxValueBytes caps a stored value (after compression); bigger
-	// responses are kept in the local tier only. Default 2MiB.
+	// MaxValueBytes caps a value cached in Redis (after compression): a
+	// bigger response is cached in this process only, for its full TTL,
+	// and reaches the waiters on other instances once, as its flight's
+	// short-lived outcome. Default 2MiB.
 	MaxValueBytes bytesize.Size `yaml:"max_value_bytes"`
-	// LocalTTL caps how long a value read from Redis is kept in this
-	// process's memory tier (never past its Redis TTL). Default 2s.
+	// LocalTTL is how long this process answers from its memory copy of a
+	// shared value before asking Redis again (never past the value's TTL):
+	// it bounds how long an invalidation whose message was lost can go
+	// unnoticed. While Redis is unavailable the memory tier answers for
+	// the full TTL. Default 2s.
 	LocalTTL time.Duration `yaml:"local_ttl"`
 	// StatsFlush is how often this instance adds its counters to the
 	// fleet-wide per-day statistics. Default 1s.
@@ -81,6 +93,7 @@ func (c Config) WithDefaults() Config {
 	set(&c.FailureTTL, 5*time.Second)
 	set(&c.LocalTTL, 2*time.Second)
 	set(&c.StatsFlush, time.Second)
+	set(&c.PresenceTTL, max(1500*time.Millisecond, 3*c.Timeout))
 	if c.BreakerFailures == 0 {
 		c.BreakerFailures = 3
 	}
@@ -114,7 +127,7 @@ func (c Config) Validate() error {
 		v   time.Duration
 	}{
 		{"dial_timeout", c.DialTimeout}, {"timeout", c.Timeout}, {"breaker_interval", c.BreakerInterval},
-		{"lease", c.Lease}, {"poll_interval", c.PollInterval}, {"failure_ttl", c.FailureTTL},
+		{"lease", c.Lease}, {"presence_ttl", c.PresenceTTL}, {"poll_interval", c.PollInterval}, {"failure_ttl", c.FailureTTL},
 		{"local_ttl", c.LocalTTL}, {"stats_flush", c.StatsFlush},
 	} {
 		if d.v <= 0 {
@@ -123,6 +136,9 @@ func (c Config) Validate() error {
 	}
 	if c.Lease > 0 && c.Lease < 3*c.Timeout {
 		errs = append(errs, fmt.Errorf("lease: must be at least 3 × timeout (%s) so renewals land in time, got %s", 3*c.Timeout, c.Lease))
+	}
+	if c.PresenceTTL > 0 && c.PresenceTTL < 3*c.Timeout {
+		errs = append(errs, fmt.Errorf("presence_ttl: must be at least 3 × timeout (%s) so a refresh lands in time, got %s", 3*c.Timeout, c.PresenceTTL))
 	}
 	if c.BreakerFailures < 1 {
 		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.BreakerFailures))

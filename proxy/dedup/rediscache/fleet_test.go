@@ -19,6 +19,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -82,7 +83,7 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	tr := &http.Transport{}
-	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: tr, Logger: logger})
+	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -103,6 +104,21 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	t.Cleanup(inst.stop)
 	return inst
+}
+
+// fromInstance names the instance whose request reaches the origin, in
+// the header instanceHeader.
+type fromInstance struct {
+	next http.RoundTripper
+	name string
+}
+
+const instanceHeader = "X-Test-Instance"
+
+func (f fromInstance) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set(instanceHeader, f.name)
+	return f.next.RoundTrip(r)
 }
 
 type got struct {
@@ -153,17 +169,6 @@ func (f *fleetFixture) everyoneWaiting(n int64) bool {
 	return f.waiters() == n && f.fleetWaiting() == int64(len(f.insts)-1)
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // TestFleetStampede: 300 concurrent identical requests spread over three
 // instances sharing one Redis reach the origin once.
 func TestFleetStampede(t *testing.T) {
@@ -171,7 +176,7 @@ func TestFleetStampede(t *testing.T) {
 	var f *fleetFixture
 	f = newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		time.Sleep(200 * time.Millisecond)
-		waitFor(t, "every client waiting", func() bool { return f.everyoneWaiting(n) })
+		testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "every client waiting")
 		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
 	})
 	res := make(chan got, n)
@@ -222,12 +227,14 @@ func TestHitOnAnotherInstance(t *testing.T) {
 }
 
 // TestLeaderCrashTakeover: the leading instance loses Redis mid-flight (as
-// if killed): its lease lapses, a waiter on another instance takes over,
-// and every client still gets an answer.
+// if killed): its presence key lapses, a waiter on another instance takes
+// over well before the lease would have lapsed, and every client still gets
+// an answer. The log line says how long the takeover took.
 func TestLeaderCrashTakeover(t *testing.T) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 4)
-	f := newFleet(t, 2, Config{Lease: 900 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+	rc := Config{}.WithDefaults() // production lease and presence_ttl
+	f := newFleet(t, 2, rc, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		arrived <- struct{}{}
 		<-release
 		io.WriteString(w, "answer")
@@ -241,15 +248,19 @@ func TestLeaderCrashTakeover(t *testing.T) {
 	for range n {
 		go func() { resB <- b.get(f.origin.URL + "/crash") }()
 	}
-	waitFor(t, "B's clients waiting", func() bool { return b.engine.Stats().Waiters == n })
+	testkit.Eventually(t, testkit.Patience, func() bool { return b.engine.Stats().Waiters == n && b.store.fleetWaits.Load() == 1 }, "B's clients waiting")
 	// "Kill" A as far as the fleet can tell: its Redis connections die, so
-	// it neither renews its lease nor publishes an outcome.
+	// it neither beats, nor renews its lease, nor publishes an outcome.
 	a.store.rdb.Close()
+	killed := time.Now()
 	select {
-	case <-arrived: // B took over after the lease lapsed
-	case <-time.After(10 * time.Second):
+	case <-arrived: // B took over
+	case <-time.After(rc.Lease + 5*time.Second):
 		t.Fatal("no instance took over the crashed leader's flight")
 	}
+	took := time.Since(killed)
+	t.Logf("leader gone: a waiter elsewhere took over its flight after %s (presence_ttl %s, lease %s, poll %s)",
+		took.Round(time.Millisecond), rc.PresenceTTL, rc.Lease, rc.PollInterval)
 	close(release)
 	for range n {
 		if g := <-resB; g.err != nil || g.status != 200 || g.body != "answer" {
@@ -269,7 +280,7 @@ func TestFailedFlightAcrossFleet(t *testing.T) {
 	const n = 6
 	f = newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		if calls.Add(1) == 1 {
-			waitFor(t, "waiters", func() bool { return f.everyoneWaiting(n) })
+			testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "waiters")
 			http.Error(w, "origin broke", http.StatusInternalServerError)
 			return
 		}
@@ -318,10 +329,10 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	if err != nil || n != 1 {
 		t.Fatalf("InvalidateURL = %d, %v", n, err)
 	}
-	waitFor(t, "B's local tier to drop the URL", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		_, err := b.store.local.Get(context.Background(), key)
 		return err != nil
-	})
+	}, "B's local tier to drop the URL")
 	if g := b.get(u); g.xcache != dedup.CacheMiss {
 		t.Fatalf("after invalidation B got %s", g.xcache)
 	}
@@ -332,10 +343,10 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	if err := a.engine.InvalidateKey(context.Background(), key); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "key invalidated on B", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		_, err := b.store.local.Get(context.Background(), key)
 		return err != nil
-	})
+	}, "key invalidated on B")
 	if g := b.get(u); g.xcache != dedup.CacheMiss {
 		t.Fatalf("after key invalidation B got %s", g.xcache)
 	}
@@ -409,7 +420,7 @@ func TestRedisOutageDuringLoad(t *testing.T) {
 	}
 	time.Sleep(300 * time.Millisecond)
 	f.redis.Kill()
-	waitFor(t, "breaker open on both instances", func() bool { return !a.be.Available() && !b.be.Available() })
+	testkit.Eventually(t, testkit.Patience, func() bool { return !a.be.Available() && !b.be.Available() }, "breaker open on both instances")
 	// The load's 50 pages sit in each instance's local tier by now; a page
 	// nobody has fetched yet goes upstream alone, marked BYPASS.
 	for i, inst := range f.insts {
@@ -422,13 +433,13 @@ func TestRedisOutageDuringLoad(t *testing.T) {
 	f.redis.Restart()
 	restarted := time.Now()
 	// Shared HITs resume: a URL fetched on A is a HIT on B.
-	waitFor(t, "shared HITs to resume", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		u := fmt.Sprintf("%s/after/%d", f.origin.URL, time.Now().UnixNano())
 		if g := a.get(u); g.xcache != dedup.CacheMiss {
 			return false
 		}
 		return b.get(u).xcache == dedup.CacheHit
-	})
+	}, "shared HITs to resume")
 	resumed := time.Since(restarted)
 	close(stop)
 	wg.Wait()
@@ -463,13 +474,13 @@ func TestRedisDownAtStart(t *testing.T) {
 		t.Fatal("breaker still closed after repeated failures")
 	}
 	srv.Restart()
-	waitFor(t, "recovery", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		lease, _, err := st.Join(context.Background(), "v1:cd")
 		if lease != nil {
 			lease.Release()
 		}
 		return err == nil
-	})
+	}, "recovery")
 }
 
 // TestFleetStatsAddUp: per-day counters in Redis sum every instance.
@@ -483,11 +494,11 @@ func TestFleetStatsAddUp(t *testing.T) {
 	b.get(f.origin.URL + "/s") // HIT
 	a.get(f.origin.URL + "/t") // MISS
 	var fs dedup.FleetStats
-	waitFor(t, "stats flushed", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		var err error
 		fs, err = a.bus.FleetStats(context.Background())
 		return err == nil && fs.Today.Requests == 4
-	})
+	}, "stats flushed")
 	d := fs.Today
 	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
 		t.Fatalf("today: %+v", d)
@@ -565,12 +576,12 @@ func TestNotesReachTheOtherInstances(t *testing.T) {
 		return append([]string(nil), got[name]...)
 	}
 	// The subscription may take a moment to be live: publish until heard.
-	waitFor(t, "b to hear a", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		a.bus.Publish("other", "", "not for session handlers", 0)
 		a.bus.Publish("session", "", `{"session":"s1","kind":"cooldown"}`, 0)
 		time.Sleep(20 * time.Millisecond)
 		return len(received(b.name)) > 0
-	})
+	}, "b to hear a")
 	for _, m := range received(b.name) {
 		if m != `{"session":"s1","kind":"cooldown"}` {
 			t.Errorf("b heard %q", m)
@@ -602,10 +613,10 @@ func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
 	if _, ok := b.Claim(ctx, "rotate:s1", 100*time.Millisecond); !ok {
 		t.Fatal("a released claim stayed held")
 	}
-	waitFor(t, "the claim to lapse", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		_, ok := a.Claim(ctx, "rotate:s1", time.Minute)
 		return ok
-	})
+	}, "the claim to lapse")
 	f.redis.Kill()
 	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); !ok {
 		t.Fatal("with Redis gone a claim must not block the work it guards")
@@ -636,10 +647,10 @@ func TestLastingNotesAreRecalled(t *testing.T) {
 		return maps.Clone(m)
 	}
 	a.Publish("session", "s1", "long", time.Minute)
-	waitFor(t, "the note to be kept", func() bool { return len(recall()) == 1 })
+	testkit.Eventually(t, testkit.Patience, func() bool { return len(recall()) == 1 }, "the note to be kept")
 	a.Publish("session", "s1", "short", 200*time.Millisecond)
 	a.Publish("session", "s2", "brief", 200*time.Millisecond)
-	waitFor(t, "the second key", func() bool { _, ok := recall()["brief"]; return ok })
+	testkit.Eventually(t, testkit.Patience, func() bool { _, ok := recall()["brief"]; return ok }, "the second key")
 	got := recall()
 	if left, ok := got["long"]; !ok || left < 50*time.Second || left > time.Minute {
 		t.Errorf("long note: %v (all %+v)", left, got)
@@ -647,7 +658,7 @@ func TestLastingNotesAreRecalled(t *testing.T) {
 	if _, ok := got["short"]; ok {
 		t.Errorf("a shorter note replaced a longer one: %+v", got)
 	}
-	waitFor(t, "the brief note to expire", func() bool { _, ok := recall()["brief"]; return !ok })
+	testkit.Eventually(t, testkit.Patience, func() bool { _, ok := recall()["brief"]; return !ok }, "the brief note to expire")
 	if _, ok := recall()["long"]; !ok {
 		t.Error("the long note went with the brief one")
 	}
@@ -663,16 +674,16 @@ func TestOnReconnectAfterOutage(t *testing.T) {
 	var calls atomic.Int64
 	inst.be.c.onReconnect(func() { calls.Add(1) })
 	f.redis.Kill()
-	waitFor(t, "the breaker to open", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		inst.get(fmt.Sprintf("%s/down/%d", f.origin.URL, time.Now().UnixNano()))
 		return !inst.be.Available()
-	})
+	}, "the breaker to open")
 	if calls.Load() != 0 {
 		t.Fatal("OnReconnect ran while Redis was down")
 	}
 	f.redis.Restart()
-	waitFor(t, "OnReconnect to run", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		inst.get(fmt.Sprintf("%s/up/%d", f.origin.URL, time.Now().UnixNano()))
 		return calls.Load() == 1
-	})
+	}, "OnReconnect to run")
 }

@@ -2,6 +2,7 @@ package rediscache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -12,37 +13,61 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
-// acquireScript is the fleet flight's state machine, one atomic step:
+// joinScript is a fleet flight's state machine, one atomic step, and the
+// only round trip a request needs before it knows what to do:
 //
-//	value stored        → {2, value}    read it (the re-check after winning locally)
-//	waiting, outcome    → {3, outcome}  the flight we waited on ended
-//	lock held           → {0, token}    someone leads: wait
-//	otherwise           → take the lock, drop a stale outcome → {1}
+//	value stored            → {2}           a hit, or the result waited for
+//	waited, outcome stored  → {3, outcome}  the flight waited on ended without a value
+//	lock free               → take it, drop a stale outcome → {1}: lead
+//	lock held               → flag the flight as waited on → {0, holder}: wait
+//
+// KEYS: lock, value, outcome, waiters. ARGV: token, lease (ms), "1" once
+// the caller has waited, and a holder found gone (or "").
+//
+// The value itself is read by a plain GET just before the script, in the
+// same round trip: a value passed through Lua is copied and interned twice
+// over, which costs Redis several times what the GET does.
 //
 // A caller that has not waited yet ignores an old outcome: a new request
-// may retry a failed flight. A waiter whose leader vanished (the lock
-// expired without a value or an outcome) takes the lock over.
-var acquireScript = redis.NewScript(`
-local v = redis.call('GET', KEYS[2])
-if v then return {2, v} end
+// may retry a failed flight. A waiter takes the lock over when the lease
+// has lapsed, or at once when it names the holder as gone (its presence
+// key lapsed) and the lock is still that holder's. The waiters flag tells
+// the leader that someone elsewhere waits: only then does the end of the
+// flight cost a message to every instance (and, without a value, an
+// outcome kept in Redis).
+var joinScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
 if ARGV[3] == '1' then
   local o = redis.call('GET', KEYS[3])
   if o then return {3, o} end
 end
-local l = redis.call('GET', KEYS[1])
-if l then return {0, l} end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-redis.call('DEL', KEYS[3])
-return {1}
+if ARGV[4] ~= '' and redis.call('GET', KEYS[1]) == ARGV[4] then redis.call('DEL', KEYS[1]) end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[3])
+  return {1}
+end
+redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
+return {0, redis.call('GET', KEYS[1])}
 `)
 
-// finishScript stores the value (or the short-lived outcome for waiters),
-// releases our own lock only, and wakes every process's waiters.
+// finishScript ends a flight whose value, if any, a plain SET just before
+// it in the same round trip has stored: it releases our own lock only and,
+// when someone waits elsewhere, keeps the outcome for them and wakes every
+// process's waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2:
+// there are waiters and the outcome was too big to send before knowing
+// that (ARGV[6]), so the lock is kept and the caller stores the outcome and
+// runs the script again.
+//
+// KEYS: lock, value, outcome, waiters. ARGV: token, outcome or "", outcome
+// TTL (ms), channel, message, "1" when the outcome follows.
 var finishScript = redis.NewScript(`
-if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3]) end
-if ARGV[4] ~= '' then redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[5]) end
+local waited = redis.call('EXISTS', KEYS[4]) == 1
+if waited and ARGV[6] == '1' then return 2 end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+if not waited then return 0 end
+redis.call('DEL', KEYS[4])
+if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 `)
 
@@ -52,18 +77,35 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[
 return 0
 `)
 
-// releaseScript drops our own lock without an outcome and wakes waiters so
-// one of them takes over at once instead of at lease expiry.
+// releaseScript drops our own lock without an outcome and wakes the
+// waiters, if any, so one of them takes over at once.
+// KEYS: lock, value, outcome, waiters. ARGV: token, channel, message.
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
-redis.call('PUBLISH', ARGV[2], ARGV[3])
+if redis.call('EXISTS', KEYS[4]) == 1 then redis.call('PUBLISH', ARGV[2], ARGV[3]) end
 return 1
 `)
 
-// Join implements dedup.Fleet.
+const (
+	// inlineOutcomeBytes is the largest outcome sent with the end of a
+	// flight whether or not anyone waits for it; a bigger one is sent
+	// only to a flight that has waiters, at the cost of a second trip.
+	inlineOutcomeBytes = 64 << 10
+	// maxOutcomeBytes bounds an outcome (far below Redis's 512 MB
+	// proto-max-bulk-len; dedup.max_body_bytes, 8 MiB by default, bounds
+	// it first): beyond it, the waiters elsewhere get an error.
+	maxOutcomeBytes = 64 << 20
+	// maxLooks bounds the looks at a flight in a row without waiting in
+	// between (an unreadable value removed, a holder found gone).
+	maxLooks = 4
+)
+
+// Join implements dedup.Fleet. A request costs one round trip before it
+// knows whether it has a value, leads, or waits; a waiter checks, with
+// each later look, whether its leader is still present.
 func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outcome, error) {
 	if !s.available() {
-		return nil, nil, dedup.ErrUnavailable
+		return s.alone(key)
 	}
 	tag := tagOf(key)
 	// Register before the first check: a completion published between the
@@ -71,30 +113,48 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	wake := s.waiters.add(tag)
 	defer s.waiters.remove(tag, wake)
 	token := s.newToken()
-	keys := []string{s.lockKey(tag), s.valueKey(tag), s.outcomeKey(tag)}
-	lease := strconv.FormatInt(s.cfg.Lease.Milliseconds(), 10)
-	var poll *time.Ticker
-	waiting := "0"
+	keys := s.flightKeys(tag)
+	var (
+		poll   *time.Ticker
+		waited bool
+		holder string // the lock's holder as last seen, if it keeps a presence key
+		gone   string // a holder found gone: take its lock over
+		again  int    // looks in a row without waiting
+	)
 	for {
-		var res []any
-		err := s.exec(ctx, func(ctx context.Context) error {
-			var err error
-			res, err = acquireScript.Run(ctx, s.rdb, keys, token, lease, waiting).Slice()
-			return err
-		})
+		// A value or outcome that keeps coming back unreadable (written
+		// by something else) must not keep this loop busy.
+		if again++; again > maxLooks {
+			return nil, nil, fmt.Errorf("rediscache: %s keeps answering what cannot be used; fetching without the fleet", key)
+		}
+		res, value, present, err := s.joinStep(ctx, keys, token, waited, holder, gone)
+		if errors.Is(err, dedup.ErrUnavailable) {
+			return s.alone(key)
+		}
 		if err != nil {
 			return nil, nil, err
 		}
+		gone = ""
 		switch kind, _ := res[0].(int64); kind {
 		case 1:
-			return s.newLease(tag, token), nil, nil
+			l := s.newLease(tag, token)
+			if e := s.givenBack(key); e != nil {
+				// The fleet lost this copy, or never had it: give it
+				// back instead of fetching it again.
+				_ = l.Finish(ctx, dedup.Outcome{Entry: e}, time.Until(e.ExpiresAt))
+				return nil, &dedup.Outcome{Entry: e, Cached: true}, nil
+			}
+			return l, nil, nil
 		case 2:
-			e, err := decode([]byte(stringAt(res, 1)))
+			if value == nil {
+				continue // stored between the GET and the script: look again
+			}
+			e, err := decode(value)
 			if err == nil && time.Now().Before(e.ExpiresAt) {
-				s.putLocal(key, e)
+				s.keepShared(key, e)
 				// Found at once it is a cache hit; found after waiting,
 				// it is the result of the flight we waited on.
-				return nil, &dedup.Outcome{Entry: e, Cached: waiting == "0"}, nil
+				return nil, &dedup.Outcome{Entry: e, Cached: !waited}, nil
 			}
 			// A value we cannot read (an older format) is in the way:
 			// remove it and run the flight.
@@ -108,9 +168,21 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			_ = s.exec(ctx, func(ctx context.Context) error { return s.rdb.Del(ctx, keys[2]).Err() })
 			continue
 		}
-		// Someone else leads: wait for the completion message, with
-		// polling as the safety net for a lost message or a dead leader.
-		waiting = "1"
+		// Someone else leads. Gone (its presence lapsed while it still
+		// holds the lock): take over now, not when the lease lapses.
+		h := stringAt(res, 1)
+		if holder != "" && h == holder && !present {
+			s.log.Info("redis: a flight's leader is gone; taking it over", "leader", h)
+			gone = h
+			continue
+		}
+		holder = ""
+		if _, ok := holderOf(h); ok {
+			holder = h
+		}
+		// Wait for the completion message, with polling as the safety net
+		// for a lost message or a dead leader.
+		waited, again = true, 0
 		if poll == nil {
 			poll = time.NewTicker(s.cfg.PollInterval)
 			defer poll.Stop()
@@ -126,6 +198,88 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			return nil, nil, dedup.ErrUnavailable
 		}
 	}
+}
+
+// joinStep runs the join script once, after a GET of the value in the same
+// round trip. With holder set (a waiter that knows who leads), it also asks
+// whether the holder's presence key is still there; present is true
+// otherwise.
+func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waited bool, holder, gone string) (res []any, value []byte, present bool, err error) {
+	args := []any{token, s.cfg.Lease.Milliseconds(), "0", gone}
+	if waited {
+		args[2] = "1"
+	}
+	present = true
+	err = s.exec(ctx, func(ctx context.Context) error {
+		var get *redis.StringCmd
+		var alive *redis.IntCmd
+		instance, checkHolder := holderOf(holder)
+		cmd, err := s.evalWith(ctx, joinScript, keys, args,
+			func(p redis.Pipeliner) { get = p.Get(ctx, keys[1]) },
+			func(p redis.Pipeliner) {
+				if checkHolder {
+					alive = p.Exists(ctx, s.presenceKey(instance))
+				}
+			})
+		if err != nil {
+			return err
+		}
+		if alive != nil {
+			present = alive.Val() == 1
+		}
+		if b, err := get.Bytes(); err == nil {
+			value = b
+		}
+		res, err = cmd.Slice()
+		if err == nil && len(res) == 0 {
+			err = fmt.Errorf("%w: empty reply", errFormat)
+		}
+		return err
+	})
+	return res, value, present, err
+}
+
+// evalWith runs script in one pipeline, after the commands before queues
+// and before those after queues (either may be nil), and returns the
+// script's command once every command has an answer. The script goes by
+// its hash; when Redis does not have it (restarted, flushed) the pipeline
+// runs again with the script sent whole.
+func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []string, args []any, before, after func(redis.Pipeliner)) (*redis.Cmd, error) {
+	run := func(eval func(redis.Pipeliner) *redis.Cmd) (*redis.Cmd, error) {
+		var cmd *redis.Cmd
+		cmds, _ := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			if before != nil {
+				before(p)
+			}
+			cmd = eval(p)
+			if after != nil {
+				after(p)
+			}
+			return nil
+		})
+		// A GET of a missing key answers redis.Nil: an answer, not a
+		// failure.
+		for _, c := range cmds {
+			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) && c != cmd {
+				return cmd, err
+			}
+		}
+		return cmd, cmd.Err()
+	}
+	cmd, err := run(func(p redis.Pipeliner) *redis.Cmd { return script.EvalSha(ctx, p, keys, args...) })
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return script.Eval(ctx, p, keys, args...) })
+	}
+	return cmd, err
+}
+
+// alone answers a Join without Redis: this process's copy, if it has one,
+// is the cache; otherwise the caller fetches on its own.
+func (s *Cache) alone(key string) (dedup.Lease, *dedup.Outcome, error) {
+	if e, err := s.local.Get(context.Background(), key); err == nil {
+		return nil, &dedup.Outcome{Entry: e, Cached: true}, nil
+	}
+	return nil, nil, dedup.ErrUnavailable
 }
 
 func stringAt(res []any, i int) string {
@@ -155,8 +309,9 @@ func (s *Cache) newLease(tag, token string) *lease {
 	return l
 }
 
-// renew keeps the lock while the fetch runs: a leader that crashes stops
-// renewing, and its waiters take over within one lease.
+// renew keeps the lock while the fetch runs: a leader whose process is
+// gone stops renewing, and its waiters take over within one lease (sooner
+// when its presence key lapses first).
 func (l *lease) renew(ctx context.Context) {
 	defer l.s.leases.Done()
 	t := time.NewTicker(l.s.cfg.Lease / 3)
@@ -191,45 +346,73 @@ func (l *lease) Release() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.s.cfg.Timeout)
 		defer cancel()
 		_ = l.s.exec(ctx, func(ctx context.Context) error {
-			return releaseScript.Run(ctx, l.s.rdb, []string{l.s.lockKey(l.tag)}, l.token, l.s.channel, "d "+l.tag).Err()
+			return releaseScript.Run(ctx, l.s.rdb, l.s.flightKeys(l.tag), l.token, l.s.channel, "d "+l.tag).Err()
 		})
 	})
 }
 
+// finish ends l's flight in one round trip: the value (a plain SET, and
+// its place in the URL index, which lives in the URL's slot) pipelined with
+// the finish script or, for waiters elsewhere, the outcome. A value too big
+// for Redis stays in this process for its full TTL and reaches the waiters
+// elsewhere once, as the outcome.
 func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
+	key := fullKey(l.tag)
+	keys := s.flightKeys(l.tag)
 	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
-		s.putLocal(fullKey(l.tag), out.Entry)
 		value = encode(out.Entry)
 		if int64(len(value)) > int64(s.cfg.MaxValueBytes) {
-			// Too big to share as a cached value; the waiters still
-			// need it, once.
 			value = nil
+			s.keepOwn(key, out.Entry, false)
 		}
 	}
 	if value == nil {
 		outcome = encodeOutcome(out)
-		if int64(len(outcome)) > int64(s.cfg.MaxValueBytes) {
+		if len(outcome) > maxOutcomeBytes {
 			outcome = encodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
 		}
 	}
-	keys := []string{s.lockKey(l.tag), s.valueKey(l.tag), s.outcomeKey(l.tag)}
-	err := s.exec(ctx, func(ctx context.Context) error {
-		return finishScript.Run(ctx, s.rdb, keys, l.token,
-			value, ttl.Milliseconds(), outcome, s.cfg.FailureTTL.Milliseconds(),
-			s.channel, "d "+l.tag).Err()
-	})
-	if err != nil || value == nil || out.Entry.URLKey == "" {
-		return err
+	blind, follows := outcome, ""
+	if len(outcome) > inlineOutcomeBytes {
+		blind, follows = nil, "1"
 	}
-	// The URL index lives in another slot: not part of the script.
-	return s.exec(ctx, func(ctx context.Context) error {
-		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			s.index(ctx, p, out.Entry.URLKey, fullKey(l.tag), ttl)
-			return nil
-		})
+	args := []any{l.token, blind, s.cfg.FailureTTL.Milliseconds(), s.channel, "d " + l.tag, follows}
+	var before, after func(redis.Pipeliner)
+	if value != nil {
+		before = func(p redis.Pipeliner) { p.Set(ctx, keys[1], value, ttl) }
+		if out.Entry.URLKey != "" {
+			after = func(p redis.Pipeliner) { s.index(ctx, p, out.Entry.URLKey, key, ttl) }
+		}
+	}
+	var kind int64
+	err := s.exec(ctx, func(ctx context.Context) error {
+		cmd, err := s.evalWith(ctx, finishScript, keys, args, before, after)
+		if err != nil {
+			return err
+		}
+		kind, err = cmd.Int64()
 		return err
 	})
+	if err == nil && kind == 2 {
+		// Someone waits for an outcome too big to have sent blind.
+		args[5] = ""
+		err = s.exec(ctx, func(ctx context.Context) error {
+			_, err := s.evalWith(ctx, finishScript, keys, args,
+				func(p redis.Pipeliner) { p.Set(ctx, keys[2], outcome, s.cfg.FailureTTL) }, nil)
+			return err
+		})
+	}
+	if value != nil {
+		if err == nil {
+			s.keepShared(key, out.Entry)
+		} else {
+			// Redis went away during the fetch: the memory tier is the
+			// cache now, and Redis gets the value back when it returns.
+			s.keepOwn(key, out.Entry, true)
+		}
+	}
+	return err
 }
 
 // The outcome value: a kind byte, then an encoded entry or a message.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -39,22 +40,22 @@ func TestHostileEventsAreIgnored(t *testing.T) {
 	channel := inst.be.c.channel
 	garbage := []string{"", "x", "d", "d ", "zz top", "n", "n onlyinstance", "n other", "n other session", "\x00\xff"}
 	good := `{"session":"s1","kind":"rotated"}`
-	waitFor(t, "the subscription to hear a good note", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		rc.Publish(ctx, channel, "n other session "+good)
 		time.Sleep(20 * time.Millisecond)
 		<-heardMu
 		defer func() { heardMu <- struct{}{} }()
 		return len(heard) > 0
-	})
+	}, "the subscription to hear a good note")
 	before := inst.be.Rejected()
 	for _, g := range garbage {
 		if err := rc.Publish(ctx, channel, g).Err(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, "every garbage event to be counted", func() bool {
+	testkit.Eventually(t, testkit.Patience, func() bool {
 		return inst.be.Rejected()-before == int64(len(garbage))
-	})
+	}, "every garbage event to be counted")
 	if g := inst.get(f.origin.URL + "/after"); g.status != 200 || g.body != "page" {
 		t.Fatalf("after garbage events: %+v", g)
 	}

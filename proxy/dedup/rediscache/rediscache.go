@@ -5,9 +5,11 @@
 // A Backend is one Redis deployment, seen as the two parts its consumers
 // use:
 //   - Cache: the shared cache and flights, what package dedup declares
-//     (dedup.Store, dedup.Fleet). A small in-process tier sits in front of
-//     the Redis values. A flight's lock, value and outcome share one hash
-//     tag, so every script touches one Cluster slot.
+//     (dedup.TieredStore, dedup.Fleet). A tier in process memory sits in
+//     front of the Redis values. A flight's lock, value, outcome and
+//     waiters flag share one hash tag, so every script touches one Cluster
+//     slot; a miss costs its leader two round trips (join, finish), a hit
+//     or a waiter one before it has its answer or waits.
 //   - Bus: notes, claims and counters, what the upstream pool, the rate
 //     limiter and the statistics declare (upstream.Bus and Claimer,
 //     ratelimit.Counter, dedup.Recorder, the fleet's per-day statistics).
@@ -21,8 +23,12 @@
 // Redis trouble never fails a request: commands have short timeouts and no
 // retries, and a circuit breaker skips Redis for breaker_interval after
 // breaker_failures consecutive failures. Meanwhile the engine runs on the
-// memory tier and local flights (X-Cache: BYPASS for what goes upstream) and
-// a probe after the interval brings the shared layer back by itself.
+// memory tier, which is then the cache (full TTL), and local flights
+// (X-Cache: BYPASS for what goes upstream); a probe after the interval
+// brings the shared layer back by itself, and Redis gets back what was
+// cached meanwhile. A heartbeat keeps each instance's presence in Redis, so
+// that the flights of an instance that dies are taken over quickly, and
+// keeps the breaker's view true on an idle instance.
 package rediscache
 
 import (
@@ -46,10 +52,11 @@ type Backend struct {
 	c   *client
 }
 
-// Open connects to the configured Redis. It does not fail when Redis is
-// down at start: the breaker opens, the proxy runs alone, and the shared
-// layer comes back when Redis does. local is the in-process tier of the
-// cache (and the fallback while Redis is away).
+// Open connects to the configured Redis and starts the heartbeat (until
+// Close). It does not fail when Redis is down at start: the breaker opens,
+// the proxy runs alone, and the shared layer comes back when Redis does.
+// local is the in-process tier of the cache (and the cache while Redis is
+// away).
 func Open(cfg Config, local *dedup.MemoryStore, logger *slog.Logger) (*Backend, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -63,7 +70,7 @@ func Open(cfg Config, local *dedup.MemoryStore, logger *slog.Logger) (*Backend, 
 		return nil, fmt.Errorf("rediscache: %w", err)
 	}
 	b := &Backend{c: c, Cache: newCache(c, local), Bus: newBus(c)}
-	c.ping()
+	c.start()
 	return b, nil
 }
 
@@ -72,7 +79,9 @@ func Open(cfg Config, local *dedup.MemoryStore, logger *slog.Logger) (*Backend, 
 // invalidations clear the local tier, notes reach their subscribers), the
 // notes' sender and the periodic flush of statistics. go-redis
 // re-subscribes by itself after Redis comes back; while the subscription is
-// down, waiters fall back on polling.
+// down, waiters fall back on polling. The heartbeat is not Run's: it runs
+// from Open to Close, so that flights still finishing during a graceful
+// shutdown keep their leader present.
 func (b *Backend) Run(ctx context.Context) error {
 	g, ctx := errgroup.WithContext(ctx)
 	g.Go(func() error { b.subscribe(ctx); return nil })
@@ -82,17 +91,25 @@ func (b *Backend) Run(ctx context.Context) error {
 }
 
 // Available reports whether the shared layer is in use (breaker not open).
+// The heartbeat keeps it true to Redis on an instance without traffic.
 func (b *Backend) Available() bool { return b.c.available() }
 
 // Rejected counts what this instance read from Redis and ignored because
 // it could not use it: malformed events, notes and recalled notes.
 func (b *Backend) Rejected() int64 { return b.c.rejected.Load() }
 
-// Close stops renewals, waits and reconnect work, and closes the
-// connections. Call it after Run returned.
+// Errors counts the Redis commands that failed (timeouts, refused
+// connections, errors from Redis); commands skipped while the breaker is
+// open are not counted.
+func (b *Backend) Errors() int64 { return b.c.failed.Load() }
+
+// Close stops the heartbeat (removing this instance's presence key),
+// renewals, waits and reconnect work, and closes the connections. Call it
+// after Run returned and the engine's flights ended.
 func (b *Backend) Close() error {
 	b.c.cancel()
 	b.Cache.leases.Wait()
 	b.c.bg.Wait()
+	b.Cache.marks.StopAllGoroutines()
 	return b.c.rdb.Close()
 }

@@ -1,17 +1,12 @@
-package proxy
+package socks
 
 import (
 	"bufio"
-	"context"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"sync"
 	"time"
-
-	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
-	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
 )
 
 // sniffKind is what the first bytes of a client stream say it is.
@@ -184,94 +179,3 @@ func (r *firstReader) Read(p []byte) (int, error) {
 	}
 	return r.up.Read(p)
 }
-
-// splice copies both ways between the client and the upstream until both
-// directions end, byte for byte. An EOF from one side becomes a half-close
-// (CloseWrite) towards the other, so request-then-response protocols that
-// shut their sending side still get their answer; an error on either side
-// closes both, since the other direction may wait on a peer that is gone.
-// fromClient and fromUp read the two connections (with bytes already
-// buffered by sniffing). When ctx ends (Shutdown) both are closed: cutting
-// the client alone would leave a copy blocked on an upstream that has
-// nothing to say.
-func splice(ctx context.Context, client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
-	stop := context.AfterFunc(ctx, func() {
-		client.Close()
-		up.Close()
-	})
-	defer stop()
-	errc := make(chan error, 2)
-	go func() {
-		_, err := io.Copy(up, fromClient)
-		halfClose(up)
-		errc <- err
-	}()
-	go func() {
-		_, err := io.Copy(client, fromUp)
-		halfClose(client)
-		errc <- err
-	}()
-	var first error
-	for range 2 {
-		if err := <-errc; err != nil && first == nil {
-			first = err
-			client.Close()
-			up.Close()
-		}
-	}
-	client.Close()
-	up.Close()
-	return first
-}
-
-// halfClose passes an EOF on to c when the connection under the proxy's
-// wrappers can half-close. When it cannot (a connection that is not TCP
-// underneath), c stays open rather than being closed: a full close would
-// drop the answer still on its way back. The tunnel then ends when the
-// other side closes, or when it idles.
-func halfClose(c net.Conn) {
-	if canCloseWrite(c) {
-		_ = halfclose.CloseWrite(c)
-	}
-}
-
-// canCloseWrite looks through the proxy's own wrappers (whose CloseWrite
-// falls back to a full Close) for a connection that can really half-close.
-func canCloseWrite(c net.Conn) bool {
-	for {
-		switch v := c.(type) {
-		case *tunnelConn:
-			c = v.Conn
-		case *idleconn.Conn:
-			c = v.Conn
-		case *trackedConn:
-			c = v.Conn
-		case *prefixConn:
-			c = v.Conn
-		case interface{ CloseWrite() error }:
-			return true
-		default:
-			return false
-		}
-	}
-}
-
-// prefixConn gives back bytes read ahead (the version byte the SOCKS5 door
-// checked itself, what http.Server buffered past a CONNECT) before reading
-// the connection.
-type prefixConn struct {
-	net.Conn
-	prefix []byte
-}
-
-func (c *prefixConn) Read(p []byte) (int, error) {
-	if len(c.prefix) > 0 {
-		n := copy(p, c.prefix)
-		c.prefix = c.prefix[n:]
-		return n, nil
-	}
-	return c.Conn.Read(p)
-}
-
-func (c *prefixConn) CloseWrite() error { return halfclose.CloseWrite(c.Conn) }
-func (c *prefixConn) CloseRead() error  { return halfclose.CloseRead(c.Conn) }

@@ -1,30 +1,32 @@
-package proxy
+package socks
 
 import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"time"
 )
 
-// DefaultSOCKS5Listen is the SOCKS5 address of the shipped configuration.
+// DefaultListen is the SOCKS5 address of the shipped configuration.
 // WithDefaults does not apply it: "" is a meaningful setting (the SOCKS5
 // port is off), so the default lives in config.yaml, like admin.listen.
-const DefaultSOCKS5Listen = "127.0.0.1:1080"
+const DefaultListen = "127.0.0.1:1080"
 
-// SOCKS5Config is the `socks5:` section of config.yaml: the SOCKS5 front
-// door, which feeds the same pipeline as the HTTP port (MITM, dedup, cache,
+// Config is the `socks5:` section of config.yaml: the SOCKS5 front door,
+// which feeds the same pipeline as the HTTP port (MITM, dedup, cache,
 // sessions, auth). Zero values mean the documented defaults (see
 // WithDefaults), except Listen and AllowNoAuth, whose zero values are
 // settings of their own.
 //
-// The SOCKS5 port shares the HTTP port's limits from the `proxy:` section:
-// max_conns (a cap of its own, of the same size), idle_timeout,
-// read_header_timeout (which bounds the SOCKS5 greeting, authentication and
-// request), dial_timeout (blind tunnels) and bypass_hosts.
-type SOCKS5Config struct {
+// The SOCKS5 port shares the HTTP port's limits from the `proxy:` section
+// (see Options): max_conns (a cap of its own, of the same size),
+// idle_timeout, read_header_timeout (which bounds the SOCKS5 greeting,
+// authentication and request), dial_timeout (blind tunnels) and
+// bypass_hosts.
+type Config struct {
 	// Listen is the SOCKS5 address; "" turns the SOCKS5 port off. The
-	// shipped config.yaml sets DefaultSOCKS5Listen.
+	// shipped config.yaml sets DefaultListen.
 	Listen string `yaml:"listen"`
 	// AllowNoAuth lets clients in without a verified user name and password
 	// when no user store is configured (Options.Users is nil): they may then
@@ -48,9 +50,9 @@ type SOCKS5Config struct {
 }
 
 // WithDefaults returns c with zero fields set to their defaults. Listen and
-// AllowNoAuth are left alone (see SOCKS5Config). An explicitly empty
-// MITMPorts list (not nil) stays empty: every port is then dialled first.
-func (c SOCKS5Config) WithDefaults() SOCKS5Config {
+// AllowNoAuth are left alone (see Config). An explicitly empty MITMPorts
+// list (not nil) stays empty: every port is then dialled first.
+func (c Config) WithDefaults() Config {
 	if c.MITMPorts == nil {
 		c.MITMPorts = []int{80, 443, 8080, 8443}
 	}
@@ -61,7 +63,7 @@ func (c SOCKS5Config) WithDefaults() SOCKS5Config {
 }
 
 // Validate reports every problem in c, each prefixed with its yaml key.
-func (c SOCKS5Config) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if c.Listen != "" {
 		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
@@ -79,11 +81,4 @@ func (c SOCKS5Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (c SOCKS5Config) isMITMPort(port int) bool {
-	for _, p := range c.MITMPorts {
-		if p == port {
-			return true
-		}
-	}
-	return false
-}
+func (c Config) isMITMPort(port int) bool { return slices.Contains(c.MITMPorts, port) }

@@ -1,12 +1,10 @@
-package proxy
+package socks
 
 import (
 	"bufio"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -45,8 +43,8 @@ func TestSOCKS5ReplyCode(t *testing.T) {
 		{"upstream socks ruleset", errors.New("unknown error connection not allowed by ruleset"), statute.RepRuleFailure},
 		{"other", errors.New("boom"), statute.RepServerFailure},
 	} {
-		if got := socksReplyCode(tc.err); got != tc.want {
-			t.Errorf("%s: socksReplyCode(%v) = %d, want %d", tc.name, tc.err, got, tc.want)
+		if got := replyCode(tc.err); got != tc.want {
+			t.Errorf("%s: replyCode(%v) = %d, want %d", tc.name, tc.err, got, tc.want)
 		}
 	}
 }
@@ -78,7 +76,7 @@ func TestClassifyStream(t *testing.T) {
 }
 
 func TestSOCKS5ConfigDefaultsAndValidate(t *testing.T) {
-	d := SOCKS5Config{}.WithDefaults()
+	d := Config{}.WithDefaults()
 	if d.Listen != "" || d.AllowNoAuth {
 		t.Errorf("WithDefaults touched listen/allow_no_auth: %+v", d)
 	}
@@ -88,74 +86,18 @@ func TestSOCKS5ConfigDefaultsAndValidate(t *testing.T) {
 	if err := d.Validate(); err != nil {
 		t.Errorf("defaults invalid: %v", err)
 	}
-	if got := (SOCKS5Config{MITMPorts: []int{}}).WithDefaults().MITMPorts; got == nil || len(got) != 0 {
+	if got := (Config{MITMPorts: []int{}}).WithDefaults().MITMPorts; got == nil || len(got) != 0 {
 		t.Errorf("an explicitly empty mitm_ports became %v", got)
 	}
-	shipped := SOCKS5Config{Listen: DefaultSOCKS5Listen, AllowNoAuth: true}.WithDefaults()
+	shipped := Config{Listen: DefaultListen, AllowNoAuth: true}.WithDefaults()
 	if err := shipped.Validate(); err != nil {
 		t.Errorf("shipped: %v", err)
 	}
-	err := SOCKS5Config{Listen: "nope", MITMPorts: []int{443, 0, 70000}, SniffTimeout: -time.Second}.Validate()
+	err := Config{Listen: "nope", MITMPorts: []int{443, 0, 70000}, SniffTimeout: -time.Second}.Validate()
 	for _, want := range []string{"listen:", "mitm_ports[1]:", "mitm_ports[2]:", "sniff_timeout:"} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("Validate error %v lacks %q", err, want)
 		}
-	}
-}
-
-// TestBridgeConnSwallowsReply: goproxy's reply to the synthesized CONNECT
-// never reaches the SOCKS5 client, even when written in pieces; what follows
-// does, untouched.
-func TestBridgeConnSwallowsReply(t *testing.T) {
-	proxySide, clientSide := net.Pipe()
-	defer clientSide.Close()
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	bc := newBridgeConn(proxySide, "CONNECT x:1 HTTP/1.1\r\n\r\n", strings.NewReader("hello"), "x:1", logger)
-	got := make(chan string, 1)
-	go func() {
-		b, _ := io.ReadAll(clientSide)
-		got <- string(b)
-	}()
-	for _, p := range []string{"HTTP/1.1 2", "00 OK\r\n", "\r\n", "data", "more"} {
-		if _, err := bc.Write([]byte(p)); err != nil {
-			t.Fatalf("Write(%q): %v", p, err)
-		}
-	}
-	b, _ := io.ReadAll(bc)
-	if string(b) != "CONNECT x:1 HTTP/1.1\r\n\r\nhello" {
-		t.Errorf("read %q", b)
-	}
-	bc.Close()
-	if g := <-got; g != "datamore" {
-		t.Errorf("client got %q, want %q", g, "datamore")
-	}
-	select {
-	case <-bc.done:
-	default:
-		t.Error("done not closed by Close")
-	}
-}
-
-func TestBridgeConnClosesOnRefusal(t *testing.T) {
-	proxySide, clientSide := net.Pipe()
-	defer clientSide.Close()
-	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	bc := newBridgeConn(proxySide, "", strings.NewReader(""), "x:1", logger)
-	got := make(chan string, 1)
-	go func() {
-		b, _ := io.ReadAll(clientSide)
-		got <- string(b)
-	}()
-	if _, err := bc.Write([]byte("HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 0\r\n\r\n")); err == nil {
-		t.Error("a 407 reply was accepted")
-	}
-	if g := <-got; g != "" {
-		t.Errorf("client got %q: the refusal must not leak into the SOCKS5 stream", g)
-	}
-	select {
-	case <-bc.done:
-	case <-time.After(5 * time.Second):
-		t.Fatal("connection not closed after a refusal")
 	}
 }
 

@@ -1,0 +1,282 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/app"
+	"github.com/seed-a3c387e8/onceproxy/internal/loadgen"
+	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
+	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+)
+
+// BenchmarkStores measures what a shared store costs one onceproxy
+// instance. Each store under test gets instances of its own, wired as main
+// wires them (app.Build, the shipped config.yaml), in front of the same
+// loopback HTTPS origins; loadgen sends unique https URLs through the
+// proxy (CONNECT, MITM, HTTP/1.1) with 32 workers:
+//
+//	miss       every request a new URL: a flight, an origin fetch, a store write
+//	hit        the same URLs again once the memory copy no longer answers
+//	           alone (local_ttl 1ms): a hit that asks the store
+//	coalesced  each URL 8 times at once, from an origin that takes 20 ms;
+//	           with a shared store over two instances, so that the
+//	           waiters of one wait on the other's flight
+//
+// Reported per request: req/s; store-cmds and store-rtt, the store's own
+// counters (Redis: INFO's commands processed, and its read events as the
+// round trips: one per command or pipeline received, background work such
+// as the heartbeat and the statistics included; PostgreSQL:
+// pg_stat_statements' calls, every statement of a batch counted, background
+// work included, and no round trips); origin, the requests that reached the
+// origin.
+//
+// The numbers are the machine's: run it alone on a quiet one, e.g.
+//
+//	go test -run '^$' -bench Stores -benchtime 20000x ./cmd/onceload/
+func BenchmarkStores(b *testing.B) {
+	fast := startBenchOrigin(b, 0)
+	slow := startBenchOrigin(b, 20*time.Millisecond)
+	for _, st := range storesUnderTest {
+		b.Run(st.name, func(b *testing.B) {
+			env, counts := st.start(b)
+			one := startBenchInstance(b, fast, slow, env)
+			var two *benchInstance
+			if st.shared {
+				two = startBenchInstance(b, fast, slow, env)
+			}
+			b.Run("miss", func(b *testing.B) {
+				targets := uniqueURLs(fast.URL(), b.N)
+				measure(b, counts, fast, func() []*loadgen.Result {
+					return []*loadgen.Result{one.run(b, targets, b.N, 1)}
+				})
+			})
+			b.Run("hit", func(b *testing.B) {
+				targets := uniqueURLs(fast.URL(), b.N)
+				one.run(b, targets, b.N, 1)
+				time.Sleep(10 * time.Millisecond) // past local_ttl
+				measure(b, counts, fast, func() []*loadgen.Result {
+					return []*loadgen.Result{one.run(b, targets, b.N, 1)}
+				})
+			})
+			b.Run("coalesced", func(b *testing.B) {
+				const copies = 8
+				targets := uniqueURLs(slow.URL(), (b.N+copies-1)/copies)
+				measure(b, counts, slow, func() []*loadgen.Result {
+					if two == nil {
+						return []*loadgen.Result{one.run(b, targets, b.N, copies)}
+					}
+					// Half the copies of each URL on each instance, at once.
+					var res [2]*loadgen.Result
+					var wg sync.WaitGroup
+					for i, inst := range []*benchInstance{one, two} {
+						wg.Go(func() { res[i] = inst.run(b, targets, (b.N+1-i)/2, copies/2) })
+					}
+					wg.Wait()
+					return res[:]
+				})
+			})
+		})
+	}
+}
+
+// storeUnderTest is one way for the instances of a fleet to share their
+// cache and flights.
+type storeUnderTest struct {
+	name string
+	// start readies the store for b and returns the environment that
+	// points an instance at it, and a reader of the store's own counters
+	// (nil: no store). It skips b when the store cannot run here.
+	start func(b *testing.B) (env []string, counts func() storeCounts)
+	// shared: instances share it (the coalesced run uses two).
+	shared bool
+}
+
+// storeCounts are a store's own counters of the work done for its clients;
+// trips is negative for a store that does not count round trips.
+type storeCounts struct{ commands, trips int64 }
+
+var storesUnderTest = []storeUnderTest{
+	{name: "memory", start: func(*testing.B) ([]string, func() storeCounts) { return nil, nil }},
+	{name: "redis", shared: true, start: startRedisStore},
+	{name: "postgres", shared: true, start: startPostgresStore},
+}
+
+// startRedisStore runs a private redis-server. local_ttl is 1ms so that a
+// hit asks Redis: the cost of a hit whose memory copy has aged out.
+func startRedisStore(b *testing.B) ([]string, func() storeCounts) {
+	srv := redistest.Start(b)
+	rc := srv.Client()
+	counts := func() storeCounts {
+		info, err := rc.Info(context.Background(), "stats").Result()
+		if err != nil {
+			b.Fatalf("redis INFO: %v", err)
+		}
+		return storeCounts{commands: infoField(info, "total_commands_processed"), trips: infoField(info, "total_reads_processed")}
+	}
+	return []string{"ONCEPROXY_REDIS_URL=" + srv.URL, "ONCEPROXY_REDIS_LOCAL_TTL=1ms"}, counts
+}
+
+// startPostgresStore runs a private PostgreSQL cluster with
+// pg_stat_statements, whose calls count the statements. PostgreSQL has no
+// counter of round trips (a pipelined batch is several statements in one),
+// so store-rtt is not reported for it; pgstore's TestStatementsPerRequest
+// counts them with a client-side tracer. local_ttl is 1ms so that a hit
+// asks the database.
+func startPostgresStore(b *testing.B) ([]string, func() storeCounts) {
+	srv := pgtest.Start(b, "shared_preload_libraries=pg_stat_statements", "pg_stat_statements.max=10000")
+	srv.Exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+	var reads int64 // this function's own queries, which the view counts too
+	counts := func() storeCounts {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err := pgx.Connect(ctx, srv.URL)
+		if err != nil {
+			b.Fatalf("postgres: %v", err)
+		}
+		defer c.Close(ctx)
+		var n int64
+		if err := c.QueryRow(ctx, "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements").Scan(&n); err != nil {
+			b.Fatalf("pg_stat_statements: %v", err)
+		}
+		reads++
+		return storeCounts{commands: n - (reads - 1), trips: -1}
+	}
+	return []string{"ONCEPROXY_POSTGRES_URL=" + srv.URL, "ONCEPROXY_POSTGRES_LOCAL_TTL=1ms"}, counts
+}
+
+func infoField(info, name string) int64 {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, _ := strconv.ParseInt(v, 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+func startBenchOrigin(b *testing.B, latency time.Duration) *loadgen.Origin {
+	o, err := loadgen.StartOrigin(loadgen.OriginOptions{TLS: true, Latency: latency, BodySize: 2048})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(o.Close)
+	return o
+}
+
+// benchInstance is one onceproxy running in this process.
+type benchInstance struct {
+	proxy  *url.URL
+	caFile string // its MITM CA
+}
+
+func startBenchInstance(b *testing.B, fast, slow *loadgen.Origin, env []string) *benchInstance {
+	b.Helper()
+	shipped, err := os.ReadFile(filepath.Join("..", "..", "config.yaml"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	dir := b.TempDir()
+	environ := append([]string{
+		"ONCEPROXY_PROXY_LISTEN=127.0.0.1:0",
+		"ONCEPROXY_SOCKS5_LISTEN=",
+		"ONCEPROXY_ADMIN_LISTEN=",
+		"ONCEPROXY_MITM_CA_DIR=" + filepath.Join(dir, "certs"),
+		"ONCEPROXY_UPSTREAM_CA_FILES=[" + fast.CAFile() + ", " + slow.CAFile() + "]",
+		"ONCEPROXY_LOG_ACCESS=false",
+	}, env...)
+	cfg, err := app.LoadConfig(shipped, "", environ)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a, err := app.Build(cfg, app.Options{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx) }()
+	b.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Errorf("instance: %v", err)
+		}
+	})
+	ca := filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(ca, a.CA.CertPEM(), 0o644); err != nil {
+		b.Fatal(err)
+	}
+	return &benchInstance{proxy: &url.URL{Scheme: "http", Host: a.Addrs().Proxy}, caFile: ca}
+}
+
+// run sends n requests over targets, each repeat times in a row, through
+// the instance, and fails b on any error.
+func (i *benchInstance) run(b *testing.B, targets []string, n, repeat int) *loadgen.Result {
+	res, err := loadgen.Run(context.Background(), loadgen.Options{
+		Proxy: i.proxy, CAFile: i.caFile, Targets: targets, N: n, C: 32, Repeat: repeat, Timeout: 30 * time.Second,
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if res.Errors > 0 || res.Status[200] != res.Requests {
+		b.Fatalf("%d errors (%q), statuses %v", res.Errors, res.ErrorSamples, res.Status)
+	}
+	return res
+}
+
+// measure times load and reports per request what it cost.
+func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, load func() []*loadgen.Result) {
+	var before storeCounts
+	if counts != nil {
+		before = counts()
+	}
+	fetched := origin.Requests()
+	b.ResetTimer()
+	start := time.Now()
+	results := load()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	n := 0
+	xcache := map[string]int{}
+	for _, r := range results {
+		n += r.Requests
+		for k, v := range r.XCache {
+			xcache[k] += v
+		}
+	}
+	per := func(v int64) float64 { return float64(v) / float64(n) }
+	b.ReportMetric(float64(n)/elapsed.Seconds(), "req/s")
+	b.ReportMetric(per(origin.Requests()-fetched), "origin/op")
+	if counts != nil {
+		after := counts()
+		b.ReportMetric(per(after.commands-before.commands), "store-cmds/op")
+		if after.trips >= 0 {
+			b.ReportMetric(per(after.trips-before.trips), "store-rtt/op")
+		}
+	}
+	b.Logf("%d requests, X-Cache %v", n, xcache)
+}
+
+// uniqueURLs returns n URLs under base that no earlier call returned.
+func uniqueURLs(base string, n int) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = fmt.Sprintf("%s/u/%d", base, urlSeq.Add(1))
+	}
+	return out
+}
+
+var urlSeq atomic.Int64

@@ -1,0 +1,175 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
+	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
+	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
+)
+
+// A reload (SIGHUP, or POST /config/reload on the admin port) reads the
+// configuration again and applies what can change while the proxy serves,
+// without dropping a connection or a flight. The parts it replaces are
+// read through the atomic pointers of live by the wrappers Build handed to
+// the proxy, so a request sees either the old or the new setting, never a
+// mix. A key that cannot change live (a listener, the shared store, the CA
+// folder) is reported and its running value kept. A configuration with any
+// problem is refused whole, every problem listed, and the running one
+// stays.
+
+// live holds what a reload replaces in place.
+type live struct {
+	guard atomic.Pointer[netguard.Guard]
+	users atomic.Pointer[auth.Users]
+	level *slog.LevelVar
+}
+
+// CheckHostContext is the proxy's early target check, by the current
+// guard (proxy.TargetGuard).
+func (l *live) CheckHostContext(ctx context.Context, host string) (context.Context, error) {
+	return l.guard.Load().CheckHostContext(ctx, host)
+}
+
+// Control is the dial-time check, by the current guard.
+func (l *live) Control(ctx context.Context, network, address string, c syscall.RawConn) error {
+	return l.guard.Load().Control(ctx, network, address, c)
+}
+
+// Verify checks proxy credentials against the current users
+// (proxy.UserStore).
+func (l *live) Verify(user, password string) bool { return l.users.Load().Verify(user, password) }
+
+// liveKeys are the configuration keys a reload applies, by prefix; every
+// other key needs a restart.
+var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard."}
+
+func isLive(key string) bool {
+	for _, p := range liveKeys {
+		if key == p || strings.HasPrefix(key, p) || strings.HasPrefix(key, p+"[") {
+			return true
+		}
+	}
+	return false
+}
+
+// reloader serializes reloads and remembers where the configuration comes
+// from.
+type reloader struct {
+	mu   sync.Mutex
+	load func() (*Config, error)
+}
+
+// Reload reads the configuration again and applies it. The result lists
+// the keys applied and those kept until a restart; an error means nothing
+// changed.
+func (a *App) Reload() (admin.Reload, error) {
+	a.reload.mu.Lock()
+	defer a.reload.mu.Unlock()
+	if a.reload.load == nil {
+		return admin.Reload{}, errors.New("reload: this instance was built without a configuration source")
+	}
+	next, err := a.reload.load()
+	if err != nil {
+		a.log.Error("configuration reload refused; the running configuration stays", "err", err)
+		return admin.Reload{}, err
+	}
+	var res admin.Reload
+	for _, k := range changedKeys(a.cfg, next) {
+		if isLive(k) {
+			res.Changed = append(res.Changed, k)
+		} else {
+			res.Restart = append(res.Restart, k)
+		}
+	}
+	// What needs a restart keeps its running value.
+	merged := *a.cfg
+	merged.Log.Level = next.Log.Level
+	merged.Auth.Users = next.Auth.Users
+	merged.RateLimit = next.RateLimit
+	merged.Guard = next.Guard
+
+	// Prepare every new part first: nothing is swapped unless all of them
+	// can be built.
+	guard, err := netguard.New(merged.Guard)
+	if err != nil {
+		return admin.Reload{}, fmt.Errorf("reload: guard: %w", err)
+	}
+	users, err := auth.New(merged.Auth, a.getenv)
+	if err != nil {
+		return admin.Reload{}, fmt.Errorf("reload: %w", err)
+	}
+	if users.Enabled() != a.live.users.Load().Enabled() {
+		// Turning authentication on or off changes what the doors do
+		// with every connection (and which listeners are safe): restart.
+		users.Close()
+		users = nil
+		merged.Auth.Users = a.cfg.Auth.Users
+		res.Changed = slices.DeleteFunc(res.Changed, func(k string) bool { return strings.HasPrefix(k, "auth.users") })
+		res.Restart = append(res.Restart, "auth.users (turning authentication on or off)")
+	}
+	if err := a.Limiter.Reconfigure(merged.RateLimit); err != nil {
+		if users != nil {
+			users.Close()
+		}
+		return admin.Reload{}, fmt.Errorf("reload: %w", err)
+	}
+
+	// Commit.
+	a.polite.Reconfigure(merged.RateLimit)
+	a.live.guard.Store(guard)
+	if users != nil {
+		// Requests being verified by the old store finish with it; its
+		// cache only stops refreshing.
+		a.live.users.Swap(users).Close()
+	}
+	if a.live.level != nil {
+		var lv slog.Level
+		if err := lv.UnmarshalText([]byte(merged.Log.Level)); err == nil {
+			a.live.level.Set(lv)
+		}
+	}
+	a.cfg = &merged
+	if len(res.Restart) > 0 {
+		a.log.Warn("configuration keys that need a restart were changed; their running values stay", "keys", res.Restart)
+	}
+	a.log.Info("configuration reloaded", "changed", res.Changed)
+	return res, nil
+}
+
+// changedKeys lists the configuration keys whose values differ, in key
+// order.
+func changedKeys(old, next *Config) []string {
+	a, b := envKeys(old), envKeys(next)
+	var out []string
+	for name, k := range a {
+		if !reflect.DeepEqual(k.field.Interface(), b[name].field.Interface()) {
+			out = append(out, k.path)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// serveReloads reloads on every signal from hup until ctx ends.
+func (a *App) serveReloads(ctx context.Context, hup <-chan os.Signal) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			a.log.Info("SIGHUP: reloading the configuration")
+			_, _ = a.Reload()
+		}
+	}
+}

@@ -1,0 +1,313 @@
+// Package connlimit is a front door's view of its listening socket: it caps
+// the number of live client connections, and the share one client may
+// hold, gives each an idle deadline, and keeps track of them so that a
+// shutdown can cut the ones no server tracks any more (hijacked CONNECT
+// tunnels, MITM sessions, WebSockets, SOCKS5 tunnels). The HTTP proxy port
+// and the SOCKS5 port each serve on one.
+//
+// Near the cap it sheds idle connections, longest idle first, so that
+// silent tunnels (a CONNECT and then nothing, thousands of them) cannot
+// lock new clients out: a connection its server marks busy (a request being
+// served) or that moved bytes within the last second is never shed.
+package connlimit
+
+import (
+	"cmp"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
+	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
+)
+
+// Config is what a Listener enforces.
+type Config struct {
+	// MaxConns caps live client connections; beyond it, new clients wait
+	// in the kernel's backlog. Required (at least 1).
+	MaxConns int
+	// IdleTimeout closes a connection on which nothing moved for this
+	// long (see idleconn); 0 means none.
+	IdleTimeout time.Duration
+	// MaxPerClient caps the live connections of one client: its address
+	// when accepted, its account once Attribute names it. 0 means no cap.
+	MaxPerClient int
+}
+
+// shedIdle is how long a connection must have moved nothing, and not be
+// busy, before it may be shed.
+const shedIdle = time.Second
+
+// Listener wraps a net.Listener with the limits of Config.
+type Listener struct {
+	net.Listener
+	cfg  Config
+	sem  chan struct{}
+	done chan struct{} // closed by Close: stops an Accept waiting for a slot
+	stop sync.Once
+
+	mu      sync.Mutex
+	conns   map[*conn]struct{}
+	clients map[string]int // live connections per client key
+	closed  bool           // CloseAll ran: every connection accepted later is refused
+
+	shed    atomic.Int64 // connections shed to make room
+	refused atomic.Int64 // connections refused by the per-client cap
+}
+
+// New returns ln with cfg's limits.
+func New(ln net.Listener, cfg Config) *Listener {
+	return &Listener{
+		Listener: ln,
+		cfg:      cfg,
+		sem:      make(chan struct{}, max(cfg.MaxConns, 1)),
+		done:     make(chan struct{}),
+		conns:    make(map[*conn]struct{}),
+		clients:  make(map[string]int),
+	}
+}
+
+// highWater is the number of live connections above which idle ones are
+// shed: a sixteenth of the slots is kept for new clients while there are
+// idle connections to give way.
+func (l *Listener) highWater() int {
+	return l.cfg.MaxConns - max(l.cfg.MaxConns/16, 1)
+}
+
+// Accept waits for a free connection slot before accepting, so that beyond
+// MaxConns new clients queue in the kernel's backlog instead of costing a
+// goroutine and a buffer each. A connection gives its slot back when it is
+// closed.
+func (l *Listener) Accept() (net.Conn, error) {
+	for {
+		tc, err := l.accept()
+		if tc != nil || err != nil {
+			return tc, err
+		}
+		// The client was over its cap and has been told: next.
+	}
+}
+
+// accept takes one connection. It returns nil, nil for a connection it
+// refused (its client over MaxPerClient).
+func (l *Listener) accept() (net.Conn, error) {
+	select {
+	case l.sem <- struct{}{}:
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+	c, err := l.Listener.Accept()
+	if err != nil {
+		<-l.sem
+		return nil, err
+	}
+	tc := &conn{Conn: halfclose.Conn{Conn: idleconn.Wrap(c, l.cfg.IdleTimeout)}, l: l, key: addrKey(c.RemoteAddr())}
+	tc.last.Store(time.Now().UnixNano())
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		c.Close()
+		<-l.sem
+		return nil, net.ErrClosed
+	}
+	l.conns[tc] = struct{}{}
+	l.clients[tc.key]++
+	over := l.cfg.MaxPerClient > 0 && l.clients[tc.key] > l.cfg.MaxPerClient
+	var victims []*conn
+	if !over && len(l.conns) > l.highWater() {
+		victims = l.idlestLocked(len(l.conns) - l.highWater())
+	}
+	l.mu.Unlock()
+	for _, v := range victims {
+		l.shed.Add(1)
+		v.Close()
+	}
+	if over {
+		l.refused.Add(1)
+		refuse(c, l.cfg.MaxPerClient)
+		tc.Close()
+		return nil, nil
+	}
+	return tc, nil
+}
+
+// refuse tells a client over its connection cap why, in HTTP (the SOCKS5
+// door's clients see a closed connection: there is no reply before a
+// greeting), briefly: the connection is closed right after.
+func refuse(c net.Conn, max int) {
+	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+	msg := fmt.Sprintf("onceproxy: 429 too many connections from this client (proxy.max_conns_per_client = %d)\n", max)
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\nX-Onceproxy-Error: too_many_connections\r\n\r\n%s",
+		http.StatusTooManyRequests, http.StatusText(http.StatusTooManyRequests), len(msg), msg)
+}
+
+// idlestLocked picks up to n connections to shed: neither busy nor active
+// within shedIdle, longest idle first. Caller holds mu.
+func (l *Listener) idlestLocked(n int) []*conn {
+	cutoff := time.Now().Add(-shedIdle).UnixNano()
+	var idle []*conn
+	for c := range l.conns {
+		if !c.busy.Load() && c.last.Load() < cutoff {
+			idle = append(idle, c)
+		}
+	}
+	slices.SortFunc(idle, func(a, b *conn) int { return cmp.Compare(a.last.Load(), b.last.Load()) })
+	return idle[:min(n, len(idle))]
+}
+
+// Stats are a listener's counts, for metrics.
+type Stats struct {
+	Live, Shed, Refused int64
+}
+
+// Stats returns the listener's counts.
+func (l *Listener) Stats() Stats {
+	return Stats{Live: int64(l.Len()), Shed: l.shed.Load(), Refused: l.refused.Load()}
+}
+
+// addrKey is the client key of a remote address: its IP.
+func addrKey(a net.Addr) string {
+	if ta, ok := a.(*net.TCPAddr); ok {
+		return "ip:" + ta.AddrPort().Addr().Unmap().String()
+	}
+	return "ip:" + a.String()
+}
+
+// find returns the listener connection under c's wrappers (TLS, read-ahead,
+// the proxy's own), or nil.
+func find(c net.Conn) *conn {
+	for c != nil {
+		switch x := c.(type) {
+		case *conn:
+			return x
+		case *tls.Conn:
+			c = x.NetConn()
+		case interface{ Unwrap() net.Conn }:
+			c = x.Unwrap()
+		default:
+			return nil
+		}
+	}
+	return nil
+}
+
+// SetBusy marks the listener connection under c as serving a request (never
+// shed) or not. Servers call it from their ConnState hook.
+func SetBusy(c net.Conn, busy bool) {
+	if tc := find(c); tc != nil {
+		tc.busy.Store(busy)
+	}
+}
+
+// ErrTooManyConns is Attribute's refusal: the client already holds its cap.
+var ErrTooManyConns = errors.New("too many connections from this client")
+
+// Attribute counts the listener connection under c against client (an
+// account the front door authenticated) instead of its address. It fails
+// with ErrTooManyConns when that client already holds MaxPerClient
+// connections; the caller refuses and closes.
+func Attribute(c net.Conn, client string) error {
+	tc := find(c)
+	if tc == nil || client == "" {
+		return nil
+	}
+	l := tc.l
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if tc.key == client {
+		return nil
+	}
+	if l.cfg.MaxPerClient > 0 && l.clients[client] >= l.cfg.MaxPerClient {
+		l.refused.Add(1)
+		return fmt.Errorf("%w (proxy.max_conns_per_client = %d)", ErrTooManyConns, l.cfg.MaxPerClient)
+	}
+	if _, live := l.conns[tc]; live {
+		l.release(tc.key)
+		l.clients[client]++
+	}
+	tc.key = client
+	return nil
+}
+
+// release drops one connection of key. Caller holds mu.
+func (l *Listener) release(key string) {
+	if l.clients[key]--; l.clients[key] <= 0 {
+		delete(l.clients, key)
+	}
+}
+
+// Close stops accepting; live connections are left alone (see CloseAll).
+func (l *Listener) Close() error {
+	l.stop.Do(func() { close(l.done) })
+	return l.Listener.Close()
+}
+
+// Len returns the number of live client connections.
+func (l *Listener) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return len(l.conns)
+}
+
+// CloseAll cuts every live connection: the last step of a shutdown, after
+// the grace period for in-flight requests.
+func (l *Listener) CloseAll() {
+	l.mu.Lock()
+	l.closed = true
+	conns := make([]*conn, 0, len(l.conns))
+	for c := range l.conns {
+		conns = append(conns, c)
+	}
+	l.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
+}
+
+// conn is a client connection of a Listener; Close gives its slot back.
+type conn struct {
+	halfclose.Conn // half-close passes through: tunnels forward a client's EOF
+
+	l    *Listener
+	key  string       // the client it counts against; guarded by l.mu
+	last atomic.Int64 // unix nanos of the last byte moved
+	busy atomic.Bool  // its server is serving a request on it
+	once sync.Once
+}
+
+func (c *conn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.last.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+func (c *conn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if n > 0 {
+		c.last.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+func (c *conn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.l.mu.Lock()
+		delete(c.l.conns, c)
+		c.l.release(c.key)
+		c.l.mu.Unlock()
+		<-c.l.sem
+	})
+	if errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}

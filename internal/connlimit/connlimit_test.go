@@ -1,0 +1,220 @@
+package connlimit
+
+import (
+	"errors"
+	"io"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
+)
+
+func accept(t *testing.T, l *Listener) <-chan net.Conn {
+	t.Helper()
+	ch := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			close(ch)
+			return
+		}
+		ch <- c
+	}()
+	return ch
+}
+
+// TestCapSlotsAndCloseAll: beyond MaxConns, Accept waits for a slot; a
+// closed connection frees its slot; CloseAll cuts the live ones; Close
+// ends an Accept waiting for a slot.
+func TestCapSlotsAndCloseAll(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, Config{MaxConns: 1, IdleTimeout: time.Minute})
+	defer l.Close()
+	var clients []net.Conn
+	dial := func() {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		clients = append(clients, c)
+	}
+	defer func() {
+		for _, c := range clients {
+			c.Close()
+		}
+	}()
+
+	dial()
+	first := <-accept(t, l)
+	if !halfclose.Supported(first) {
+		t.Error("half-close hidden by the listener's wrappers")
+	}
+	dial()
+	second := accept(t, l)
+	select {
+	case <-second:
+		t.Fatal("a second connection was accepted beyond MaxConns")
+	case <-time.After(100 * time.Millisecond):
+	}
+	if n := l.Len(); n != 1 {
+		t.Fatalf("Len = %d, want 1", n)
+	}
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var c2 net.Conn
+	select {
+	case c2 = <-second:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the freed slot was not given to the waiting client")
+	}
+	l.CloseAll()
+	if _, err := c2.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("read after CloseAll: %v, want net.ErrClosed", err)
+	}
+	if n := l.Len(); n != 0 {
+		t.Fatalf("Len after CloseAll = %d", n)
+	}
+
+}
+
+// TestCloseEndsAcceptWaitingForSlot: a full listener's Accept waits for a
+// slot; Close ends that wait.
+func TestCloseEndsAcceptWaitingForSlot(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, Config{MaxConns: 1})
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	held := <-accept(t, l)
+	defer held.Close()
+	waiting := accept(t, l)
+	time.Sleep(50 * time.Millisecond) // let it block on the slot
+	l.Close()
+	select {
+	case c, ok := <-waiting:
+		if ok {
+			t.Fatalf("Accept after Close returned %v", c.RemoteAddr())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not end an Accept waiting for a slot")
+	}
+}
+
+// dialFrom connects to ln from a given loopback source address.
+func dialFrom(t *testing.T, ln net.Listener, src string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := d.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestPerClientCap: one address may hold MaxPerClient connections; the
+// next is told why (429) and closed, another address is not affected, and
+// Attribute moves a connection to its account's count.
+func TestPerClientCap(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, Config{MaxConns: 100, MaxPerClient: 2})
+	defer l.Close()
+	accepted := make(chan net.Conn, 10)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	a1, a2 := dialFrom(t, ln, "127.0.0.1"), dialFrom(t, ln, "127.0.0.1")
+	s1, s2 := <-accepted, <-accepted
+	over := dialFrom(t, ln, "127.0.0.1")
+	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	b, _ := io.ReadAll(over)
+	if !strings.Contains(string(b), "429 Too Many Requests") || !strings.Contains(string(b), "max_conns_per_client = 2") {
+		t.Fatalf("the third connection from one address got %q", b)
+	}
+	other := dialFrom(t, ln, "127.0.0.2")
+	s3 := <-accepted
+	if got := l.Stats(); got.Live != 3 || got.Refused != 1 {
+		t.Fatalf("stats %+v, want 3 live, 1 refused", got)
+	}
+	// An account gets its own count: moving one connection frees a slot
+	// of its address.
+	if err := Attribute(s1, "user:alice"); err != nil {
+		t.Fatal(err)
+	}
+	dialFrom(t, ln, "127.0.0.1")
+	s4 := <-accepted
+	if err := Attribute(s2, "user:alice"); err != nil {
+		t.Fatal(err)
+	}
+	if err := Attribute(s4, "user:alice"); !errors.Is(err, ErrTooManyConns) {
+		t.Fatalf("a third connection of one account: %v, want ErrTooManyConns", err)
+	}
+	// Closing gives the account's share back.
+	s1.Close()
+	if err := Attribute(s4, "user:alice"); err != nil {
+		t.Fatalf("after one of alice's connections closed: %v", err)
+	}
+	_, _, _ = a1, a2, other
+	_ = s3
+}
+
+// TestShedsIdleFirst: above the high-water mark the connection idle the
+// longest is shed to make room; one that moved bytes within the last
+// second, or that its server marked busy, never is.
+func TestShedsIdleFirst(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, Config{MaxConns: 4}) // high water: 3
+	defer l.Close()
+	accept1 := func(src string) (client, server net.Conn) {
+		client = dialFrom(t, ln, src)
+		server = <-accept(t, l)
+		return
+	}
+	_, silent := accept1("127.0.0.1")
+	cBusy, busy := accept1("127.0.0.2")
+	SetBusy(busy, true)
+	time.Sleep(1100 * time.Millisecond) // past shedIdle for the first three
+	cActive, active := accept1("127.0.0.3")
+	go io.Copy(io.Discard, cActive)
+	active.Write([]byte("x")) // moved a byte just now
+	// A fourth connection crosses the high-water mark: the silent one goes.
+	_, _ = accept1("127.0.0.4")
+	if _, err := silent.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("the silent connection was not shed: %v", err)
+	}
+	for name, c := range map[string]net.Conn{"busy": busy, "active": active} {
+		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		var ne net.Error
+		if _, err := c.Read(make([]byte, 1)); !errors.As(err, &ne) || !ne.Timeout() {
+			t.Errorf("the %s connection was shed: %v", name, err)
+		}
+		_ = c.SetReadDeadline(time.Time{})
+	}
+	if st := l.Stats(); st.Shed != 1 || st.Live != 3 {
+		t.Fatalf("stats %+v, want 1 shed, 3 live", st)
+	}
+	_ = cBusy
+}

@@ -1,0 +1,98 @@
+// Package testkit holds what the tests of several packages share: waiting
+// for a condition, a loopback address nobody listens on, fetching JSON from
+// an admin endpoint. Only tests import it.
+//
+// Deadlines are generous on purpose: the suite runs with -race on two
+// loaded cores, where a step that takes milliseconds on a laptop can take
+// seconds. A deadline here only bounds how long a broken test hangs; it is
+// never what a test measures.
+package testkit
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// Patience is the deadline to use for anything that should happen
+// promptly: a flight's waiters to gather, a log line to appear, a breaker
+// to open.
+const Patience = time.Minute
+
+// pollEvery is how often a condition is checked again.
+const pollEvery = 5 * time.Millisecond
+
+// Eventually checks cond until it holds, and fails the test with msg
+// (formatted with args) if it still does not after timeout. It calls
+// t.Fatalf, so it must run on the test's own goroutine; an origin handler
+// or any other goroutine uses Poll and reports what it saw.
+func Eventually(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	if !Poll(timeout, cond) {
+		t.Fatalf("timed out after %s waiting for %s", timeout, fmt.Sprintf(msg, args...))
+	}
+}
+
+// Wait is Eventually for any goroutine but the test's, an origin's handler
+// above all: on timeout it reports with t.Errorf (which any goroutine may
+// call, unlike t.Fatalf) and returns false, so that the caller stops what
+// it was doing; the test then fails when it finishes.
+func Wait(t testing.TB, timeout time.Duration, cond func() bool, msg string, args ...any) bool {
+	if Poll(timeout, cond) {
+		return true
+	}
+	t.Errorf("timed out after %s waiting for %s", timeout, fmt.Sprintf(msg, args...))
+	return false
+}
+
+// Poll checks cond until it holds or timeout passes, and reports whether
+// it held. It is safe on any goroutine.
+func Poll(timeout time.Duration, cond func() bool) bool {
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			return false
+		}
+		time.Sleep(pollEvery)
+	}
+	return true
+}
+
+// DeadAddr returns a loopback host:port nobody listens on: a port that was
+// free a moment ago. Dialling it is refused at once.
+func DeadAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	return addr
+}
+
+// jsonClient never goes through a proxy, whatever the environment says.
+var jsonClient = &http.Client{Transport: &http.Transport{Proxy: nil}, Timeout: Patience}
+
+// GetJSON fetches u and decodes its JSON body into v. It returns an error
+// rather than failing a test so that it can run on any goroutine (an
+// origin handler that waits for the fleet's admin counters).
+func GetJSON(u string, v any) error {
+	resp, err := jsonClient.Get(u)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		return fmt.Errorf("GET %s: %s: %q", u, resp.Status, b)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return fmt.Errorf("GET %s: decode: %w", u, err)
+	}
+	return nil
+}

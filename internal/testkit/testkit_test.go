@@ -1,0 +1,57 @@
+package testkit
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+func TestPoll(t *testing.T) {
+	var n atomic.Int32
+	if !Poll(time.Minute, func() bool { return n.Add(1) == 3 }) || n.Load() != 3 {
+		t.Fatalf("Poll stopped after %d checks, want 3", n.Load())
+	}
+	start := time.Now()
+	if Poll(20*time.Millisecond, func() bool { return false }) {
+		t.Fatal("Poll reported a condition that never held")
+	}
+	if time.Since(start) < 20*time.Millisecond {
+		t.Fatal("Poll gave up before its timeout")
+	}
+}
+
+func TestDeadAddr(t *testing.T) {
+	addr := DeadAddr(t)
+	if c, err := net.DialTimeout("tcp", addr, 5*time.Second); err == nil {
+		c.Close()
+		t.Fatalf("something listens on %s", addr)
+	}
+}
+
+func TestGetJSON(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/ok":
+			w.Write([]byte(`{"n": 7}`))
+		case "/garbage":
+			w.Write([]byte(`not json`))
+		default:
+			http.Error(w, "no such thing", http.StatusNotFound)
+		}
+	}))
+	defer srv.Close()
+	var v struct{ N int }
+	if err := GetJSON(srv.URL+"/ok", &v); err != nil || v.N != 7 {
+		t.Fatalf("GetJSON /ok: %+v, %v", v, err)
+	}
+	if err := GetJSON(srv.URL+"/garbage", &v); err == nil || !strings.Contains(err.Error(), "decode") {
+		t.Errorf("GetJSON /garbage: err = %v", err)
+	}
+	if err := GetJSON(srv.URL+"/missing", &v); err == nil || !strings.Contains(err.Error(), "404") || !strings.Contains(err.Error(), "no such thing") {
+		t.Errorf("GetJSON /missing: err = %v", err)
+	}
+}

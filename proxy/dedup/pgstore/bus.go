@@ -1,0 +1,259 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// Bus carries notes, claims and counters between the instances of a
+// fleet: upstream session news (upstream.Bus, upstream.Claimer), the
+// fleet-wide rate limit (ratelimit.Counter) and the per-day statistics
+// (dedup.Recorder, FleetStats).
+//
+// Notes ride the notification channel the flights already use, as
+// "n <instance> <topic> <message>"; an instance ignores its own. Delivery
+// is best effort, like every NOTIFY: a note sent while an instance's
+// listener is away is lost to it.
+//
+// A lasting note (a cooldown: true for a while) is also kept in the notes
+// table until it expires, in the database's clock, so that an instance
+// that subscribes later, or whose listener comes back after an outage,
+// hears what the fleet knows.
+type Bus struct {
+	*client
+	stats statsBuf
+
+	mu       sync.RWMutex
+	handlers map[string]func(msg string, left time.Duration)
+	out      chan note
+}
+
+var _ dedup.Recorder = (*Bus)(nil)
+
+// noteQueue bounds the notes waiting to be sent: a burst (every session
+// failing at once) never blocks a request or grows without bound.
+const noteQueue = 256
+
+// maxPayload is the largest notification PostgreSQL delivers (it refuses
+// 8000 bytes and more).
+const maxPayload = 7999
+
+func newBus(c *client) *Bus {
+	b := &Bus{client: c, handlers: make(map[string]func(string, time.Duration)), out: make(chan note, noteQueue)}
+	// Notes sent while the database was away were lost: catch up on the
+	// lasting ones.
+	c.onReconnect(b.recallAll)
+	return b
+}
+
+// note is one note on its way out.
+type note struct {
+	topic, msg string
+	key        string        // lasting notes: what it is about (one kept per key)
+	ttl        time.Duration // lasting notes: how long it holds
+}
+
+// Publish sends msg on topic to the other instances; with ttl > 0 it is
+// also kept for ttl under key (a later note on the same key replaces it
+// unless it would expire sooner) for instances that subscribe later. It
+// never blocks: with the queue full (the database slow or away) the note
+// is dropped.
+func (b *Bus) Publish(topic, key, msg string, ttl time.Duration) {
+	if !storable(topic) || !storable(key) || !storable(msg) || strings.Contains(topic, " ") {
+		b.log.Debug("postgres: note dropped, not text", "topic", topic)
+		return
+	}
+	n := note{topic: topic, msg: msg}
+	if ttl > 0 && key != "" {
+		n.key, n.ttl = key, ttl
+	}
+	select {
+	case b.out <- n:
+	default:
+		b.log.Debug("postgres: note dropped, queue full", "topic", topic)
+	}
+}
+
+// Subscribe makes f receive the notes other instances publish on topic, on
+// the listener goroutine (f must be quick), and the lasting notes that
+// still hold: before Subscribe returns (bounded by postgres.timeout) and
+// again each time the listener or the database comes back after an
+// outage. One handler per topic.
+func (b *Bus) Subscribe(topic string, f func(msg string, left time.Duration)) {
+	b.mu.Lock()
+	b.handlers[topic] = f
+	b.mu.Unlock()
+	b.recall(b.life, topic, f)
+}
+
+// recall hands f the lasting notes on topic that still hold.
+func (b *Bus) recall(ctx context.Context, topic string, f func(msg string, left time.Duration)) {
+	var notes []recalled
+	bad := 0
+	err := b.exec(ctx, func(ctx context.Context) error {
+		rows, err := b.pool.Query(ctx, b.sql.recall, topic)
+		if err != nil {
+			return err
+		}
+		var msg string
+		var ms int64
+		_, err = pgx.ForEachRow(rows, []any{&msg, &ms}, func() error {
+			if n, ok := recalledNote(msg, ms); ok {
+				notes = append(notes, n)
+			} else {
+				bad++
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		b.log.Debug("postgres: could not recall the fleet's lasting notes", "topic", topic, "err", err)
+		return
+	}
+	if bad > 0 {
+		b.rejected.Add(int64(bad))
+		b.log.Debug("postgres: ignored unreadable lasting notes", "topic", topic, "count", bad)
+	}
+	defer b.recoverInput("recall " + topic)
+	for _, n := range notes {
+		f(n.msg, n.left)
+	}
+}
+
+// recallAll recalls every subscribed topic.
+func (b *Bus) recallAll() {
+	b.mu.RLock()
+	subs := make(map[string]func(string, time.Duration), len(b.handlers))
+	for t, f := range b.handlers {
+		subs[t] = f
+	}
+	b.mu.RUnlock()
+	for t, f := range subs {
+		b.recall(b.life, t, f)
+	}
+}
+
+// recalled is one lasting note that still holds.
+type recalled struct {
+	msg  string
+	left time.Duration
+}
+
+// maxLasting bounds how long a recalled note may claim to hold: anything
+// longer was not written by onceproxy.
+const maxLasting = 7 * 24 * time.Hour
+
+// recalledNote checks one row of the notes table: what is left of it must
+// be positive and bounded.
+func recalledNote(msg string, ms int64) (recalled, bool) {
+	if ms <= 0 || ms > int64(maxLasting/time.Millisecond) {
+		return recalled{}, false
+	}
+	return recalled{msg: msg, left: time.Duration(ms) * time.Millisecond}, true
+}
+
+// sendNotes sends queued notes until ctx ends.
+func (b *Bus) sendNotes(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case n := <-b.out:
+			payload := "n " + b.instance + " " + n.topic + " " + n.msg
+			if len(payload) > maxPayload {
+				// Kept for later subscribers, but too long to notify.
+				payload = ""
+			}
+			err := b.exec(ctx, func(ctx context.Context) error {
+				switch {
+				case n.key != "":
+					_, err := b.pool.Exec(ctx, b.sql.keepNote, n.topic, n.key, n.msg, n.ttl.Milliseconds(), b.channel, payload)
+					return err
+				case payload != "":
+					_, err := b.pool.Exec(ctx, b.sql.notify, b.channel, payload)
+					return err
+				}
+				return nil
+			})
+			if err != nil {
+				b.log.Debug("postgres: note not sent", "err", err)
+			}
+		}
+	}
+}
+
+// handleNote delivers "<instance> <topic> <message>" to its topic's
+// handler. It reports false for a note it cannot read.
+func (b *Bus) handleNote(arg string) bool {
+	from, rest, ok := strings.Cut(arg, " ")
+	if !ok || from == "" {
+		return false
+	}
+	if from == b.instance {
+		return true
+	}
+	topic, msg, ok := strings.Cut(rest, " ")
+	if !ok || topic == "" {
+		return false
+	}
+	b.mu.RLock()
+	f := b.handlers[topic]
+	b.mu.RUnlock()
+	if f != nil {
+		f(msg, 0)
+	}
+	return true
+}
+
+// Claim makes this instance the fleet's only holder of name for ttl (a row
+// that only an expired claim gives way to). ok is false while another
+// instance holds it; release gives it up early. While the database is away
+// every caller gets ok: a claim that cannot be checked must not stop the
+// work it guards.
+func (b *Bus) Claim(ctx context.Context, name string, ttl time.Duration) (release func(), ok bool) {
+	if !storable(name) {
+		return func() {}, true
+	}
+	token := b.newToken()
+	var won bool
+	err := b.exec(ctx, func(ctx context.Context) error {
+		return b.pool.QueryRow(ctx, b.sql.claim, name, token, ttl.Milliseconds()).Scan(&won)
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, false
+	case err != nil:
+		return func() {}, true
+	}
+	return func() {
+		// Not the claimer's context, which may be over; exec bounds it.
+		_ = b.exec(context.Background(), func(ctx context.Context) error {
+			_, err := b.pool.Exec(ctx, b.sql.unclaim, name, token)
+			return err
+		})
+	}, true
+}
+
+// IncrWindow counts one hit on key for the fleet-wide rate limiter and
+// returns the new count; the key expires after ttl (a fixed window). It
+// fails fast with dedup.ErrUnavailable while the breaker is open.
+func (b *Bus) IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error) {
+	if !storable(key) {
+		// A client name that is not text (bytes in a proxy user name)
+		// still gets a counter of its own.
+		key = "x:" + hexKey(key)
+	}
+	var n int64
+	err := b.exec(ctx, func(ctx context.Context) error {
+		return b.pool.QueryRow(ctx, b.sql.incr, key, ttl.Milliseconds()).Scan(&n)
+	})
+	return n, err
+}

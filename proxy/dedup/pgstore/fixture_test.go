@@ -1,0 +1,264 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
+	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// instance is one onceproxy process as far as dedup goes: its own memory
+// tier, connections, engine and listener.
+type instance struct {
+	name   string
+	be     *Backend
+	store  *Cache
+	bus    *Bus
+	engine *dedup.Engine
+	local  *dedup.MemoryStore
+	trace  *tracer
+	stop   func()
+}
+
+type fleetFixture struct {
+	t      *testing.T
+	url    string
+	schema string
+	pg     *pgtest.Server // nil on the shared server
+	origin *httptest.Server
+	hits   atomic.Int64
+	insts  []*instance
+	logs   *logbuf.Buffer
+}
+
+// newFleet starts n instances sharing a schema of their own on the shared
+// server, all in front of one origin served by h.
+func newFleet(t *testing.T, n int, pc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
+	t.Helper()
+	url, schema := pgtest.Schema(t)
+	return startFleet(t, &fleetFixture{t: t, url: url, schema: schema}, n, pc, dc, h)
+}
+
+// newFleetOn is newFleet on a private server the test may stop.
+func newFleetOn(t *testing.T, pg *pgtest.Server, n int, pc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
+	t.Helper()
+	return startFleet(t, &fleetFixture{t: t, url: pg.URL, schema: "onceproxy", pg: pg}, n, pc, dc, h)
+}
+
+func startFleet(t *testing.T, f *fleetFixture, n int, pc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
+	f.logs = &logbuf.Buffer{}
+	f.origin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		f.hits.Add(1)
+		h(w, r)
+	}))
+	t.Cleanup(f.origin.Close)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("logs:\n%s", f.logs.String())
+		}
+	})
+	for i := range n {
+		f.insts = append(f.insts, f.start(fmt.Sprintf("i%d", i), pc, dc))
+	}
+	return f
+}
+
+// testConfig is the configuration of a test instance: small connection
+// budgets (the shared server serves every test at once) and quick
+// recovery.
+func (f *fleetFixture) config(pc Config) Config {
+	pc.URL, pc.Schema = f.url, f.schema
+	if pc.MaxConns == 0 {
+		pc.MaxConns, pc.FlightConns = 5, 2
+	}
+	if pc.BreakerInterval == 0 {
+		pc.BreakerInterval = 500 * time.Millisecond
+	}
+	if pc.Timeout == 0 {
+		// Two cores shared with other test runs under -race: a statement
+		// may wait for the CPU longer than production's 250ms.
+		pc.Timeout = 2 * time.Second
+	}
+	return pc
+}
+
+func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance {
+	t := f.t
+	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", name)
+	dc.Enabled = true
+	if dc.TTL == 0 {
+		dc.TTL = time.Minute
+	}
+	dc = dc.WithDefaults()
+	local := dedup.NewMemoryStore(int64(dc.Memory.MaxBytes))
+	tr := &tracer{}
+	be, err := open(f.config(pc), local, logger, tr)
+	if err != nil {
+		local.Close()
+		t.Fatal(err)
+	}
+	st := be.Cache
+	transport := &http.Transport{}
+	eng, err := dedup.New(dc, dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); be.Run(ctx) }()
+	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, local: local, trace: tr}
+	var once sync.Once
+	inst.stop = func() {
+		once.Do(func() {
+			eng.Close()
+			cancel()
+			<-done
+			be.Close()
+			local.Close()
+			transport.CloseIdleConnections()
+		})
+	}
+	t.Cleanup(inst.stop)
+	return inst
+}
+
+type got struct {
+	status int
+	xcache string
+	key    string
+	body   string
+	err    error
+}
+
+func (i *instance) get(url string) got {
+	req, _ := http.NewRequest(http.MethodGet, url, nil)
+	resp, err := i.engine.RoundTrip(req)
+	if err != nil {
+		g := got{err: err}
+		if de, ok := err.(*dedup.Error); ok {
+			g.xcache = de.Cache
+		}
+		return g
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return got{resp.StatusCode, resp.Header.Get(dedup.HeaderCache), resp.Header.Get(dedup.HeaderCacheKey), string(b), err}
+}
+
+func (f *fleetFixture) waiters() int64 {
+	var n int64
+	for _, i := range f.insts {
+		n += i.engine.Stats().Waiters
+	}
+	return n
+}
+
+// fleetWaiting counts the instances whose flight waits on another
+// instance's.
+func (f *fleetFixture) fleetWaiting() int64 {
+	var n int64
+	for _, i := range f.insts {
+		n += i.store.fleetWaits.Load()
+	}
+	return n
+}
+
+// everyoneWaiting: n clients wait, and every instance but the leader's
+// waits on the leader's flight.
+func (f *fleetFixture) everyoneWaiting(n int64) bool {
+	return f.waiters() == n && f.fleetWaiting() == int64(len(f.insts)-1)
+}
+
+// exec runs sql on the fleet's database, for a test to set up or inspect
+// state; {s} is the fleet's schema.
+func (f *fleetFixture) exec(sql string, args ...any) {
+	f.t.Helper()
+	pgtest.Exec(f.t, f.url, schemaSQL(f.schema, sql), args...)
+}
+
+// conn opens a connection of the test's own to the fleet's database.
+func (f *fleetFixture) conn() *pgx.Conn {
+	f.t.Helper()
+	c, err := pgx.Connect(context.Background(), f.url)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	f.t.Cleanup(func() { c.Close(context.Background()) })
+	return c
+}
+
+// waitFor is testkit.Eventually with its patience: the test's own
+// goroutine only.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	testkit.Eventually(t, testkit.Patience, cond, "%s", what)
+}
+
+// tracer counts the statements an instance sends, each with its SQL.
+type tracer struct {
+	mu      sync.Mutex
+	queries []string
+	batches int
+}
+
+func (tr *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	if strings.Contains(d.SQL, "schema_version") {
+		// The probe of an instance without traffic, not a request's.
+		return ctx
+	}
+	tr.mu.Lock()
+	tr.queries = append(tr.queries, oneLine(d.SQL))
+	tr.mu.Unlock()
+	return ctx
+}
+
+func (tr *tracer) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (tr *tracer) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	tr.mu.Lock()
+	tr.batches++
+	tr.mu.Unlock()
+	return ctx
+}
+
+func (tr *tracer) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	tr.mu.Lock()
+	tr.queries = append(tr.queries, "batch: "+oneLine(d.SQL))
+	tr.mu.Unlock()
+}
+
+func (tr *tracer) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+// take returns what was counted since the last take: the statements, and
+// the round trips (a statement alone, or a whole batch).
+func (tr *tracer) take() (statements []string, roundTrips int) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	statements = tr.queries
+	roundTrips = tr.batches
+	for _, q := range statements {
+		if !strings.HasPrefix(q, "batch: ") {
+			roundTrips++
+		}
+	}
+	tr.queries, tr.batches = nil, 0
+	return statements, roundTrips
+}
+
+func oneLine(sql string) string {
+	return strings.Join(strings.Fields(sql), " ")
+}

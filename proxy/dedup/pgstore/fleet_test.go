@@ -1,0 +1,363 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// TestFleetStampede: 300 concurrent identical requests spread over three
+// instances sharing one database reach the origin once.
+func TestFleetStampede(t *testing.T) {
+	const n = 300
+	var f *fleetFixture
+	f = newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(200 * time.Millisecond)
+		// An origin handler: testkit.Wait reports instead of failing here.
+		testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "every client waiting")
+		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
+	})
+	res := make(chan got, n)
+	for i := range n {
+		inst := f.insts[i%3]
+		go func() { res <- inst.get(f.origin.URL + "/stampede") }()
+	}
+	counts := map[string]int{}
+	var body string
+	for range n {
+		g := <-res
+		if g.err != nil || g.status != 200 {
+			t.Fatalf("client got %+v", g)
+		}
+		if body == "" {
+			body = g.body
+		} else if g.body != body {
+			t.Fatalf("different bodies: %q vs %q", g.body, body)
+		}
+		counts[g.xcache]++
+	}
+	if f.hits.Load() != 1 {
+		t.Fatalf("origin saw %d requests, want 1", f.hits.Load())
+	}
+	if counts[dedup.CacheMiss] != 1 || counts[dedup.CacheCoalesced] != n-1 {
+		t.Fatalf("X-Cache counts %v", counts)
+	}
+}
+
+// TestHitOnAnotherInstance: a page fetched through A is a HIT on B and C.
+func TestHitOnAnotherInstance(t *testing.T) {
+	f := newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, "<p>%s</p>%s", r.URL.Path, make([]byte, 4096)) // compressible
+	})
+	a := f.insts[0].get(f.origin.URL + "/shared")
+	if a.xcache != dedup.CacheMiss {
+		t.Fatalf("A: %+v", a)
+	}
+	for _, inst := range f.insts[1:] {
+		if g := inst.get(f.origin.URL + "/shared"); g.xcache != dedup.CacheHit || g.body != a.body {
+			t.Fatalf("%s: %s, body equal %v", inst.name, g.xcache, g.body == a.body)
+		}
+	}
+	if f.hits.Load() != 1 {
+		t.Fatalf("origin hits %d", f.hits.Load())
+	}
+}
+
+// TestLeaderSessionEndsTakeover: the leading instance's flight connection
+// ends mid-flight (what its process dying does): PostgreSQL drops the
+// lock, a waiter on another instance takes over, and every client still
+// gets an answer.
+func TestLeaderSessionEndsTakeover(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 4)
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		arrived <- struct{}{}
+		<-release
+		io.WriteString(w, "answer")
+	})
+	a, b := f.insts[0], f.insts[1]
+	resA := make(chan got, 1)
+	go func() { resA <- a.get(f.origin.URL + "/crash") }()
+	<-arrived // A leads and is fetching
+	const n = 5
+	resB := make(chan got, n)
+	for range n {
+		go func() { resB <- b.get(f.origin.URL + "/crash") }()
+	}
+	waitFor(t, "B's clients waiting on A's flight", func() bool {
+		return b.engine.Stats().Waiters == n && b.store.fleetWaits.Load() == 1
+	})
+	// End the session that holds the flight's lock, as the death of A's
+	// process would.
+	c := f.conn()
+	var ended int
+	if err := c.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+		AND pid IN (SELECT pid FROM pg_stat_activity WHERE application_name = 'onceproxy')`).Scan(&ended); err != nil || ended != 1 {
+		t.Fatalf("ended %d lock-holding sessions (%v), want 1", ended, err)
+	}
+	select {
+	case <-arrived: // B took over
+	case <-time.After(10 * time.Second):
+		t.Fatal("no instance took over the dead leader's flight")
+	}
+	close(release)
+	for range n {
+		if g := <-resB; g.err != nil || g.status != 200 || g.body != "answer" {
+			t.Fatalf("B client: %+v", g)
+		}
+	}
+	if g := <-resA; g.err != nil || g.status != 200 {
+		t.Fatalf("A client: %+v", g)
+	}
+	if f.hits.Load() != 2 {
+		t.Fatalf("origin saw %d requests, want 2 (the dead leader's and the takeover)", f.hits.Load())
+	}
+}
+
+// TestFailedFlightAcrossFleet: a 500 reaches the waiters of that flight on
+// every instance; nothing is cached; the next request gets a fresh flight.
+func TestFailedFlightAcrossFleet(t *testing.T) {
+	var calls atomic.Int64
+	var f *fleetFixture
+	const n = 6
+	f = newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "the waiters")
+			http.Error(w, "origin broke", http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, "recovered")
+	})
+	res := make(chan got, n)
+	for i := range n {
+		inst := f.insts[i%2]
+		go func() { res <- inst.get(f.origin.URL + "/flaky") }()
+	}
+	for range n {
+		if g := <-res; g.status != 500 {
+			t.Fatalf("waiter: %+v", g)
+		}
+	}
+	if f.hits.Load() != 1 {
+		t.Fatalf("failed flight stampeded: %d origin hits", f.hits.Load())
+	}
+	if g := f.insts[1].get(f.origin.URL + "/flaky"); g.status != 200 || g.body != "recovered" {
+		t.Fatalf("next request: %+v", g)
+	}
+}
+
+// TestInvalidationReachesTheFleet: invalidating on A drops B's local copy,
+// by URL and by key.
+func TestInvalidationReachesTheFleet(t *testing.T) {
+	f := newFleet(t, 2, Config{LocalTTL: time.Minute}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "v%d", time.Now().UnixNano())
+	})
+	a, b := f.insts[0], f.insts[1]
+	u := f.origin.URL + "/inv?x=1"
+	key := a.get(u).key
+	if g := b.get(u); g.xcache != dedup.CacheHit {
+		t.Fatalf("B: %s", g.xcache)
+	}
+	n, err := a.engine.InvalidateURL(context.Background(), u)
+	if err != nil || n != 1 {
+		t.Fatalf("InvalidateURL = %d, %v", n, err)
+	}
+	waitFor(t, "B's local tier to drop the URL", func() bool {
+		_, err := b.local.Get(context.Background(), key)
+		return err != nil
+	})
+	if g := b.get(u); g.xcache != dedup.CacheMiss {
+		t.Fatalf("after invalidation B got %s", g.xcache)
+	}
+	if g := a.get(u); g.xcache != dedup.CacheHit {
+		t.Fatalf("A: %s", g.xcache)
+	}
+	if err := a.engine.InvalidateKey(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "key invalidated on B", func() bool {
+		_, err := b.local.Get(context.Background(), key)
+		return err != nil
+	})
+	if g := b.get(u); g.xcache != dedup.CacheMiss {
+		t.Fatalf("after key invalidation B got %s", g.xcache)
+	}
+}
+
+// TestFleetStatsAddUp: per-day counters in the database sum every
+// instance.
+func TestFleetStatsAddUp(t *testing.T) {
+	f := newFleet(t, 2, Config{StatsFlush: 20 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "0123456789")
+	})
+	a, b := f.insts[0], f.insts[1]
+	a.get(f.origin.URL + "/s") // MISS
+	b.get(f.origin.URL + "/s") // HIT (10 bytes avoided)
+	b.get(f.origin.URL + "/s") // HIT
+	a.get(f.origin.URL + "/t") // MISS
+	var fs dedup.FleetStats
+	waitFor(t, "stats flushed", func() bool {
+		var err error
+		fs, err = a.bus.FleetStats(context.Background())
+		return err == nil && fs.Today.Requests == 4
+	})
+	d := fs.Today
+	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
+		t.Fatalf("today: %+v", d)
+	}
+	if fs.Last7Days.Requests != 4 || len(fs.Days) != statsDays || fs.Store != "postgres" || !fs.Available {
+		t.Fatalf("7 days: %+v", fs)
+	}
+	// An older day counts in the week, not today; a day past the week not
+	// at all.
+	f.exec(`INSERT INTO {s}.stats (day, hit, miss) VALUES (current_date - 3, 5, 5), (current_date - 20, 100, 0)`)
+	fs, err := b.bus.FleetStats(context.Background())
+	if err != nil || fs.Today.Requests != 4 || fs.Last7Days.Requests != 14 || fs.Days[3].Requests != 10 {
+		t.Fatalf("with older days: %+v, %v", fs, err)
+	}
+}
+
+// TestNotesReachTheOtherInstances: a note published by one instance
+// reaches the others' handler for its topic, never its own.
+func TestNotesReachTheOtherInstances(t *testing.T) {
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	a, b := f.insts[0], f.insts[1]
+	var mu sync.Mutex
+	heard := map[string][]string{}
+	for _, inst := range f.insts {
+		inst.bus.Subscribe("session", func(msg string, _ time.Duration) {
+			mu.Lock()
+			heard[inst.name] = append(heard[inst.name], msg)
+			mu.Unlock()
+		})
+	}
+	received := func(name string) []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), heard[name]...)
+	}
+	// The listener may take a moment to be live: publish until heard.
+	waitFor(t, "b to hear a", func() bool {
+		a.bus.Publish("other", "", "not for session handlers", 0)
+		a.bus.Publish("session", "", `{"session":"s1","kind":"cooldown"}`, 0)
+		time.Sleep(20 * time.Millisecond)
+		return len(received(b.name)) > 0
+	})
+	for _, m := range received(b.name) {
+		if m != `{"session":"s1","kind":"cooldown"}` {
+			t.Errorf("b heard %q", m)
+		}
+	}
+	if m := received(a.name); len(m) != 0 {
+		t.Errorf("a heard its own notes: %q", m)
+	}
+}
+
+// TestLastingNotesAreRecalled: a lasting note is kept until it expires,
+// in the database's clock, and handed to instances that subscribe later;
+// a shorter note on the same key does not replace a longer one; expired
+// notes are gone.
+func TestLastingNotesAreRecalled(t *testing.T) {
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	a, b := f.insts[0].bus, f.insts[1].bus
+	recall := func() map[string]time.Duration {
+		var mu sync.Mutex
+		m := map[string]time.Duration{}
+		b.Subscribe("session", func(msg string, left time.Duration) {
+			if left > 0 {
+				mu.Lock()
+				m[msg] = left
+				mu.Unlock()
+			}
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		out := make(map[string]time.Duration, len(m))
+		for k, v := range m {
+			out[k] = v
+		}
+		return out
+	}
+	a.Publish("session", "s1", "long", time.Minute)
+	waitFor(t, "the note to be kept", func() bool { return len(recall()) == 1 })
+	a.Publish("session", "s1", "short", 200*time.Millisecond)
+	a.Publish("session", "s2", "brief", 200*time.Millisecond)
+	waitFor(t, "the second key", func() bool { _, ok := recall()["brief"]; return ok })
+	kept := recall()
+	if left, ok := kept["long"]; !ok || left < 50*time.Second || left > time.Minute {
+		t.Errorf("long note: %v (all %+v)", left, kept)
+	}
+	if _, ok := kept["short"]; ok {
+		t.Errorf("a shorter note replaced a longer one: %+v", kept)
+	}
+	waitFor(t, "the brief note to expire", func() bool { _, ok := recall()["brief"]; return !ok })
+	if _, ok := recall()["long"]; !ok {
+		t.Error("the long note went with the brief one")
+	}
+}
+
+// TestClaimIsExclusiveAcrossInstances: one instance at a time holds a
+// claim; releasing it lets the next in; it lapses by itself.
+func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	a, b := f.insts[0].bus, f.insts[1].bus
+	ctx := context.Background()
+	release, ok := a.Claim(ctx, "rotate:s1", time.Minute)
+	if !ok {
+		t.Fatal("first claim refused")
+	}
+	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); ok {
+		t.Fatal("a held claim was granted to another instance")
+	}
+	if _, ok := b.Claim(ctx, "rotate:s2", time.Minute); !ok {
+		t.Fatal("claims on other names interfere")
+	}
+	release()
+	if _, ok := b.Claim(ctx, "rotate:s1", 100*time.Millisecond); !ok {
+		t.Fatal("a released claim stayed held")
+	}
+	if _, ok := a.Claim(ctx, "rotate:s1", time.Minute); ok {
+		t.Fatal("a claim was granted twice")
+	}
+	waitFor(t, "the claim to lapse", func() bool {
+		_, ok := a.Claim(ctx, "rotate:s1", time.Minute)
+		return ok
+	})
+}
+
+// TestIncrWindowCountsFleetWide: one fixed window counted by every
+// instance, starting over once it expires.
+func TestIncrWindowCountsFleetWide(t *testing.T) {
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	a, b := f.insts[0].bus, f.insts[1].bus
+	ctx := context.Background()
+	for i, bus := range []*Bus{a, b, a, b} {
+		n, err := bus.IncrWindow(ctx, "rl:alice:1", 300*time.Millisecond)
+		if err != nil || n != int64(i+1) {
+			t.Fatalf("hit %d: %d, %v", i+1, n, err)
+		}
+	}
+	if n, err := a.IncrWindow(ctx, "rl:bob:1", time.Minute); err != nil || n != 1 {
+		t.Fatalf("another key: %d, %v", n, err)
+	}
+	// A client name that is not text still counts, under a name of its own.
+	for i := range 2 {
+		if n, err := b.IncrWindow(ctx, "rl:\xff\x00:1", time.Minute); err != nil || n != int64(i+1) {
+			t.Fatalf("binary key, hit %d: %d, %v", i+1, n, err)
+		}
+	}
+	waitFor(t, "the window to expire", func() bool {
+		n, err := b.IncrWindow(ctx, "rl:alice:1", 300*time.Millisecond)
+		return err == nil && n == 1
+	})
+}

@@ -1,0 +1,400 @@
+package pgstore
+
+import (
+	"context"
+	"crypto/md5"
+	"encoding/hex"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
+)
+
+// The states of the acquire function (schema.go).
+const (
+	stateWait    = 0 // another session holds the key's lock
+	stateLocked  = 1 // this session took it: lead
+	stateValue   = 2 // the key is cached
+	stateOutcome = 3 // the flight waited on ended without a value
+	stateFree    = 4 // nobody holds the lock; none was taken
+)
+
+// maxUnreadable bounds the unreadable values and outcomes one Join skips:
+// past it, something keeps writing what this build cannot read, and the
+// flight runs without the fleet.
+const maxUnreadable = 3
+
+var errUnreadable = errors.New("pgstore: the shared store keeps returning values this instance cannot use (unreadable, or expired by this machine's clock)")
+
+// Join implements dedup.Fleet.
+//
+// The first step tries to take the key's advisory lock on a flight
+// connection (one round trip: read the value, or take the lock and read it
+// again). The instance that takes it leads and keeps that connection for
+// the flight; PostgreSQL releases the lock by itself if the leader dies,
+// because its connection ends. The others give the connection back at
+// once and wait for the leader's notification on the instance's one
+// LISTEN connection, re-checking on a pooled connection after each
+// notification, after the listener reconnects, and every poll_interval
+// (which is also how they notice that the lock is free again). A waiter
+// never holds a connection while it waits.
+//
+// With every flight connection taken, a step only looks, on a pooled
+// connection: a value, an outcome or a lock held elsewhere work as usual.
+// A key nobody leads waits up to poll_interval for a flight connection
+// (they are also busy with lookups, for a round trip each), and past that
+// gets a lease without a lock: the flight still stores its value and wakes
+// the fleet, but another instance could fetch the same key meanwhile.
+func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outcome, error) {
+	if !s.available() || !storable(key) {
+		return nil, nil, dedup.ErrUnavailable
+	}
+	// Register before the first check: a notification sent between the
+	// check and the wait must still wake us.
+	wake := s.waiters.add(key)
+	defer s.waiters.remove(key, wake)
+	lock := s.lockID(key)
+	var poll *time.Ticker
+	// slot: this Join holds a flight connection's slot for its next step.
+	waited, take, slot, unreadable := false, true, false, 0
+	for {
+		if take && !slot {
+			slot = s.trySlot()
+		}
+		st, val, lease, err := s.step(ctx, key, lock, waited, slot)
+		slot = false // step gave it back, or the lease holds it
+		if err != nil {
+			return nil, nil, err
+		}
+		take = false
+		switch st {
+		case stateLocked:
+			return lease, nil, nil
+		case stateValue:
+			if e, ok := s.decodeValue(ctx, key, val); ok {
+				s.putLocal(key, e)
+				// Found at once it is a cache hit; found after waiting,
+				// it is the result of the flight we waited on.
+				return nil, &dedup.Outcome{Entry: e, Cached: !waited}, nil
+			}
+			if unreadable++; unreadable >= maxUnreadable {
+				return nil, nil, errUnreadable
+			}
+			take = true
+			continue
+		case stateOutcome:
+			if out, ok := s.decodeOutcome(ctx, key, val); ok {
+				return nil, out, nil
+			}
+			if unreadable++; unreadable >= maxUnreadable {
+				return nil, nil, errUnreadable
+			}
+			take = true
+			continue
+		case stateFree:
+			if slot = s.waitSlot(ctx); slot {
+				take = true
+				continue
+			}
+			return s.unlockedLease(key), nil, nil
+		case stateWait:
+		default:
+			s.rejected.Add(1)
+			return nil, nil, errUnreadable
+		}
+		// Someone else leads: wait for the notification, with polling as
+		// the safety net for a lost one or a dead leader.
+		waited = true
+		if poll == nil {
+			poll = time.NewTicker(s.cfg.PollInterval)
+			defer poll.Stop()
+			s.fleetWaits.Add(1)
+			defer s.fleetWaits.Add(-1)
+		}
+		select {
+		case <-wake:
+		case <-poll.C:
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		case <-s.life.Done():
+			return nil, nil, dedup.ErrUnavailable
+		}
+	}
+}
+
+// step runs the acquire function once: with a flight slot, on a flight
+// connection, taking the lock; without, only looking, on a pooled
+// connection. A taken lock comes back as a lease that holds the connection
+// and the slot; otherwise the slot is given back.
+func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot bool) (state int32, val []byte, l *lease, err error) {
+	if !slot {
+		err = s.exec(ctx, func(ctx context.Context) error {
+			return s.pool.QueryRow(ctx, s.sql.acquire, lock, key, waited, false).Scan(&state, &val)
+		})
+		return state, val, nil, err
+	}
+	var conn *pgxpool.Conn
+	err = s.exec(ctx, func(ctx context.Context) error {
+		var err error
+		if conn, err = s.flights.Acquire(ctx); err != nil {
+			return err
+		}
+		if err = conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val); err != nil {
+			// The lock may have been taken before the error: only the
+			// end of the session releases it for sure.
+			destroy(conn)
+			conn = nil
+		}
+		return err
+	})
+	if err != nil || state != stateLocked {
+		if conn != nil {
+			conn.Release()
+		}
+		<-s.slots
+		return state, val, nil, err
+	}
+	s.leases.Add(1)
+	return state, nil, &lease{s: s, key: key, lock: lock, conn: conn}, nil
+}
+
+// trySlot takes a flight connection's slot if one is free now.
+func (s *Cache) trySlot() bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitSlot takes a flight connection's slot, waiting up to poll_interval.
+func (s *Cache) waitSlot(ctx context.Context) bool {
+	if s.trySlot() {
+		return true
+	}
+	t := time.NewTimer(s.cfg.PollInterval)
+	defer t.Stop()
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return false
+}
+
+// unlockedLease leads a flight without the key's lock: every flight
+// connection is busy with other flights.
+func (s *Cache) unlockedLease(key string) *lease {
+	s.unlocked.Add(1)
+	now := time.Now().Unix()
+	if last := s.lastUnlockedLog.Load(); now-last >= 60 && s.lastUnlockedLog.CompareAndSwap(last, now) {
+		s.log.Warn("postgres: every flight connection is leading a flight; new flights run without the fleet lock (raise postgres.flight_conns)",
+			"flight_conns", s.cfg.FlightConns)
+	}
+	return &lease{s: s, key: key}
+}
+
+// decodeOutcome reads a flight's outcome; one this build cannot read is
+// counted and removed unless replaced meanwhile.
+func (s *Cache) decodeOutcome(ctx context.Context, key string, blob []byte) (*dedup.Outcome, bool) {
+	out, err := storecodec.DecodeOutcome(blob, s.maxBody())
+	if err == nil {
+		return out, true
+	}
+	s.rejected.Add(1)
+	s.log.Debug("postgres: ignored a flight outcome it cannot read", "key", key, "err", err)
+	sum := md5.Sum(blob)
+	_ = s.exec(ctx, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, s.sql.dropOutcome, key, hex.EncodeToString(sum[:]))
+		return err
+	})
+	return nil, false
+}
+
+// destroy ends a connection's session (and so every advisory lock it
+// holds) instead of giving it back to its pool.
+func destroy(conn *pgxpool.Conn) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_ = conn.Hijack().Close(ctx)
+}
+
+// lease is one fleet flight this process leads: with conn, it holds the
+// key's lock on that connection until Finish or Release.
+type lease struct {
+	s    *Cache
+	key  string
+	lock int64
+	conn *pgxpool.Conn // nil: led without a lock
+	once sync.Once
+}
+
+// done gives the flight connection back, or ends its session when the
+// last statement on it failed (the lock may still be held), and frees the
+// flight slot.
+func (l *lease) done(err error) {
+	if l.conn == nil {
+		return
+	}
+	if err != nil {
+		destroy(l.conn)
+	} else {
+		l.conn.Release()
+	}
+	l.conn = nil
+	<-l.s.slots
+	l.s.leases.Done()
+}
+
+// Finish implements dedup.Lease.
+func (l *lease) Finish(ctx context.Context, out dedup.Outcome, ttl time.Duration) error {
+	var err error
+	l.once.Do(func() { err = l.s.finish(ctx, l, out, ttl) })
+	return err
+}
+
+// Release implements dedup.Lease: the lock goes and the waiters wake, so
+// one of them takes over at once.
+func (l *lease) Release() {
+	l.once.Do(func() {
+		s := l.s
+		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout+s.cfg.Timeout)
+		defer cancel()
+		err := s.exec(ctx, func(ctx context.Context) error {
+			if l.conn == nil {
+				_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, "d "+l.key)
+				return err
+			}
+			_, err := l.conn.Exec(ctx, s.sql.release, l.lock, s.channel, "d "+l.key)
+			return err
+		})
+		l.done(err)
+	})
+}
+
+// finish stores the value (or the short-lived outcome for waiters),
+// notifies every instance, and releases the lock, in one round trip on the
+// flight connection: BEGIN, the write with its notification, COMMIT, and
+// the unlock after the commit, so that whoever takes the lock next sees
+// the value.
+func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
+	var value, outcome []byte
+	if out.Entry != nil && ttl > 0 {
+		value = storecodec.Encode(out.Entry)
+		if int64(len(value)) > int64(s.cfg.MaxValueBytes) || !storable(out.Entry.URLKey) {
+			// Too big to share as a cached value: this instance caches
+			// it; the waiters elsewhere still need it, once.
+			_ = s.local.Set(ctx, l.key, out.Entry, ttl)
+			value = nil
+		}
+	}
+	var sql string
+	var args []any
+	payload := "d " + l.key
+	if value != nil {
+		sql = s.sql.set
+		args = []any{l.key, out.Entry.URLKey, value, out.Entry.StoredAt, ttl.Milliseconds(), s.channel, payload}
+	} else {
+		outcome = storecodec.EncodeOutcome(out)
+		if int64(len(outcome)) > int64(s.cfg.MaxValueBytes) {
+			outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
+		}
+		sql = s.sql.setOutcome
+		args = []any{l.key, outcome, s.cfg.FailureTTL.Milliseconds(), s.channel, payload}
+	}
+	unlocked := l.conn == nil
+	err := s.exec(ctx, func(ctx context.Context) error {
+		if l.conn == nil {
+			_, err := s.pool.Exec(ctx, sql, args...)
+			return err
+		}
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(sql, args...)
+		b.Queue("COMMIT")
+		b.Queue(s.sql.unlock, l.lock).QueryRow(func(r pgx.Row) error { return r.Scan(&unlocked) })
+		return l.conn.SendBatch(ctx, b).Close()
+	})
+	if err == nil && !unlocked {
+		// The value is stored, but the lock was not this session's any
+		// more (the session was reset under the flight): ending the
+		// session is the only sure way no lock of it lingers.
+		s.log.Warn("postgres: a flight's lock was not held at its end; closing its connection", "key", l.key)
+		l.done(errLockLost)
+	} else {
+		l.done(err)
+	}
+	if value != nil {
+		if err == nil {
+			s.putLocal(l.key, out.Entry)
+		} else {
+			s.keepLocal(l.key, out.Entry)
+		}
+	}
+	return err
+}
+
+var errLockLost = errors.New("pgstore: the flight's lock was not held at its end")
+
+// waiterSet maps a key to the local waiters to wake when a flight for it
+// ends anywhere in the fleet.
+type waiterSet struct {
+	mu sync.Mutex
+	m  map[string]map[chan struct{}]struct{}
+}
+
+func (w *waiterSet) add(key string) chan struct{} {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	set := w.m[key]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		w.m[key] = set
+	}
+	set[ch] = struct{}{}
+	w.mu.Unlock()
+	return ch
+}
+
+func (w *waiterSet) remove(key string, ch chan struct{}) {
+	w.mu.Lock()
+	delete(w.m[key], ch)
+	if len(w.m[key]) == 0 {
+		delete(w.m, key)
+	}
+	w.mu.Unlock()
+}
+
+func (w *waiterSet) wake(key string) {
+	w.mu.Lock()
+	for ch := range w.m[key] {
+		notify(ch)
+	}
+	w.mu.Unlock()
+}
+
+// wakeAll makes every waiter re-check: notifications sent while the
+// listener was down are lost.
+func (w *waiterSet) wakeAll() {
+	w.mu.Lock()
+	for _, set := range w.m {
+		for ch := range set {
+			notify(ch)
+		}
+	}
+	w.mu.Unlock()
+}
+
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default: // already has a pending wake-up
+	}
+}

@@ -1,0 +1,96 @@
+package pgstore
+
+// statements are the SQL this package runs, with the schema filled in.
+// Times that decide expiry are the database's (now()), so the instances'
+// clocks need not agree; durations travel as milliseconds.
+type statements struct {
+	version string
+
+	// The cache.
+	get, set, resync, del, delURL, dropValue string
+
+	// Flights.
+	acquire, dropOutcome, setOutcome, unlock, release string
+
+	// The bus.
+	notify, keepNote, recall, claim, unclaim, incr string
+
+	// Statistics.
+	flushStats, readStats string
+	sweep                 string
+}
+
+// upsertValue writes a cached value; cache rows are replaced whole.
+const upsertValue = `INSERT INTO {s}.cache AS c (key, url_key, value, size, stored_at, expires_at)
+	VALUES ($1, $2, $3::bytea, octet_length($3::bytea), $4, now() + $5::bigint * interval '1 millisecond')
+	ON CONFLICT (key) DO UPDATE SET url_key = excluded.url_key, value = excluded.value, size = excluded.size,
+		stored_at = excluded.stored_at, expires_at = excluded.expires_at`
+
+func newStatements(schema string) statements {
+	s := func(sql string) string { return schemaSQL(schema, sql) }
+	return statements{
+		version: s(`SELECT value FROM {s}.meta WHERE name = 'schema_version'`),
+
+		get: s(`SELECT value FROM {s}.cache WHERE key = $1 AND expires_at > now()`),
+		// A value and the wake-up of every instance's waiters, committed
+		// together ($6 channel, $7 payload).
+		set: s(`WITH w AS (` + upsertValue + `) SELECT pg_notify($6, $7)`),
+		// A value this instance cached while the database was away: it
+		// replaces only an older one, and then tells every instance to
+		// drop older copies from its memory tier ($6 channel, $7
+		// payload). A row when it did.
+		resync: s(`WITH w AS (` + upsertValue + ` WHERE c.stored_at < excluded.stored_at RETURNING 1)
+			SELECT true FROM w CROSS JOIN LATERAL pg_notify($6, $7) n`),
+		del: s(`WITH d AS (DELETE FROM {s}.cache WHERE key = $1) SELECT pg_notify($2, $3)`),
+		delURL: s(`WITH d AS (DELETE FROM {s}.cache WHERE url_key = $1 RETURNING 1),
+			n AS (SELECT pg_notify($2, $3))
+			SELECT (SELECT count(*) FROM d) FROM n`),
+		// Removes a value this build cannot read, unless it was replaced
+		// meanwhile.
+		dropValue: s(`DELETE FROM {s}.cache WHERE key = $1 AND md5(value) = $2`),
+
+		acquire:     s(`SELECT state, val FROM {s}.acquire($1, $2, $3, $4)`),
+		dropOutcome: s(`DELETE FROM {s}.outcomes WHERE key = $1 AND md5(value) = $2`),
+		setOutcome: s(`WITH w AS (INSERT INTO {s}.outcomes (key, value, expires_at)
+			VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
+			ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at)
+			SELECT pg_notify($4, $5)`),
+		unlock: `SELECT pg_advisory_unlock($1)`,
+		// Gives up a flight without an outcome: its waiters take over at
+		// once instead of at their next poll.
+		release: `SELECT pg_advisory_unlock($1), pg_notify($2, $3)`,
+
+		notify: `SELECT pg_notify($1, $2)`,
+		// A lasting note replaces the one kept for its key unless that one
+		// lasts longer.
+		keepNote: s(`WITH k AS (INSERT INTO {s}.notes AS o (topic, key, msg, expires_at)
+			VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond')
+			ON CONFLICT (topic, key) DO UPDATE SET msg = excluded.msg, expires_at = excluded.expires_at
+			WHERE o.expires_at < excluded.expires_at)
+			SELECT pg_notify($5, $6)`),
+		recall: s(`SELECT msg, (extract(epoch FROM expires_at - now()) * 1000)::bigint
+			FROM {s}.notes WHERE topic = $1 AND expires_at > now()`),
+		claim: s(`INSERT INTO {s}.claims AS c (name, token, expires_at)
+			VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
+			ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
+			WHERE c.expires_at <= now()
+			RETURNING true`),
+		unclaim: s(`DELETE FROM {s}.claims WHERE name = $1 AND token = $2`),
+		// A fixed window: the first hit (or the first after expiry) starts
+		// it.
+		incr: s(`INSERT INTO {s}.counters AS c (key, n, expires_at)
+			VALUES ($1, 1, now() + $2::bigint * interval '1 millisecond')
+			ON CONFLICT (key) DO UPDATE SET
+				n = CASE WHEN c.expires_at <= now() THEN 1 ELSE c.n + 1 END,
+				expires_at = CASE WHEN c.expires_at <= now() THEN excluded.expires_at ELSE c.expires_at END
+			RETURNING n`),
+
+		flushStats: s(`INSERT INTO {s}.stats AS t (day, hit, coalesced, miss, bypass, bytes_avoided)
+			VALUES ($1, $2, $3, $4, $5, $6)
+			ON CONFLICT (day) DO UPDATE SET hit = t.hit + excluded.hit, coalesced = t.coalesced + excluded.coalesced,
+				miss = t.miss + excluded.miss, bypass = t.bypass + excluded.bypass,
+				bytes_avoided = t.bytes_avoided + excluded.bytes_avoided`),
+		readStats: s(`SELECT day, hit, coalesced, miss, bypass, bytes_avoided FROM {s}.stats WHERE day >= $1 AND day <= $2`),
+		sweep:     s(`SELECT swept, expired, evicted FROM {s}.sweep($1, $2, $3)`),
+	}
+}

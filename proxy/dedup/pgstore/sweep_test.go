@@ -1,0 +1,149 @@
+package pgstore
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// TestSweepExpiresAndBoundsTheTable: a sweep deletes expired rows of every
+// table and old statistics, and keeps the cache table within max_bytes,
+// oldest rows first; while another instance sweeps, it does nothing.
+func TestSweepExpiresAndBoundsTheTable(t *testing.T) {
+	const maxBytes = 4 * bytesize.KiB
+	f := newFleet(t, 1, Config{MaxBytes: maxBytes, MaxValueBytes: bytesize.KiB, SweepInterval: time.Hour}, dedup.Config{},
+		func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, strings.Repeat("x", 100)) })
+	inst := f.insts[0]
+	ctx := context.Background()
+	var keys []string
+	for i := range 40 {
+		keys = append(keys, inst.get(fmt.Sprintf("%s/page/%02d", f.origin.URL, i)).key)
+		time.Sleep(2 * time.Millisecond) // distinct stored_at
+	}
+	f.exec(`INSERT INTO {s}.cache VALUES ('v1:expired', '', '\x00', 1, now(), now() - interval '1 second');
+		INSERT INTO {s}.outcomes VALUES ('v1:expired', '\x00', now() - interval '1 second');
+		INSERT INTO {s}.notes VALUES ('session', 'old', 'x', now() - interval '1 second');
+		INSERT INTO {s}.claims VALUES ('old', 't', now() - interval '1 second');
+		INSERT INTO {s}.counters VALUES ('old', 1, now() - interval '1 second');
+		INSERT INTO {s}.stats (day, hit) VALUES (current_date - 30, 1), (current_date - 2, 1)`)
+	var total int64
+	c := f.conn()
+	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT sum(size) FROM {s}.cache`)).Scan(&total); err != nil || total <= int64(maxBytes) {
+		t.Fatalf("set-up: the table holds %d bytes (%v), want more than %d", total, err, maxBytes)
+	}
+
+	// Another instance is sweeping: this one leaves it alone.
+	tx, err := c.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", inst.store.lockID("sweep")); err != nil {
+		t.Fatal(err)
+	}
+	inst.be.sweep.once(ctx)
+	if n := inst.be.sweep.expired.Load() + inst.be.sweep.evicted.Load(); n != 0 {
+		t.Fatalf("swept %d rows while another instance held the sweep", n)
+	}
+	tx.Rollback(ctx)
+
+	inst.be.sweep.once(ctx)
+	if n := inst.be.sweep.expired.Load(); n != 5 {
+		t.Errorf("expired %d rows, want 5 (one per table)", n)
+	}
+	var rows int
+	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT
+		(SELECT count(*) FROM {s}.outcomes) + (SELECT count(*) FROM {s}.notes) + (SELECT count(*) FROM {s}.claims) +
+		(SELECT count(*) FROM {s}.counters) + (SELECT count(*) FROM {s}.cache WHERE key = 'v1:expired') +
+		(SELECT count(*) FROM {s}.stats WHERE day < current_date - 8)`)).Scan(&rows); err != nil || rows != 0 {
+		t.Fatalf("%d expired rows left (%v)", rows, err)
+	}
+	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT coalesce(sum(size), 0) FROM {s}.cache`)).Scan(&total); err != nil || total > int64(maxBytes) || total < int64(maxBytes)/2 {
+		t.Fatalf("after the sweep the table holds %d bytes (%v), want at most %d and not much less", total, err, maxBytes)
+	}
+	var recent int
+	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT count(*) FROM {s}.stats WHERE day = current_date - 2`)).Scan(&recent); err != nil || recent != 1 {
+		t.Errorf("the statistics of two days ago are gone (%d, %v)", recent, err)
+	}
+	// Oldest first: what is left is the newest pages, without a gap.
+	present := make([]bool, len(keys))
+	for i, k := range keys {
+		var n int
+		_ = c.QueryRow(ctx, schemaSQL(f.schema, `SELECT count(*) FROM {s}.cache WHERE key = $1`), k).Scan(&n)
+		present[i] = n == 1
+	}
+	first := len(keys)
+	for i, p := range present {
+		if p {
+			first = i
+			break
+		}
+	}
+	for i := first; i < len(keys); i++ {
+		if !present[i] {
+			t.Fatalf("page %d evicted while an older one (%d) stayed: %v", i, first, present)
+		}
+	}
+	if first == 0 || first == len(keys) {
+		t.Fatalf("evicted none or all: %v", present)
+	}
+	if inst.be.sweep.evicted.Load() != int64(first) {
+		t.Errorf("evicted counter %d, want %d", inst.be.sweep.evicted.Load(), first)
+	}
+}
+
+// TestFlightsBeyondFlightConns: with every flight connection leading a
+// flight, a new flight of this instance runs without the lock: it is still
+// answered, still stored for the fleet, and counted.
+func TestFlightsBeyondFlightConns(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	f := newFleet(t, 2, Config{MaxConns: 3, FlightConns: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "page "+r.URL.Path)
+	})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock) // before the origin closes, which waits for its handlers
+	a, b := f.insts[0], f.insts[1]
+	slow := make(chan got, 1)
+	go func() { slow <- a.get(f.origin.URL + "/slow") }()
+	<-arrived // A leads, on its only flight connection
+	// Another instance asking for the slow page waits on A's lock.
+	slowB := make(chan got, 1)
+	go func() { slowB <- b.get(f.origin.URL + "/slow") }()
+	waitFor(t, "B waiting on A's flight", func() bool { return b.store.fleetWaits.Load() == 1 })
+
+	if g := a.get(f.origin.URL + "/other"); g.status != 200 || g.xcache != dedup.CacheMiss || g.body != "page /other" {
+		t.Fatalf("a flight beyond flight_conns: %+v", g)
+	}
+	if n := a.store.unlocked.Load(); n != 1 {
+		t.Errorf("%d flights counted without the lock, want 1", n)
+	}
+	if g := b.get(f.origin.URL + "/other"); g.xcache != dedup.CacheHit {
+		t.Errorf("B after A's lock-less flight: %+v, want a HIT", g)
+	}
+	unblock()
+	if g := <-slow; g.xcache != dedup.CacheMiss {
+		t.Fatalf("A's slow flight: %+v", g)
+	}
+	if g := <-slowB; g.xcache != dedup.CacheCoalesced {
+		t.Fatalf("B on the slow page: %+v", g)
+	}
+	if !strings.Contains(f.logs.String(), "raise postgres.flight_conns") {
+		t.Error("no warning about the exhausted flight connections")
+	}
+	if f.hits.Load() != 2 {
+		t.Errorf("origin saw %d requests, want 2", f.hits.Load())
+	}
+}

@@ -1,0 +1,279 @@
+// Package storecodec is the binary format of what fleet stores keep for
+// onceproxy: a cached response (a Redis value, a PostgreSQL bytea) and a
+// flight's outcome. Every store uses the same versioned format, so a value
+// is read the same way whichever store it came from, and a value of
+// another version is ignored, never misread.
+//
+// Everything a store hands back is untrusted input: Decode checks every
+// length against what is left, and returns ErrFormat for anything it did
+// not write.
+package storecodec
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"mime"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// The stored value is one compact binary string per response:
+//
+//	"ONCE" | version byte | flags byte | fields...
+//
+// A value of another version is ignored (a miss), never misread: rolling
+// upgrades across the fleet just refetch.
+const (
+	magic = "ONCE"
+	// Version is the format version this package writes and reads.
+	Version = 1
+
+	flagZstd = 1 << 0 // body is zstd-compressed
+
+	// compressMin is the smallest body worth compressing.
+	compressMin = 1024
+)
+
+// ErrFormat marks a value this version did not write: another format
+// version, truncated or corrupt bytes.
+var ErrFormat = errors.New("storecodec: value in an unknown format")
+
+var (
+	zenc     *zstd.Encoder
+	zdec     *zstd.Decoder
+	zstdOnce sync.Once
+)
+
+func zstdCodecs() (*zstd.Encoder, *zstd.Decoder) {
+	zstdOnce.Do(func() {
+		// EncodeAll/DecodeAll are safe for concurrent use on one codec.
+		zenc, _ = zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest), zstd.WithEncoderConcurrency(1))
+		zdec, _ = zstd.NewReader(nil, zstd.WithDecoderConcurrency(0), zstd.WithDecoderMaxMemory(1<<30))
+	})
+	return zenc, zdec
+}
+
+// Encode serializes e. Bodies that are worth it (text-like, not already
+// content-encoded, at least 1 KiB) are compressed: Redis memory and the
+// network between proxy and store are the fleet's shared bottleneck.
+func Encode(e *dedup.Entry) []byte {
+	body, flags := e.Body, byte(0)
+	if len(body) >= compressMin && compressible(e.Header) {
+		enc, _ := zstdCodecs()
+		if z := enc.EncodeAll(body, make([]byte, 0, len(body)/3)); len(z) < len(body)*9/10 {
+			body, flags = z, flagZstd
+		}
+	}
+	b := make([]byte, 0, 64+len(body)+len(e.URLKey)+headerSize(e.Header))
+	b = append(b, magic...)
+	b = append(b, Version, flags)
+	b = binary.AppendUvarint(b, uint64(e.Status))
+	b = binary.AppendVarint(b, e.StoredAt.UnixMilli())
+	b = binary.AppendVarint(b, e.ExpiresAt.UnixMilli())
+	b = appendString(b, e.URLKey)
+	b = binary.AppendUvarint(b, uint64(len(e.Header)))
+	for k, vs := range e.Header {
+		b = appendString(b, k)
+		b = binary.AppendUvarint(b, uint64(len(vs)))
+		for _, v := range vs {
+			b = appendString(b, v)
+		}
+	}
+	b = binary.AppendUvarint(b, uint64(len(e.Vary)))
+	for _, v := range e.Vary {
+		b = appendString(b, v.Name)
+		b = appendString(b, v.Value)
+	}
+	b = binary.AppendUvarint(b, uint64(len(body)))
+	return append(b, body...)
+}
+
+func headerSize(h http.Header) int {
+	n := 0
+	for k, vs := range h {
+		n += len(k) + 4
+		for _, v := range vs {
+			n += len(v) + 2
+		}
+	}
+	return n
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// compressible reports a text-like, not content-encoded body.
+func compressible(h http.Header) bool {
+	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return false
+	}
+	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
+	if err != nil {
+		return false
+	}
+	switch {
+	case strings.HasPrefix(mt, "text/"),
+		strings.HasSuffix(mt, "+json"), strings.HasSuffix(mt, "+xml"),
+		mt == "application/json", mt == "application/xml", mt == "application/javascript",
+		mt == "application/x-www-form-urlencoded", mt == "image/svg+xml":
+		return true
+	}
+	return false
+}
+
+// Decode parses a value written by Encode. Anything else — another format
+// version, truncated or corrupt bytes, a header no HTTP message can carry —
+// is ErrFormat.
+func Decode(b []byte) (*dedup.Entry, error) { return DecodeLimit(b, maxBodyDefault) }
+
+// maxBodyDefault bounds a decompressed body when the caller names no bound.
+const maxBodyDefault = 1 << 30
+
+// DecodeLimit is Decode for bodies of at most maxBody bytes once
+// decompressed: a small corrupt or hostile value must not make the reader
+// allocate gigabytes.
+func DecodeLimit(b []byte, maxBody int64) (*dedup.Entry, error) {
+	if len(b) < len(magic)+2 || string(b[:len(magic)]) != magic || b[len(magic)] != Version {
+		return nil, ErrFormat
+	}
+	flags := b[len(magic)+1]
+	if flags&^flagZstd != 0 {
+		return nil, ErrFormat
+	}
+	r := reader{b: b[len(magic)+2:]}
+	e := &dedup.Entry{}
+	e.Status = int(r.uvarint())
+	e.StoredAt = time.UnixMilli(r.varint())
+	e.ExpiresAt = time.UnixMilli(r.varint())
+	e.URLKey = r.str()
+	if n := r.count(); n > 0 {
+		e.Header = make(http.Header, n)
+		for range n {
+			k := r.str()
+			vn := r.count()
+			vs := make([]string, 0, vn)
+			for range vn {
+				v := r.str()
+				if !httpguts.ValidHeaderFieldValue(v) {
+					r.fail()
+				}
+				vs = append(vs, v)
+			}
+			if _, dup := e.Header[k]; dup || !httpguts.ValidHeaderFieldName(k) {
+				r.fail()
+			}
+			e.Header[k] = vs
+		}
+	} else {
+		e.Header = http.Header{}
+	}
+	if n := r.count(); n > 0 {
+		e.Vary = make([]dedup.HeaderValue, 0, n)
+		for range n {
+			e.Vary = append(e.Vary, dedup.HeaderValue{Name: r.str(), Value: r.str()})
+		}
+	}
+	body := r.bytes()
+	if r.err != nil || len(r.b) != 0 || e.Status < 100 || e.Status > 999 {
+		return nil, ErrFormat
+	}
+	if flags&flagZstd != 0 {
+		plain, err := decompress(body, maxBody)
+		if err != nil {
+			return nil, err
+		}
+		body = plain
+	} else if int64(len(body)) > maxBody {
+		return nil, ErrFormat
+	}
+	e.Body = body
+	return e, nil
+}
+
+// decompress inflates a zstd body Encode wrote: one frame that declares its
+// size, at most maxBody.
+func decompress(z []byte, maxBody int64) ([]byte, error) {
+	var h zstd.Header
+	if err := h.Decode(z); err != nil || !h.HasFCS || h.FrameContentSize > uint64(maxBody) {
+		return nil, fmt.Errorf("%w: compressed body without a size within %d bytes", ErrFormat, maxBody)
+	}
+	_, dec := zstdCodecs()
+	plain, err := dec.DecodeAll(z, make([]byte, 0, h.FrameContentSize))
+	if err != nil || uint64(len(plain)) != h.FrameContentSize {
+		return nil, fmt.Errorf("%w: compressed body does not inflate to its size: %v", ErrFormat, err)
+	}
+	return plain, nil
+}
+
+// reader consumes the length-prefixed fields of a value; the first error
+// sticks and every later read returns zero values.
+type reader struct {
+	b   []byte
+	err error
+}
+
+func (r *reader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = ErrFormat
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.err = ErrFormat
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+// count reads a collection length, refusing lengths the remaining bytes
+// cannot possibly hold (a corrupt value must not allocate gigabytes).
+func (r *reader) count() int {
+	n := r.uvarint()
+	if n > uint64(len(r.b)) {
+		r.err = ErrFormat
+		return 0
+	}
+	return int(n)
+}
+
+func (r *reader) bytes() []byte {
+	n := r.count()
+	if r.err != nil {
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *reader) str() string { return string(r.bytes()) }
+
+// fail marks the value unreadable; every later read returns zero values.
+func (r *reader) fail() {
+	if r.err == nil {
+		r.err = ErrFormat
+	}
+}

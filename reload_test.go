@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+)
+
+// TestReload: a reload (POST /config/reload) applies a new password and a
+// new rate limit while requests keep flowing: none of them fails, a
+// request in flight across the reload finishes, the new values are in
+// force at once. A change that needs a restart (a listener) is reported
+// and not applied; a broken file is refused whole, every problem listed,
+// and the running configuration stays.
+func TestReload(t *testing.T) {
+	release := make(chan struct{})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		io.WriteString(w, "page")
+	}))
+	defer origin.Close()
+	const base = "log: {level: info}\nauth: {users: [{name: alice, password_env: PW_OLD}]}\n"
+	cfgFile := writeConfig(t, base)
+	env := append(testEnv(t, httptest.NewTLSServer(nil)), "PW_OLD=old-secret", "PW_NEW=new-secret")
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	stop := make(chan struct{})
+	go func() {
+		ctx, cancel := contextUntil(stop)
+		defer cancel()
+		done <- run(ctx, []string{"-config", cfgFile}, env, io.Discard, func(p, a string) { ready <- [2]string{p, a} })
+	}()
+	addrs := <-ready
+	defer func() {
+		close(stop)
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	proxyAddr, admin := addrs[0], addrs[1]
+	reload := func() (int, map[string]any) {
+		t.Helper()
+		resp, err := http.Post("http://"+admin+"/config/reload", "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var body map[string]any
+		json.NewDecoder(resp.Body).Decode(&body)
+		return resp.StatusCode, body
+	}
+
+	// Steady load with whichever password is in force, and one request
+	// in flight across the reloads.
+	var pw atomic.Value
+	pw.Store("old-secret")
+	var failed, served atomic.Int64
+	var wg sync.WaitGroup
+	stopLoad := make(chan struct{})
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stopLoad:
+					return
+				default:
+				}
+				p := pw.Load().(string)
+				code, _ := status(t, plainClient(proxyAddr, "alice", p), origin.URL+"/page")
+				switch {
+				case code == 200:
+					served.Add(1)
+				case code == 407 && pw.Load().(string) != p:
+					// Sent with the password just replaced.
+				default:
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	inflight := make(chan int, 1)
+	go func() {
+		code, _ := status(t, plainClient(proxyAddr, "alice", "old-secret"), origin.URL+"/slow")
+		inflight <- code
+	}()
+	time.Sleep(200 * time.Millisecond)
+
+	// A new password and a rate limit.
+	if err := os.WriteFile(cfgFile, []byte(strings.Replace(base, "PW_OLD", "PW_NEW", 1)+
+		"rate_limit: {requests: 100000, window: 1m}\nproxy: {max_conns: 100}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, body := reload()
+	pw.Store("new-secret")
+	if code != 200 {
+		t.Fatalf("reload: %d %v", code, body)
+	}
+	changed, _ := json.Marshal(body["changed"])
+	restart, _ := json.Marshal(body["restart_needed"])
+	if !strings.Contains(string(changed), "auth.users") || !strings.Contains(string(changed), "rate_limit.requests") ||
+		!strings.Contains(string(restart), "proxy.max_conns") {
+		t.Errorf("reload said changed %s, restart needed %s", changed, restart)
+	}
+	if c, _ := status(t, plainClient(proxyAddr, "alice", "old-secret"), origin.URL+"/page"); c != 407 {
+		t.Errorf("the old password after the reload: %d, want 407", c)
+	}
+	if c, _ := status(t, plainClient(proxyAddr, "alice", "new-secret"), origin.URL+"/page"); c != 200 {
+		t.Errorf("the new password after the reload: %d, want 200", c)
+	}
+
+	// A broken file is refused whole: the running configuration stays.
+	for _, broken := range []struct{ text, want1, want2 string }{
+		{"proxy: {max_conns: -3}\nrate_limit: {window: -1s}\nauth: {users: [{name: alice, password_env: PW_NEW}]}\n",
+			"proxy.max_conns", "rate_limit.window"},
+		{"rate_limit: {window: nope}\nlog: {level: loud}\n", "rate_limit.window", "nope"},
+	} {
+		if err := os.WriteFile(cfgFile, []byte(broken.text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		code, body = reload()
+		problems, _ := json.Marshal(body["problems"])
+		if code != http.StatusUnprocessableEntity || !strings.Contains(string(problems), broken.want1) || !strings.Contains(string(problems), broken.want2) {
+			t.Errorf("a broken file: %d %v, want 422 listing %s and %s", code, body, broken.want1, broken.want2)
+		}
+	}
+	if c, _ := status(t, plainClient(proxyAddr, "alice", "new-secret"), origin.URL+"/page"); c != 200 {
+		t.Errorf("after a refused reload: %d, want 200 (the running configuration stays)", c)
+	}
+
+	close(release)
+	if c := <-inflight; c != 200 {
+		t.Errorf("the request in flight across the reloads: %d, want 200", c)
+	}
+	close(stopLoad)
+	wg.Wait()
+	t.Logf("%d requests served during the reloads, %d failed", served.Load(), failed.Load())
+	if failed.Load() != 0 {
+		t.Errorf("%d requests failed during the reloads", failed.Load())
+	}
+}
+
+// contextUntil is a context that ends when stop is closed.
+func contextUntil(stop <-chan struct{}) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-stop:
+		case <-ctx.Done():
+		}
+		cancel()
+	}()
+	return ctx, cancel
+}
+
+// TestSIGHUPReloads: the program reloads its configuration file on
+// SIGHUP.
+func TestSIGHUPReloads(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	p := startBinary(t, "auth: {users: [{name: alice, password_env: PW_OLD}]}\n", append(testEnv(t, httptest.NewTLSServer(nil)),
+		"PW_OLD=old-secret", "PW_NEW=new-secret"))
+	if c, _ := status(t, plainClient(p.proxyAddr, "alice", "old-secret"), origin.URL+"/"); c != 200 {
+		t.Fatalf("before: %d", c)
+	}
+	if err := os.WriteFile(p.config, []byte("auth: {users: [{name: alice, password_env: PW_NEW}]}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		c, _ := status(t, plainClient(p.proxyAddr, "alice", "new-secret"), origin.URL+"/")
+		return c == 200
+	}, "the new password to work after SIGHUP")
+	if c, _ := status(t, plainClient(p.proxyAddr, "alice", "old-secret"), origin.URL+"/"); c != 407 {
+		t.Errorf("the old password after SIGHUP: %d, want 407", c)
+	}
+}

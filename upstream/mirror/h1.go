@@ -1,0 +1,584 @@
+package mirror
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+)
+
+// Options tunes a client connection. The zero value is ready to use.
+type Options struct {
+	// ExpectContinueTimeout is how long a request with "Expect:
+	// 100-continue" waits for the go-ahead before sending its body anyway.
+	// If zero, 1 second.
+	ExpectContinueTimeout time.Duration
+	// MaxResponseHeaderBytes bounds a response's header section.
+	// If zero, 1 MiB.
+	MaxResponseHeaderBytes int64
+	// WriteTimeout bounds each write to the connection; a peer that stops
+	// reading fails the connection after it. If zero, 30 seconds.
+	WriteTimeout time.Duration
+}
+
+func (o Options) expectTimeout() time.Duration {
+	if o.ExpectContinueTimeout > 0 {
+		return o.ExpectContinueTimeout
+	}
+	return time.Second
+}
+
+func (o Options) maxHeaderBytes() int64 {
+	if o.MaxResponseHeaderBytes > 0 {
+		return o.MaxResponseHeaderBytes
+	}
+	return 1 << 20
+}
+
+func (o Options) writeTimeout() time.Duration {
+	if o.WriteTimeout > 0 {
+		return o.WriteTimeout
+	}
+	return 30 * time.Second
+}
+
+// ErrUnprocessed wraps the error of a request the origin certainly did not
+// process (the connection was gone, or refused the stream): it is safe to
+// send it again on another connection, whatever its method.
+var ErrUnprocessed = errors.New("mirror: request not processed")
+
+// errBusy means a caller sent a second request on an HTTP/1.1 connection
+// before the first one's response was read: a pool bug.
+var errBusy = errors.New("mirror: HTTP/1.1 connection is busy")
+
+// A ClientConn sends requests on one origin connection.
+type ClientConn interface {
+	RoundTrip(*http.Request) (*http.Response, error)
+	// CanTakeRequest reports whether a request sent now would be taken:
+	// the connection is open, not draining, and has room (HTTP/1.1: idle;
+	// HTTP/2: a free stream).
+	CanTakeRequest() bool
+	Close() error
+}
+
+// NewClientConn starts HTTP on c, an established connection to the origin
+// (normally a [Conn]): HTTP/2 when proto, the protocol ALPN chose, is "h2",
+// else HTTP/1.1. pre is the client's HTTP/2 preface to mirror (nil: a
+// default one); it is not used for HTTP/1.1.
+func NewClientConn(c net.Conn, proto string, pre *fingerprint.H2, opts Options) (ClientConn, error) {
+	switch proto {
+	case "h2":
+		return NewH2Conn(c, pre, opts)
+	case "", "http/1.1", "http/1.0":
+		return NewH1Conn(c, opts), nil
+	}
+	return nil, fmt.Errorf("mirror: the origin chose protocol %q, which the proxy does not speak", proto)
+}
+
+// An H1Conn sends HTTP/1.1 requests on one connection, one at a time,
+// with their header fields in the client's order and case.
+type H1Conn struct {
+	conn net.Conn
+	lr   *limitReader
+	br   *bufio.Reader
+	bw   *bufio.Writer
+	opts Options
+
+	mu     sync.Mutex // protects the fields below
+	busy   bool       // a request is in flight (its response body unread)
+	broken bool       // closed, or in a state another request cannot follow
+}
+
+// NewH1Conn wraps c, an established connection to the origin.
+func NewH1Conn(c net.Conn, opts Options) *H1Conn {
+	lr := &limitReader{r: c, n: -1}
+	return &H1Conn{conn: c, lr: lr, br: bufio.NewReader(lr), bw: bufio.NewWriter(c), opts: opts}
+}
+
+// CanTakeRequest reports whether the connection is open and idle.
+func (cc *H1Conn) CanTakeRequest() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return !cc.busy && !cc.broken
+}
+
+// Close closes the connection; a response body being read fails.
+func (cc *H1Conn) Close() error {
+	cc.mu.Lock()
+	cc.broken = true
+	cc.mu.Unlock()
+	return cc.conn.Close()
+}
+
+func (cc *H1Conn) fail() {
+	cc.mu.Lock()
+	cc.broken, cc.busy = true, false
+	cc.mu.Unlock()
+	abort(cc.conn)
+}
+
+// abort closes c at once. A TLS connection's Close first sends
+// close_notify, and an origin quick to answer that with the rest of a
+// response could still get it read; closing the transport under the TLS
+// session first leaves nothing to read.
+func abort(c net.Conn) {
+	if nc, ok := c.(interface{ NetConn() net.Conn }); ok {
+		nc.NetConn().Close()
+	}
+	c.Close()
+}
+
+// RoundTrip sends req and reads the response head. The header fields go
+// out in the order of the request context's [fingerprint.Shape]; Host and
+// the body framing (Content-Length, or chunked for a body of unknown
+// length) are written where the client had them. The body must be read to
+// EOF or closed; a connection whose body was closed early is closed.
+func (cc *H1Conn) RoundTrip(req *http.Request) (*http.Response, error) {
+	closeBody := func() {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+	}
+	cc.mu.Lock()
+	switch {
+	case cc.broken:
+		cc.mu.Unlock()
+		closeBody()
+		return nil, fmt.Errorf("mirror: connection closed: %w", ErrUnprocessed)
+	case cc.busy:
+		cc.mu.Unlock()
+		closeBody()
+		return nil, errBusy
+	}
+	cc.busy = true
+	cc.mu.Unlock()
+
+	body, head, err := cc.head(req)
+	if err != nil {
+		closeBody()
+		cc.mu.Lock()
+		cc.busy = false
+		cc.mu.Unlock()
+		return nil, err
+	}
+	ctx := req.Context()
+	// A cancelled request cannot be resumed on this connection: closing
+	// it ends every read and write at once.
+	stop := context.AfterFunc(ctx, cc.fail)
+
+	expect := body != nil && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
+	w := &h1Write{done: make(chan struct{}), goOn: make(chan bool, 1)}
+	go cc.write(w, head, body, req.Trailer, expect)
+
+	resp, err := cc.readResponse(req, w, expect)
+	if err != nil {
+		stop()
+		cc.fail()
+		w.decide(false) // a writer waiting for 100 Continue gives up
+		<-w.done
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if w.err != nil && !w.wrote {
+			return nil, fmt.Errorf("mirror: write request: %v: %w", w.err, ErrUnprocessed)
+		}
+		return nil, err
+	}
+	b := &h1Body{cc: cc, rc: resp.Body, w: w, stop: stop,
+		reuse: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The connection now belongs to the response: what it carries is
+		// no longer HTTP.
+		stop()
+		cc.mu.Lock()
+		cc.broken = true
+		cc.mu.Unlock()
+		resp.Body = &switched{br: cc.br, conn: cc.conn}
+		return resp, nil
+	}
+	if resp.Body == http.NoBody {
+		b.finish(true)
+		return resp, nil
+	}
+	resp.Body = b
+	return resp, nil
+}
+
+// h1Write is the state of one request's write, shared with its reader.
+type h1Write struct {
+	done    chan struct{} // closed when the write ends; err and wrote are set then
+	goOn    chan bool     // Expect: true sends the body, false skips it
+	decided sync.Once
+	err     error
+	wrote   bool // some bytes reached the connection
+}
+
+// decide tells a writer waiting on Expect whether to send the body; only
+// the first decision counts. It reports whether this call made it.
+func (w *h1Write) decide(send bool) (first bool) {
+	w.decided.Do(func() {
+		w.goOn <- send
+		first = true
+	})
+	return first
+}
+
+// write sends the head and the body, then closes req's body.
+func (cc *H1Conn) write(w *h1Write, head []byte, body *h1Request, trailer http.Header, expect bool) {
+	defer close(w.done)
+	if body != nil {
+		defer body.rc.Close()
+	}
+	cc.conn.SetWriteDeadline(time.Now().Add(cc.opts.writeTimeout()))
+	cc.bw.Reset(cc.conn)
+	if _, err := cc.bw.Write(head); err != nil {
+		w.err = err
+		return
+	}
+	if body == nil || expect {
+		w.err = cc.bw.Flush()
+		w.wrote = w.err == nil
+		if w.err != nil || body == nil {
+			return
+		}
+		if !<-w.goOn {
+			return
+		}
+	}
+	w.wrote = true
+	var err error
+	if body.chunked {
+		err = writeChunked(cc.bw, cc.conn, body.rc, trailer, cc.opts.writeTimeout())
+	} else {
+		err = writeFixed(cc.bw, cc.conn, body.rc, body.length, cc.opts.writeTimeout())
+	}
+	if err == nil {
+		err = cc.bw.Flush()
+	}
+	w.err = err
+}
+
+// readResponse reads the final response head, passing 1xx responses by
+// (a 100 lets an Expect body go), bounded by MaxResponseHeaderBytes.
+func (cc *H1Conn) readResponse(req *http.Request, w *h1Write, expect bool) (*http.Response, error) {
+	if expect {
+		// The body goes after 100 Continue or after the timeout, whichever
+		// comes first; a final response first means no body at all.
+		t := time.AfterFunc(cc.opts.expectTimeout(), func() { w.decide(true) })
+		defer t.Stop()
+	}
+	for {
+		cc.lr.n = cc.opts.maxHeaderBytes()
+		resp, err := http.ReadResponse(cc.br, req)
+		limitHit := cc.lr.n == 0
+		cc.lr.n = -1
+		if err != nil {
+			if limitHit {
+				return nil, fmt.Errorf("mirror: response header over %d bytes", cc.opts.maxHeaderBytes())
+			}
+			return nil, fmt.Errorf("mirror: read response: %w", err)
+		}
+		if resp.StatusCode == http.StatusContinue {
+			if expect {
+				w.decide(true)
+			}
+			continue
+		}
+		if resp.StatusCode >= 100 && resp.StatusCode < 200 && resp.StatusCode != http.StatusSwitchingProtocols {
+			continue // 102, 103 Early Hints: informational only
+		}
+		if expect && w.decide(false) {
+			// The body was never asked for, and the origin may still wait
+			// for it: the connection is not reused.
+			resp.Close = true
+		}
+		return resp, nil
+	}
+}
+
+// h1Body is a response body; the connection is idle again at its EOF.
+type h1Body struct {
+	cc    *H1Conn
+	rc    io.ReadCloser
+	w     *h1Write
+	stop  func() bool
+	reuse bool
+	once  sync.Once
+}
+
+func (b *h1Body) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	if err == io.EOF {
+		b.finish(true)
+	} else if err != nil {
+		b.finish(false)
+	}
+	return n, err
+}
+
+func (b *h1Body) Close() error {
+	b.finish(false) // a no-op after EOF
+	return b.rc.Close()
+}
+
+// finish ends the request: at EOF of a complete exchange the connection
+// takes the next request, else it is closed.
+func (b *h1Body) finish(eof bool) {
+	b.once.Do(func() {
+		b.stop()
+		if eof {
+			// The writer may still be finishing (the answer can beat its
+			// last bookkeeping). One still writing after a moment means
+			// the origin answered without reading the whole body: the
+			// connection's state is unknown, so it is not reused.
+			t := time.NewTimer(50 * time.Millisecond)
+			select {
+			case <-b.w.done:
+			case <-t.C:
+				eof = false
+			}
+			t.Stop()
+		}
+		if !eof || !b.reuse || b.w.err != nil {
+			b.cc.fail()
+			return
+		}
+		b.cc.conn.SetDeadline(time.Time{})
+		b.cc.mu.Lock()
+		b.cc.busy = false
+		b.cc.mu.Unlock()
+	})
+}
+
+// switched is the body of a 101 response: the connection itself.
+type switched struct {
+	br   *bufio.Reader
+	conn net.Conn
+}
+
+func (s *switched) Read(p []byte) (int, error)  { return s.br.Read(p) }
+func (s *switched) Write(p []byte) (int, error) { return s.conn.Write(p) }
+func (s *switched) Close() error                { return s.conn.Close() }
+
+// h1Request is how a request body goes on the wire.
+type h1Request struct {
+	rc      io.ReadCloser
+	length  int64 // with !chunked
+	chunked bool
+}
+
+// head builds the request head. It returns the body to send (nil when
+// none).
+func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
+	if req.URL == nil {
+		return nil, nil, errors.New("mirror: request without URL")
+	}
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	if !validFieldName(method) {
+		return nil, nil, fmt.Errorf("mirror: invalid method %q", method)
+	}
+	target := req.URL.RequestURI()
+	if method == http.MethodConnect {
+		target = req.URL.Host
+	}
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+
+	var body *h1Request
+	framingKey, framingVal := "", ""
+	if req.Body != nil && req.Body != http.NoBody {
+		rc := req.Body
+		length := req.ContentLength
+		if length == 0 {
+			// net/http's convention: 0 with a body means unknown. Peek
+			// one byte to tell an empty body from a streamed one.
+			var one [1]byte
+			n, err := io.ReadFull(rc, one[:])
+			switch {
+			case n == 0 && (err == io.EOF || err == io.ErrUnexpectedEOF):
+				rc.Close()
+				rc = nil
+			case err != nil:
+				return nil, nil, fmt.Errorf("mirror: read request body: %w", err)
+			default:
+				rc = struct {
+					io.Reader
+					io.Closer
+				}{io.MultiReader(strings.NewReader(string(one[:])), rc), rc}
+				length = -1
+			}
+		}
+		if rc != nil {
+			body = &h1Request{rc: rc, length: length, chunked: length < 0}
+			if body.chunked {
+				framingKey, framingVal = "Transfer-Encoding", "chunked"
+			} else {
+				framingKey, framingVal = "Content-Length", strconv.FormatInt(length, 10)
+			}
+		}
+	}
+	shape := fingerprint.ShapeFrom(req.Context())
+	if body == nil && (method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch ||
+		shape != nil && hasName(shape.HeaderOrder, "Content-Length")) {
+		framingKey, framingVal = "Content-Length", "0"
+	}
+
+	h := make(http.Header, len(req.Header)+2)
+	for k, vs := range req.Header {
+		switch http.CanonicalHeaderKey(k) {
+		case "Host", "Content-Length", "Transfer-Encoding":
+			continue
+		}
+		h[k] = vs
+	}
+	h["Host"] = []string{host}
+	if framingKey != "" {
+		h[framingKey] = []string{framingVal}
+	}
+	order := []string{"Host"}
+	keepCase := false
+	if shape != nil {
+		keepCase = shape.PseudoOrder == nil // names from an HTTP/2 client are lowercase
+		order = shape.HeaderOrder
+		if !hasName(order, "Host") {
+			order = append([]string{"Host"}, order...)
+		}
+		if framingKey != "" && !hasName(order, framingKey) {
+			// The client had the other framing header, or none: put this
+			// one where the client had its framing.
+			other := "Content-Length"
+			if framingKey == other {
+				other = "Transfer-Encoding"
+			}
+			if i := indexName(order, other); i >= 0 {
+				order = append(order[:i:i], append([]string{framingKey}, order[i+1:]...)...)
+			}
+		}
+	}
+	var b strings.Builder
+	b.WriteString(method)
+	b.WriteByte(' ')
+	b.WriteString(target)
+	b.WriteString(" HTTP/1.1\r\n")
+	for _, f := range orderFields(h, order, keepCase) {
+		if !validFieldName(f.name) || !validFieldValue(f.value) {
+			return nil, nil, fmt.Errorf("mirror: invalid header field %q", f.name)
+		}
+		b.WriteString(f.name)
+		b.WriteString(": ")
+		b.WriteString(f.value)
+		b.WriteString("\r\n")
+	}
+	b.WriteString("\r\n")
+	return body, []byte(b.String()), nil
+}
+
+func hasName(order []string, name string) bool { return indexName(order, name) >= 0 }
+
+func indexName(order []string, name string) int {
+	for i, n := range order {
+		if strings.EqualFold(n, name) {
+			return i
+		}
+	}
+	return -1
+}
+
+// deadlineWriter renews the write deadline before each write, so that a
+// long body is bounded per write, not as a whole.
+type deadlineWriter struct {
+	w       io.Writer
+	conn    net.Conn
+	timeout time.Duration
+}
+
+func (d deadlineWriter) Write(p []byte) (int, error) {
+	d.conn.SetWriteDeadline(time.Now().Add(d.timeout))
+	return d.w.Write(p)
+}
+
+func writeFixed(bw *bufio.Writer, conn net.Conn, body io.Reader, n int64, timeout time.Duration) error {
+	dw := deadlineWriter{bw, conn, timeout}
+	got, err := io.CopyN(dw, body, n)
+	if err != nil {
+		if err == io.EOF {
+			return fmt.Errorf("mirror: request body of %d bytes, Content-Length %d", got, n)
+		}
+		return err
+	}
+	var one [1]byte
+	if k, _ := body.Read(one[:]); k > 0 {
+		return fmt.Errorf("mirror: request body longer than its Content-Length %d", n)
+	}
+	return nil
+}
+
+func writeChunked(bw *bufio.Writer, conn net.Conn, body io.Reader, trailer http.Header, timeout time.Duration) error {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := body.Read(buf)
+		if n > 0 {
+			conn.SetWriteDeadline(time.Now().Add(timeout))
+			fmt.Fprintf(bw, "%x\r\n", n)
+			bw.Write(buf[:n])
+			if _, werr := bw.WriteString("\r\n"); werr != nil {
+				return werr
+			}
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return err
+		}
+	}
+	conn.SetWriteDeadline(time.Now().Add(timeout))
+	bw.WriteString("0\r\n")
+	for k, vs := range trailer {
+		for _, v := range vs {
+			if !validFieldName(k) || !validFieldValue(v) {
+				return fmt.Errorf("mirror: invalid trailer field %q", k)
+			}
+			fmt.Fprintf(bw, "%s: %s\r\n", k, v)
+		}
+	}
+	_, err := bw.WriteString("\r\n")
+	return err
+}
+
+// limitReader fails reads past n bytes; n < 0 means no limit. It bounds
+// what http.ReadResponse may buffer for one header section.
+type limitReader struct {
+	r io.Reader
+	n int64
+}
+
+var errHeaderTooLarge = errors.New("mirror: response header too large")
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.n == 0 {
+		return 0, errHeaderTooLarge
+	}
+	if l.n > 0 && int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	if l.n > 0 {
+		l.n -= int64(n)
+	}
+	return n, err
+}

@@ -1,0 +1,1141 @@
+package mirror
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+)
+
+// defaultPreface is sent when no client preface is given: Go's own
+// client's ("2:0;4:4194304;5:16384;6:10485760|1073741824|0|a,m,p,s"), which
+// is what the proxy sent for every client before it mirrored them.
+var defaultPreface = fingerprint.H2{
+	Settings:      []fingerprint.Setting{{ID: 2, Val: 0}, {ID: 4, Val: 4 << 20}, {ID: 5, Val: 16384}, {ID: 6, Val: 10 << 20}},
+	WindowUpdate:  1 << 30,
+	PseudoOrder:   []string{":authority", ":method", ":path", ":scheme"},
+	FirstStreamID: 1,
+}
+
+// HTTP/2 protocol constants (RFC 9113).
+const (
+	initialWindow      = 65535
+	maxWindow          = 1<<31 - 1
+	defaultMaxFrame    = 16384
+	defaultTableSize   = 4096
+	maxStreamID        = 1<<31 - 1
+	assumedMaxStreams  = 100 // until the peer's SETTINGS say otherwise
+	defaultHeaderLimit = 10 << 20
+)
+
+// An H2Conn is an HTTP/2 client connection that presents the client's
+// preface: its SETTINGS in order, connection WINDOW_UPDATE, PRIORITY
+// frames and first stream id, then each request's pseudo-header order,
+// header order and HEADERS priority. The windows it grants the origin are
+// exactly the ones those settings announce; credit is returned as the
+// response bodies are read.
+type H2Conn struct {
+	conn net.Conn
+	opts Options
+	pre  *fingerprint.H2
+
+	wmu  sync.Mutex // serializes writes; guards bw, fr's writing side, henc, hbuf
+	bw   *bufio.Writer
+	fr   *http2.Framer
+	henc *hpack.Encoder
+	hbuf bytes.Buffer
+
+	// Lock order: wmu before mu.
+	mu      sync.Mutex
+	cond    *sync.Cond // on mu: send windows grew, a stream ended, the connection closed
+	streams map[uint32]*h2Stream
+	nextID  uint32
+	closed  bool  // no more streams: Close, GOAWAY or a dead connection
+	err     error // why the read loop ended
+
+	seenSettings     bool // the peer's first SETTINGS arrived
+	peerMaxStreams   uint32
+	peerInitWindow   int64
+	peerMaxFrame     uint32
+	peerMaxHeaderLst uint64 // 0: no limit
+	sendWindow       int64  // connection-level credit the peer gave
+	recvWindow       int64  // connection-level credit the peer has left
+	recvUnacked      int64  // consumed bytes not yet returned to the peer
+	ourStreamWindow  int64  // the INITIAL_WINDOW_SIZE we announced
+	ourConnWindow    int64  // the connection window we announced
+
+	readDone chan struct{}
+}
+
+// NewH2Conn sends the preface on c, an established connection to the
+// origin that negotiated h2, and starts reading. pre is the client's
+// preface (nil: x/net's defaults).
+func NewH2Conn(c net.Conn, pre *fingerprint.H2, opts Options) (*H2Conn, error) {
+	if pre == nil {
+		pre = &defaultPreface
+	}
+	cc := &H2Conn{
+		conn:           c,
+		opts:           opts,
+		pre:            pre,
+		bw:             bufio.NewWriterSize(c, 32<<10),
+		streams:        make(map[uint32]*h2Stream),
+		nextID:         1,
+		peerMaxStreams: assumedMaxStreams,
+		peerInitWindow: initialWindow,
+		peerMaxFrame:   defaultMaxFrame,
+		sendWindow:     initialWindow,
+		recvWindow:     initialWindow,
+		readDone:       make(chan struct{}),
+	}
+	cc.cond = sync.NewCond(&cc.mu)
+	if pre.FirstStreamID%2 == 1 {
+		cc.nextID = pre.FirstStreamID
+	}
+	tableSize := uint32(defaultTableSize)
+	headerLimit := uint32(defaultHeaderLimit)
+	maxFrame := uint32(defaultMaxFrame)
+	cc.ourStreamWindow = initialWindow
+	for _, s := range pre.Settings {
+		switch http2.SettingID(s.ID) {
+		case http2.SettingHeaderTableSize:
+			tableSize = min(s.Val, 1<<20) // the decoder's table, bounded
+		case http2.SettingInitialWindowSize:
+			cc.ourStreamWindow = int64(min(s.Val, maxWindow))
+		case http2.SettingMaxFrameSize:
+			maxFrame = min(max(s.Val, defaultMaxFrame), 1<<24-1)
+		case http2.SettingMaxHeaderListSize:
+			headerLimit = s.Val
+		}
+	}
+	cc.ourConnWindow = initialWindow + int64(pre.WindowUpdate)
+	cc.recvWindow = cc.ourConnWindow
+	cc.fr = http2.NewFramer(cc.bw, c)
+	cc.fr.ReadMetaHeaders = hpack.NewDecoder(tableSize, nil)
+	cc.fr.MaxHeaderListSize = headerLimit
+	cc.fr.SetMaxReadFrameSize(maxFrame)
+	cc.henc = hpack.NewEncoder(&cc.hbuf)
+
+	if err := cc.writePreface(); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("mirror: h2 preface: %w", err)
+	}
+	go cc.readLoop()
+	return cc, nil
+}
+
+func (cc *H2Conn) writePreface() error {
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	cc.bw.WriteString(http2.ClientPreface)
+	settings := make([]http2.Setting, len(cc.pre.Settings))
+	for i, s := range cc.pre.Settings {
+		settings[i] = http2.Setting{ID: http2.SettingID(s.ID), Val: s.Val}
+	}
+	if err := cc.fr.WriteSettings(settings...); err != nil {
+		return err
+	}
+	if cc.pre.WindowUpdate > 0 {
+		if err := cc.fr.WriteWindowUpdate(0, cc.pre.WindowUpdate); err != nil {
+			return err
+		}
+	}
+	for _, p := range cc.pre.Priorities {
+		if err := cc.fr.WritePriority(p.StreamID, http2.PriorityParam{StreamDep: p.StreamDep, Exclusive: p.Exclusive, Weight: p.Weight}); err != nil {
+			return err
+		}
+	}
+	return cc.flush()
+}
+
+// flush writes the buffered frames, bounded by the write timeout. wmu held.
+func (cc *H2Conn) flush() error {
+	cc.conn.SetWriteDeadline(time.Now().Add(cc.opts.writeTimeout()))
+	return cc.bw.Flush()
+}
+
+// CanTakeRequest reports whether a new stream can be opened now.
+func (cc *H2Conn) CanTakeRequest() bool {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return !cc.closed && uint32(len(cc.streams)) < cc.peerMaxStreams && cc.nextID <= maxStreamID
+}
+
+// Close closes the connection; requests in flight fail.
+func (cc *H2Conn) Close() error {
+	cc.mu.Lock()
+	cc.closed = true
+	cc.mu.Unlock()
+	err := cc.conn.Close()
+	<-cc.readDone
+	return err
+}
+
+// h2Stream is one request on the connection. Fields below mu are guarded
+// by cc.mu.
+type h2Stream struct {
+	cc   *H2Conn
+	id   uint32
+	req  *http.Request
+	body io.ReadCloser // the request body being sent; nil when none
+
+	respReady  chan struct{} // closed when resp is set
+	done       chan struct{} // closed when the stream is over
+	continueCh chan struct{} // closed on 100 Continue
+	stopCtx    func() bool
+
+	// mu
+	resp        *http.Response
+	wantLen     int64 // the response's Content-Length, -1 if none
+	gotLen      int64
+	sendWindow  int64
+	recvWindow  int64
+	recvUnacked int64
+	buf         [][]byte
+	bufLen      int64
+	recvEnded   bool // END_STREAM received
+	sendEnded   bool // END_STREAM sent
+	over        bool // done is closed, the stream is out of the map
+	err         error
+	readCond    *sync.Cond
+	continued   bool
+}
+
+// RoundTrip sends req on a new stream and waits for the response head.
+// The header fields go out in the order of the request context's
+// [fingerprint.Shape], the pseudo-headers in its order (else the
+// connection preface's), with its HEADERS priority.
+func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
+	body, length, err := requestBody(req)
+	if err != nil {
+		return nil, err
+	}
+	closeBody := func() {
+		if body != nil {
+			body.Close()
+		}
+	}
+	shape := fingerprint.ShapeFrom(req.Context())
+	fields, err := cc.requestFields(req, shape, body != nil, length)
+	if err != nil {
+		closeBody()
+		return nil, err
+	}
+	var prio *fingerprint.Priority
+	if shape != nil {
+		prio = shape.Priority
+	} else {
+		prio = cc.pre.HeaderPriority
+	}
+	ctx := req.Context()
+	if err := ctx.Err(); err != nil {
+		closeBody()
+		return nil, err
+	}
+	cs := &h2Stream{
+		cc: cc, req: req, body: body,
+		respReady:  make(chan struct{}),
+		done:       make(chan struct{}),
+		continueCh: make(chan struct{}),
+		wantLen:    -1,
+	}
+	cs.readCond = sync.NewCond(&cc.mu)
+
+	// Take a stream slot. Stream ids must go out in increasing order, so
+	// the id is assigned and the HEADERS written under wmu.
+	wake := context.AfterFunc(ctx, func() {
+		cc.mu.Lock()
+		cc.cond.Broadcast()
+		cc.mu.Unlock()
+	})
+	for {
+		cc.wmu.Lock()
+		cc.mu.Lock()
+		if cc.closed || cc.nextID > maxStreamID {
+			cc.mu.Unlock()
+			cc.wmu.Unlock()
+			wake()
+			closeBody()
+			return nil, fmt.Errorf("mirror: h2 connection closed: %w", ErrUnprocessed)
+		}
+		// One stream may open before the origin's SETTINGS (browsers send
+		// their first request at once); more wait to learn its limit
+		// rather than be refused.
+		if uint32(len(cc.streams)) < cc.peerMaxStreams && (cc.seenSettings || len(cc.streams) == 0) {
+			break
+		}
+		cc.wmu.Unlock()
+		if err := ctx.Err(); err != nil {
+			cc.mu.Unlock()
+			wake()
+			closeBody()
+			return nil, err
+		}
+		cc.cond.Wait()
+		cc.mu.Unlock()
+	}
+	wake()
+	cs.id = cc.nextID
+	cc.nextID += 2
+	cs.sendWindow = cc.peerInitWindow
+	cs.recvWindow = cc.ourStreamWindow
+	cs.sendEnded = body == nil // END_STREAM rides on the HEADERS
+	cc.streams[cs.id] = cs
+	maxFrame, headerLimit := cc.peerMaxFrame, cc.peerMaxHeaderLst
+	cc.mu.Unlock()
+	err = cc.writeHeaders(cs.id, fields, prio, body == nil, maxFrame, headerLimit)
+	cc.wmu.Unlock()
+	if err != nil {
+		cs.abort(err, false)
+		closeBody()
+		if errors.Is(err, errHeaderListSize) {
+			return nil, err
+		}
+		cc.fatal(err)
+		return nil, fmt.Errorf("mirror: h2 write headers: %w", err)
+	}
+	if body != nil {
+		expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue")
+		go cs.writeBody(length, req.Trailer, expect)
+	}
+	stop := context.AfterFunc(ctx, func() { cs.abort(ctx.Err(), true) })
+	cc.mu.Lock()
+	if cs.over {
+		stop()
+	} else {
+		cs.stopCtx = stop
+	}
+	cc.mu.Unlock()
+
+	select {
+	case <-cs.respReady:
+		return cs.resp, nil
+	case <-cs.done:
+		cc.mu.Lock()
+		err := cs.err
+		resp := cs.resp
+		cc.mu.Unlock()
+		if resp != nil {
+			return resp, nil // a complete response that ended the stream at once
+		}
+		return nil, err
+	}
+}
+
+var errHeaderListSize = errors.New("mirror: request header list larger than the origin's SETTINGS_MAX_HEADER_LIST_SIZE")
+
+// writeHeaders encodes the fields and writes HEADERS (and CONTINUATION)
+// frames. HEADERS is framed here, not by the Framer, because the Framer
+// leaves out a priority block that is all zeros (weight 1, no
+// dependency), and the client's must go out as it was. wmu held.
+func (cc *H2Conn) writeHeaders(id uint32, fields []hpack.HeaderField, prio *fingerprint.Priority, endStream bool, maxFrame uint32, limit uint64) error {
+	var size uint64
+	for _, f := range fields {
+		size += uint64(f.Size())
+	}
+	if limit > 0 && size > limit {
+		return errHeaderListSize
+	}
+	cc.hbuf.Reset()
+	for _, f := range fields {
+		if err := cc.henc.WriteField(f); err != nil {
+			return err
+		}
+	}
+	block := cc.hbuf.Bytes()
+	var flags http2.Flags
+	if endStream {
+		flags |= http2.FlagHeadersEndStream
+	}
+	var payload []byte
+	if prio != nil {
+		flags |= http2.FlagHeadersPriority
+		dep := prio.StreamDep
+		if prio.Exclusive {
+			dep |= 1 << 31
+		}
+		payload = binary.BigEndian.AppendUint32(payload, dep)
+		payload = append(payload, prio.Weight)
+	}
+	first := min(len(block), int(maxFrame)-len(payload))
+	payload = append(payload, block[:first]...)
+	rest := block[first:]
+	if len(rest) == 0 {
+		flags |= http2.FlagHeadersEndHeaders
+	}
+	if err := cc.fr.WriteRawFrame(http2.FrameHeaders, flags, id, payload); err != nil {
+		return err
+	}
+	for len(rest) > 0 {
+		k := min(len(rest), int(maxFrame))
+		if err := cc.fr.WriteContinuation(id, k == len(rest), rest[:k]); err != nil {
+			return err
+		}
+		rest = rest[k:]
+	}
+	return cc.flush()
+}
+
+// requestBody returns the body to send and its length (-1: unknown),
+// telling net/http's "ContentLength 0 with a Body" (unknown) apart from an
+// empty body by reading one byte.
+func requestBody(req *http.Request) (io.ReadCloser, int64, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, 0, nil
+	}
+	if req.ContentLength != 0 {
+		return req.Body, req.ContentLength, nil
+	}
+	var one [1]byte
+	n, err := io.ReadFull(req.Body, one[:])
+	if n == 0 {
+		req.Body.Close()
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			return nil, 0, nil
+		}
+		return nil, 0, fmt.Errorf("mirror: read request body: %w", err)
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.MultiReader(bytes.NewReader(one[:]), req.Body), req.Body}, -1, nil
+}
+
+// requestFields builds the header block: pseudo-headers in the shape's
+// order (else the preface's), then the fields in the shape's order, minus
+// what HTTP/2 forbids. Nothing is added that the client did not send but
+// content-length where it belongs.
+func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, hasBody bool, length int64) ([]hpack.HeaderField, error) {
+	if req.URL == nil {
+		return nil, errors.New("mirror: request without URL")
+	}
+	method := req.Method
+	if method == "" {
+		method = http.MethodGet
+	}
+	if !validFieldName(method) {
+		return nil, fmt.Errorf("mirror: invalid method %q", method)
+	}
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	scheme := req.URL.Scheme
+	if scheme == "" {
+		scheme = "https"
+	}
+	path := req.URL.RequestURI()
+	values := map[string]string{":method": method, ":authority": host, ":scheme": scheme, ":path": path}
+	want := []string{":method", ":authority", ":scheme", ":path"}
+	if method == http.MethodConnect {
+		want = []string{":method", ":authority"}
+	}
+	pseudo := cc.pre.PseudoOrder
+	if shape != nil && len(shape.PseudoOrder) > 0 {
+		pseudo = shape.PseudoOrder
+	}
+	var fields []hpack.HeaderField
+	sent := map[string]bool{}
+	for _, p := range append(append([]string(nil), pseudo...), want...) {
+		v, ok := values[p]
+		if !ok || sent[p] || !contains(want, p) {
+			continue
+		}
+		sent[p] = true
+		fields = append(fields, hpack.HeaderField{Name: p, Value: v})
+	}
+
+	h := make(http.Header, len(req.Header)+1)
+	for k, vs := range req.Header {
+		c := http.CanonicalHeaderKey(k)
+		switch {
+		case contains(hopHeaders, c), c == "Host", c == "Content-Length":
+			continue
+		case c == "Te":
+			// Only "trailers" may go in an HTTP/2 TE field.
+			if len(vs) != 1 || !strings.EqualFold(vs[0], "trailers") {
+				continue
+			}
+		}
+		h[c] = append(h[c], vs...)
+	}
+	var order []string
+	if shape != nil {
+		order = shape.HeaderOrder
+	}
+	if (hasBody && length >= 0) || (!hasBody && (method == http.MethodPost || method == http.MethodPut ||
+		method == http.MethodPatch || hasName(order, "content-length"))) {
+		h["Content-Length"] = []string{strconv.FormatInt(length, 10)}
+	}
+	// HTTP/2 clients send each cookie crumb as a field of its own; a
+	// server joins them with "; ". Split them back when the client sent
+	// several.
+	if n := countName(order, "cookie"); n > 1 && len(h["Cookie"]) == 1 {
+		h["Cookie"] = strings.Split(h["Cookie"][0], "; ")
+	}
+	for _, f := range orderFields(h, order, false) {
+		name := strings.ToLower(f.name)
+		if !validFieldName(name) || !validFieldValue(f.value) {
+			return nil, fmt.Errorf("mirror: invalid header field %q", f.name)
+		}
+		fields = append(fields, hpack.HeaderField{Name: name, Value: f.value})
+	}
+	return fields, nil
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func countName(order []string, name string) int {
+	n := 0
+	for _, o := range order {
+		if strings.EqualFold(o, name) {
+			n++
+		}
+	}
+	return n
+}
+
+// writeBody sends the request body as DATA frames within the send
+// windows, then END_STREAM (or the trailers). It owns and closes the body.
+func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
+	cc := cs.cc
+	defer cs.body.Close()
+	if expect {
+		t := time.NewTimer(cc.opts.expectTimeout())
+		select {
+		case <-cs.continueCh:
+		case <-t.C:
+		case <-cs.respReady: // a final answer first: the body was not wanted
+			t.Stop()
+			cs.abort(errors.New("mirror: the origin answered before the body"), true)
+			return
+		case <-cs.done:
+			t.Stop()
+			return
+		}
+		t.Stop()
+	}
+	buf := make([]byte, defaultMaxFrame)
+	var sent int64
+	for {
+		n, rerr := cs.body.Read(buf)
+		data := buf[:n]
+		for len(data) > 0 {
+			cc.mu.Lock()
+			for !cs.over && !cc.closed && (cs.sendWindow <= 0 || cc.sendWindow <= 0) {
+				cc.cond.Wait()
+			}
+			if cs.over || cc.closed {
+				cc.mu.Unlock()
+				return
+			}
+			k := min(int64(len(data)), cs.sendWindow, cc.sendWindow, int64(cc.peerMaxFrame))
+			cs.sendWindow -= k
+			cc.sendWindow -= k
+			cc.mu.Unlock()
+			sent += k
+			end := length >= 0 && sent == length && len(trailer) == 0
+			if length >= 0 && sent > length {
+				cs.abort(fmt.Errorf("mirror: request body longer than its Content-Length %d", length), true)
+				return
+			}
+			cc.wmu.Lock()
+			err := cc.fr.WriteData(cs.id, end, data[:k])
+			if err == nil {
+				err = cc.flush()
+			}
+			cc.wmu.Unlock()
+			if err != nil {
+				cc.fatal(err)
+				return
+			}
+			data = data[k:]
+			if end {
+				cs.sentEnd()
+				return
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			cs.abort(fmt.Errorf("mirror: read request body: %w", rerr), true)
+			return
+		}
+	}
+	if length >= 0 && sent != length {
+		cs.abort(fmt.Errorf("mirror: request body of %d bytes, Content-Length %d", sent, length), true)
+		return
+	}
+	cc.wmu.Lock()
+	var err error
+	if len(trailer) > 0 {
+		var fields []hpack.HeaderField
+		for _, f := range orderFields(trailer, nil, false) {
+			fields = append(fields, hpack.HeaderField{Name: strings.ToLower(f.name), Value: f.value})
+		}
+		cc.mu.Lock()
+		maxFrame := cc.peerMaxFrame
+		cc.mu.Unlock()
+		err = cc.writeHeaders(cs.id, fields, nil, true, maxFrame, 0)
+	} else {
+		err = cc.fr.WriteData(cs.id, true, nil)
+		if err == nil {
+			err = cc.flush()
+		}
+	}
+	cc.wmu.Unlock()
+	if err != nil {
+		cc.fatal(err)
+		return
+	}
+	cs.sentEnd()
+}
+
+// sentEnd records END_STREAM sent.
+func (cs *h2Stream) sentEnd() {
+	cc := cs.cc
+	cc.mu.Lock()
+	cs.sendEnded = true
+	cs.maybeDone()
+	cc.mu.Unlock()
+}
+
+// maybeDone ends a stream both sides have finished. mu held.
+func (cs *h2Stream) maybeDone() {
+	if cs.recvEnded && cs.sendEnded && cs.bufLen == 0 {
+		cs.end(nil)
+	}
+}
+
+// end takes the stream out of the connection. mu held.
+func (cs *h2Stream) end(err error) {
+	if cs.over {
+		return
+	}
+	cs.over = true
+	if cs.err == nil {
+		cs.err = err
+	}
+	delete(cs.cc.streams, cs.id)
+	close(cs.done)
+	if cs.stopCtx != nil {
+		cs.stopCtx()
+	}
+	cs.readCond.Broadcast()
+	cs.cc.cond.Broadcast()
+}
+
+// abort ends the stream with err; sendRST resets it at the origin
+// (CANCEL). Buffered response bytes go back to the connection window.
+func (cs *h2Stream) abort(err error, sendRST bool) {
+	cc := cs.cc
+	cc.mu.Lock()
+	if cs.over {
+		cc.mu.Unlock()
+		return
+	}
+	ended := cs.recvEnded && cs.sendEnded
+	connInc := cc.consumeConn(cs.bufLen)
+	cs.buf, cs.bufLen = nil, 0
+	cs.end(err)
+	cc.mu.Unlock()
+	if cs.body != nil {
+		cs.body.Close() // unblocks a writer stuck reading the request body
+	}
+	if (sendRST && !ended) || connInc > 0 {
+		cc.wmu.Lock()
+		var werr error
+		if sendRST && !ended {
+			werr = cc.fr.WriteRSTStream(cs.id, http2.ErrCodeCancel)
+		}
+		if werr == nil && connInc > 0 {
+			werr = cc.fr.WriteWindowUpdate(0, uint32(connInc))
+		}
+		if werr == nil {
+			werr = cc.flush()
+		}
+		cc.wmu.Unlock()
+		if werr != nil {
+			cc.fatal(werr)
+		}
+	}
+}
+
+// consumeConn counts n bytes consumed on the connection and returns the
+// WINDOW_UPDATE increment due (0 if none yet): credit goes back once half
+// the announced window is used, as browsers do. mu held.
+func (cc *H2Conn) consumeConn(n int64) int64 {
+	cc.recvUnacked += n
+	if cc.recvUnacked == 0 || cc.recvUnacked < cc.ourConnWindow/2 {
+		return 0
+	}
+	inc := cc.recvUnacked
+	cc.recvUnacked = 0
+	cc.recvWindow += inc
+	return inc
+}
+
+// fatal closes a connection that cannot go on.
+func (cc *H2Conn) fatal(err error) {
+	cc.mu.Lock()
+	if cc.err == nil {
+		cc.err = err
+	}
+	cc.closed = true
+	cc.mu.Unlock()
+	abort(cc.conn)
+}
+
+// h2Body is a response body.
+type h2Body struct{ cs *h2Stream }
+
+func (b h2Body) Read(p []byte) (int, error) {
+	cs := b.cs
+	cc := cs.cc
+	cc.mu.Lock()
+	for cs.bufLen == 0 && !cs.recvEnded && cs.err == nil && !cs.over {
+		cs.readCond.Wait()
+	}
+	if cs.bufLen == 0 {
+		err := cs.err
+		if err == nil && cs.recvEnded {
+			err = io.EOF
+			if cs.wantLen >= 0 && cs.gotLen != cs.wantLen {
+				err = fmt.Errorf("mirror: response body of %d bytes, Content-Length %d", cs.gotLen, cs.wantLen)
+			}
+			cs.maybeDone()
+		} else if err == nil {
+			err = errors.New("mirror: stream closed")
+		}
+		cc.mu.Unlock()
+		return 0, err
+	}
+	n := 0
+	for n < len(p) && len(cs.buf) > 0 {
+		k := copy(p[n:], cs.buf[0])
+		n += k
+		if k == len(cs.buf[0]) {
+			cs.buf = cs.buf[1:]
+		} else {
+			cs.buf[0] = cs.buf[0][k:]
+		}
+	}
+	cs.bufLen -= int64(n)
+	var streamInc int64
+	if !cs.recvEnded {
+		cs.recvUnacked += int64(n)
+		if cs.recvUnacked >= cc.ourStreamWindow/2 {
+			streamInc = cs.recvUnacked
+			cs.recvUnacked = 0
+			cs.recvWindow += streamInc
+		}
+	}
+	connInc := cc.consumeConn(int64(n))
+	id := cs.id
+	cc.mu.Unlock()
+	if streamInc > 0 || connInc > 0 {
+		cc.wmu.Lock()
+		var err error
+		if streamInc > 0 {
+			err = cc.fr.WriteWindowUpdate(id, uint32(streamInc))
+		}
+		if err == nil && connInc > 0 {
+			err = cc.fr.WriteWindowUpdate(0, uint32(connInc))
+		}
+		if err == nil {
+			err = cc.flush()
+		}
+		cc.wmu.Unlock()
+		if err != nil {
+			cc.fatal(err)
+		}
+	}
+	return n, nil
+}
+
+var errBodyClosed = errors.New("mirror: response body closed")
+
+// Close ends the stream. A response read in full while the request body
+// is still being sent (the origin answered early and may never open its
+// window again) is ended too: the rest of the body is not wanted.
+func (b h2Body) Close() error {
+	cs := b.cs
+	cs.cc.mu.Lock()
+	complete := cs.recvEnded && cs.sendEnded
+	if complete {
+		cs.buf, cs.bufLen = nil, 0
+		cs.maybeDone()
+	}
+	cs.cc.mu.Unlock()
+	if !complete {
+		cs.abort(errBodyClosed, true)
+	}
+	return nil
+}
+
+// readLoop reads frames until the connection ends, then fails what is
+// left.
+func (cc *H2Conn) readLoop() {
+	defer close(cc.readDone)
+	var push pushBlock
+	var err error
+	for {
+		var f http2.Frame
+		f, err = cc.fr.ReadFrame()
+		if err != nil {
+			var se http2.StreamError
+			if errors.As(err, &se) {
+				if cs := cc.stream(se.StreamID); cs != nil {
+					cs.abort(se, true)
+				}
+				continue
+			}
+			break
+		}
+		if err = cc.handle(f, &push); err != nil {
+			break
+		}
+	}
+	cc.conn.Close()
+	cc.mu.Lock()
+	if cc.err == nil {
+		cc.err = err
+	}
+	cc.closed = true
+	streamErr := fmt.Errorf("mirror: h2 connection lost: %w", cc.err)
+	for _, cs := range cc.streams {
+		cs.end(streamErr)
+	}
+	cc.cond.Broadcast()
+	cc.mu.Unlock()
+}
+
+func (cc *H2Conn) stream(id uint32) *h2Stream {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	return cc.streams[id]
+}
+
+// pushBlock gathers a PUSH_PROMISE header block, decoded only to keep the
+// HPACK table in step: the promised stream is refused.
+type pushBlock struct {
+	block    []byte
+	promised uint32
+	active   bool
+}
+
+// handle processes one frame. An error ends the connection.
+func (cc *H2Conn) handle(f http2.Frame, push *pushBlock) error {
+	switch f := f.(type) {
+	case *http2.SettingsFrame:
+		if f.IsAck() {
+			return nil
+		}
+		return cc.handleSettings(f)
+	case *http2.WindowUpdateFrame:
+		cc.mu.Lock()
+		defer cc.mu.Unlock()
+		if f.StreamID == 0 {
+			cc.sendWindow += int64(f.Increment)
+			if cc.sendWindow > maxWindow {
+				return http2.ConnectionError(http2.ErrCodeFlowControl)
+			}
+		} else if cs := cc.streams[f.StreamID]; cs != nil {
+			cs.sendWindow += int64(f.Increment)
+		}
+		cc.cond.Broadcast()
+	case *http2.PingFrame:
+		if f.IsAck() {
+			return nil
+		}
+		cc.wmu.Lock()
+		defer cc.wmu.Unlock()
+		if err := cc.fr.WritePing(true, f.Data); err != nil {
+			return err
+		}
+		return cc.flush()
+	case *http2.GoAwayFrame:
+		cc.mu.Lock()
+		cc.closed = true
+		for id, cs := range cc.streams {
+			if id > f.LastStreamID {
+				cs.end(fmt.Errorf("mirror: the origin is closing the connection (GOAWAY): %w", ErrUnprocessed))
+			}
+		}
+		cc.cond.Broadcast()
+		cc.mu.Unlock()
+	case *http2.MetaHeadersFrame:
+		return cc.handleHeaders(f)
+	case *http2.DataFrame:
+		return cc.handleData(f)
+	case *http2.RSTStreamFrame:
+		cc.mu.Lock()
+		defer cc.mu.Unlock()
+		cs := cc.streams[f.StreamID]
+		if cs == nil {
+			return nil
+		}
+		if f.ErrCode == http2.ErrCodeNo && cs.recvEnded {
+			// The origin has answered in full and does not want the rest
+			// of the body.
+			cs.sendEnded = true
+			cs.maybeDone()
+			return nil
+		}
+		err := error(http2.StreamError{StreamID: f.StreamID, Code: f.ErrCode})
+		if f.ErrCode == http2.ErrCodeRefusedStream && cs.resp == nil {
+			err = fmt.Errorf("mirror: %w: %w", err, ErrUnprocessed)
+		}
+		cs.buf, cs.bufLen = nil, 0
+		cs.end(err)
+	case *http2.PushPromiseFrame:
+		*push = pushBlock{block: append([]byte(nil), f.HeaderBlockFragment()...), promised: f.PromiseID, active: true}
+		if f.HeadersEnded() {
+			return cc.refusePush(push)
+		}
+	case *http2.ContinuationFrame:
+		if !push.active {
+			return http2.ConnectionError(http2.ErrCodeProtocol)
+		}
+		push.block = append(push.block, f.HeaderBlockFragment()...)
+		if len(push.block) > defaultHeaderLimit {
+			return http2.ConnectionError(http2.ErrCodeProtocol)
+		}
+		if f.HeadersEnded() {
+			return cc.refusePush(push)
+		}
+	}
+	return nil
+}
+
+func (cc *H2Conn) refusePush(push *pushBlock) error {
+	dec := cc.fr.ReadMetaHeaders
+	dec.SetEmitFunc(func(hpack.HeaderField) {})
+	if _, err := dec.Write(push.block); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if err := dec.Close(); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	id := push.promised
+	*push = pushBlock{}
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	if err := cc.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream); err != nil {
+		return err
+	}
+	return cc.flush()
+}
+
+func (cc *H2Conn) handleSettings(f *http2.SettingsFrame) error {
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	cc.mu.Lock()
+	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		switch s.ID {
+		case http2.SettingMaxConcurrentStreams:
+			cc.peerMaxStreams = s.Val
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - cc.peerInitWindow
+			cc.peerInitWindow = int64(s.Val)
+			for _, cs := range cc.streams {
+				cs.sendWindow += delta
+			}
+		case http2.SettingMaxFrameSize:
+			cc.peerMaxFrame = s.Val
+		case http2.SettingMaxHeaderListSize:
+			cc.peerMaxHeaderLst = uint64(s.Val)
+		case http2.SettingHeaderTableSize:
+			cc.henc.SetMaxDynamicTableSizeLimit(s.Val)
+		}
+		return nil
+	})
+	cc.seenSettings = true
+	cc.cond.Broadcast()
+	cc.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	if err := cc.fr.WriteSettingsAck(); err != nil {
+		return err
+	}
+	return cc.flush()
+}
+
+func (cc *H2Conn) handleHeaders(f *http2.MetaHeadersFrame) error {
+	cc.mu.Lock()
+	defer cc.mu.Unlock()
+	cs := cc.streams[f.StreamID]
+	if cs == nil {
+		return nil // a stream already cancelled; the block was decoded all the same
+	}
+	if f.Truncated {
+		cs.end(errors.New("mirror: response header list too large"))
+		return nil
+	}
+	if cs.resp != nil {
+		// Trailers.
+		if !f.StreamEnded() {
+			cs.end(errors.New("mirror: h2 trailers without END_STREAM"))
+			return nil
+		}
+		for _, hf := range f.RegularFields() {
+			k := http.CanonicalHeaderKey(hf.Name)
+			cs.resp.Trailer[k] = append(cs.resp.Trailer[k], hf.Value)
+		}
+		cs.recvEnded = true
+		cs.readCond.Broadcast()
+		return nil
+	}
+	status, err := strconv.Atoi(f.PseudoValue("status"))
+	if err != nil || status < 100 || status > 999 {
+		cs.end(errors.New("mirror: h2 response without a valid :status"))
+		return nil
+	}
+	if status < 200 {
+		if status == http.StatusContinue && !cs.continued {
+			cs.continued = true
+			close(cs.continueCh)
+		}
+		return nil // interim responses (103 Early Hints) are not passed on
+	}
+	resp := &http.Response{
+		Status:     strconv.Itoa(status) + " " + http.StatusText(status),
+		StatusCode: status,
+		Proto:      "HTTP/2.0",
+		ProtoMajor: 2,
+		Header:     make(http.Header),
+		Trailer:    make(http.Header),
+		Request:    cs.req,
+		Body:       h2Body{cs},
+	}
+	for _, hf := range f.RegularFields() {
+		k := http.CanonicalHeaderKey(hf.Name)
+		resp.Header[k] = append(resp.Header[k], hf.Value)
+	}
+	for _, t := range resp.Header.Values("Trailer") {
+		for _, k := range strings.Split(t, ",") {
+			if k = http.CanonicalHeaderKey(strings.TrimSpace(k)); k != "" {
+				resp.Trailer[k] = nil
+			}
+		}
+	}
+	resp.ContentLength = -1
+	if cl := resp.Header.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			resp.ContentLength = n
+			cs.wantLen = n
+		}
+	}
+	if cs.req.Method == http.MethodHead || status == http.StatusNoContent || status == http.StatusNotModified {
+		cs.wantLen = -1 // no body whatever Content-Length says
+	}
+	if f.StreamEnded() {
+		cs.recvEnded = true
+		if resp.ContentLength < 0 {
+			resp.ContentLength = 0
+		}
+	}
+	if s, ok := cc.conn.(interface{ ConnectionState() tls.ConnectionState }); ok {
+		st := s.ConnectionState()
+		resp.TLS = &st
+	}
+	cs.resp = resp
+	close(cs.respReady)
+	if cs.recvEnded {
+		cs.maybeDone()
+	}
+	return nil
+}
+
+func (cc *H2Conn) handleData(f *http2.DataFrame) error {
+	n := int64(f.Header().Length)
+	data := f.Data()
+	cc.mu.Lock()
+	if n > cc.recvWindow {
+		cc.mu.Unlock()
+		return http2.ConnectionError(http2.ErrCodeFlowControl)
+	}
+	cc.recvWindow -= n
+	cs := cc.streams[f.StreamID]
+	var connInc int64
+	var rst http2.ErrCode
+	switch {
+	case cs == nil || cs.recvEnded:
+		// A stream already over: its bytes go straight back.
+		connInc = cc.consumeConn(n)
+	case cs.resp == nil:
+		rst = http2.ErrCodeProtocol
+		connInc = cc.consumeConn(n + cs.bufLen)
+		cs.buf, cs.bufLen = nil, 0
+		cs.end(errors.New("mirror: h2 DATA before the response headers"))
+	case n > cs.recvWindow:
+		rst = http2.ErrCodeFlowControl
+		connInc = cc.consumeConn(n + cs.bufLen)
+		cs.buf, cs.bufLen = nil, 0
+		cs.end(http2.StreamError{StreamID: cs.id, Code: http2.ErrCodeFlowControl})
+	default:
+		cs.recvWindow -= n
+		if pad := n - int64(len(data)); pad > 0 {
+			// Padding is flow-controlled but never read: credit it now.
+			cs.recvUnacked += pad
+			connInc = cc.consumeConn(pad)
+		}
+		if len(data) > 0 {
+			cs.buf = append(cs.buf, append([]byte(nil), data...))
+			cs.bufLen += int64(len(data))
+			cs.gotLen += int64(len(data))
+		}
+		if cs.wantLen >= 0 && cs.gotLen > cs.wantLen {
+			rst = http2.ErrCodeProtocol
+			cs.buf, cs.bufLen = nil, 0
+			cs.end(fmt.Errorf("mirror: response body longer than its Content-Length %d", cs.wantLen))
+		} else if f.StreamEnded() {
+			cs.recvEnded = true
+		}
+		cs.readCond.Broadcast()
+	}
+	cc.mu.Unlock()
+	if rst == 0 && connInc == 0 {
+		return nil
+	}
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	if rst != 0 {
+		if err := cc.fr.WriteRSTStream(f.StreamID, rst); err != nil {
+			return err
+		}
+	}
+	if connInc > 0 {
+		if err := cc.fr.WriteWindowUpdate(0, uint32(connInc)); err != nil {
+			return err
+		}
+	}
+	return cc.flush()
+}

@@ -1,0 +1,321 @@
+package mirror
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	utls "github.com/bogdanfinn/utls"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+)
+
+// Mode says how the hello a connection was opened with was made.
+type Mode int
+
+// The modes, from most to least faithful.
+const (
+	Mirrored Mode = iota + 1 // the client's hello
+	Closest                  // the client's hello minus what the TLS library cannot complete
+	Go                       // a default hello with the client's ALPN list
+)
+
+func (m Mode) String() string {
+	switch m {
+	case Mirrored:
+		return "mirrored"
+	case Closest:
+		return "closest"
+	case Go:
+		return "go"
+	}
+	return fmt.Sprintf("Mode(%d)", int(m))
+}
+
+// A Report says how a connection's hello was made. Callers count Mode in a
+// metric and log Changes at debug level.
+type Report struct {
+	Mode Mode
+	// Changes says, in words, what the hello sent differs in from the
+	// client's, beyond the fresh randoms, GREASE values and key shares.
+	Changes []string
+	// Verbatim lists the extensions sent as the client's bytes, without
+	// logic behind them in the TLS library.
+	Verbatim []uint16
+	// Failed holds the handshake errors of the rungs tried before this one.
+	Failed []error
+}
+
+// A Dialer opens TLS connections to origins with a client's hello. The
+// zero value is not usable: Dial is required.
+type Dialer struct {
+	// Dial opens the connection the TLS session runs on: a TCP connection
+	// to the origin, or a tunnel to it through an upstream gateway (HTTP
+	// CONNECT, SOCKS5). A refused handshake costs another call.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+
+	// TLSConfig supplies how the origin is verified: RootCAs,
+	// InsecureSkipVerify, VerifyPeerCertificate, VerifyConnection, and
+	// ServerName (if empty: the host of addr). NextProtos is offered only
+	// by the Go hello of a client without a hello. Nothing else is read:
+	// the hello is the client's. If nil, the system roots verify the
+	// origin.
+	TLSConfig *tls.Config
+
+	// HandshakeTimeout bounds each handshake. If zero, 10 seconds.
+	HandshakeTimeout time.Duration
+
+	memo rungMemo
+}
+
+// DialTLS opens a TLS connection to addr, the origin's host:port, with a
+// hello made from hello (nil when the client's did not parse: Go mode).
+// The origin is verified for addr's host unless TLSConfig.ServerName says
+// otherwise. network is "tcp" normally. A Dialer must not be copied after
+// first use (it remembers which hellos origins refused).
+func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *fingerprint.ClientHello) (*Conn, error) {
+	if d.Dial == nil {
+		return nil, errors.New("mirror: Dialer.Dial is nil")
+	}
+	serverName := ""
+	if d.TLSConfig != nil {
+		serverName = d.TLSConfig.ServerName
+	}
+	if serverName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("mirror: %w", err)
+		}
+		serverName = host
+	}
+	var key memoKey
+	first := Mirrored
+	if hello == nil {
+		first = Go
+	} else {
+		key = memoKey{id: fingerprint.New(hello, nil).ID(), server: serverName}
+		if r := d.memo.get(key); r > first {
+			first = r
+		}
+	}
+	var failed []error
+	for r := first; ; r++ {
+		raw, err := d.Dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		c, err := d.handshake(ctx, raw, hello, serverName, r)
+		if err == nil {
+			c.report.Failed = failed
+			if hello != nil {
+				d.memo.put(key, r)
+			}
+			return c, nil
+		}
+		raw.Close()
+		if r == Go || !helloRefused(ctx, err) {
+			return nil, err
+		}
+		failed = append(failed, fmt.Errorf("%v hello: %w", r, err))
+	}
+}
+
+// helloRefused reports whether a handshake error may be the hello's fault,
+// so that a less faithful one may succeed: not a certificate the origin's
+// chain failed, not a cancelled context.
+func helloRefused(ctx context.Context, err error) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	var ve *utls.CertificateVerificationError
+	var ue verifyError
+	var xe x509.UnknownAuthorityError
+	var he x509.HostnameError
+	var ie x509.CertificateInvalidError
+	return !errors.As(err, &ve) && !errors.As(err, &ue) && !errors.As(err, &xe) &&
+		!errors.As(err, &he) && !errors.As(err, &ie)
+}
+
+// verifyError marks an error from the caller's verification callbacks.
+type verifyError struct{ err error }
+
+func (e verifyError) Error() string { return e.err.Error() }
+func (e verifyError) Unwrap() error { return e.err }
+
+// Handshake runs the TLS handshake on conn with the hello of the given
+// mode, without retrying. Most callers want [Dialer.DialTLS], which climbs
+// down the modes when the origin refuses a hello.
+func Handshake(ctx context.Context, conn net.Conn, hello *fingerprint.ClientHello, cfg *tls.Config, mode Mode) (*Conn, error) {
+	d := &Dialer{TLSConfig: cfg}
+	serverName := ""
+	if cfg != nil {
+		serverName = cfg.ServerName
+	}
+	if serverName == "" {
+		if host, _, err := net.SplitHostPort(conn.RemoteAddr().String()); err == nil {
+			serverName = host
+		}
+	}
+	if hello == nil {
+		mode = Go
+	}
+	return d.handshake(ctx, conn, hello, serverName, mode)
+}
+
+func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint.ClientHello, serverName string, mode Mode) (*Conn, error) {
+	cfg := d.utlsConfig(serverName)
+	var uc *utls.UConn
+	report := Report{Mode: mode}
+	if mode == Go {
+		if hello != nil {
+			cfg.NextProtos = hello.ALPN
+		} else if d.TLSConfig != nil {
+			cfg.NextProtos = d.TLSConfig.NextProtos
+		}
+		uc = utls.UClient(raw, cfg, utls.HelloGolang, false, false, false)
+	} else {
+		spec, r, err := buildSpec(hello, serverName, mode)
+		if err != nil {
+			// utls cannot take the hello at all: the Go hello it is.
+			c, gerr := d.handshake(ctx, raw, hello, serverName, Go)
+			if gerr != nil {
+				return nil, gerr
+			}
+			c.report.Changes = append(c.report.Changes, "the client's hello does not parse in utls: "+err.Error())
+			return c, nil
+		}
+		report = r
+		uc = utls.UClient(raw, cfg, utls.HelloCustom, false, false, false)
+		if err := uc.ApplyPreset(spec); err != nil {
+			return nil, fmt.Errorf("mirror: apply hello: %w", err)
+		}
+	}
+	timeout := d.HandshakeTimeout
+	if timeout == 0 {
+		timeout = 10 * time.Second
+	}
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := uc.HandshakeContext(hctx); err != nil {
+		return nil, fmt.Errorf("mirror: %v TLS handshake with %s: %w", mode, serverName, err)
+	}
+	return &Conn{Conn: uc, uc: uc, report: report}, nil
+}
+
+// utlsConfig is a fresh utls configuration per dial (ApplyPreset writes
+// the ALPN list into it) carrying the caller's verification.
+func (d *Dialer) utlsConfig(serverName string) *utls.Config {
+	cfg := &utls.Config{ServerName: serverName}
+	t := d.TLSConfig
+	if t == nil {
+		return cfg
+	}
+	cfg.RootCAs = t.RootCAs
+	cfg.InsecureSkipVerify = t.InsecureSkipVerify
+	if f := t.VerifyPeerCertificate; f != nil {
+		cfg.VerifyPeerCertificate = func(raw [][]byte, chains [][]*x509.Certificate) error {
+			if err := f(raw, chains); err != nil {
+				return verifyError{err}
+			}
+			return nil
+		}
+	}
+	if f := t.VerifyConnection; f != nil {
+		cfg.VerifyConnection = func(cs utls.ConnectionState) error {
+			if err := f(stdState(cs)); err != nil {
+				return verifyError{err}
+			}
+			return nil
+		}
+	}
+	return cfg
+}
+
+// A Conn is a TLS connection to an origin opened with a client's hello.
+type Conn struct {
+	net.Conn
+	uc     *utls.UConn
+	report Report
+}
+
+// Report says how the connection's hello was made.
+func (c *Conn) Report() Report { return c.report }
+
+// ConnectionState returns the TLS state, in crypto/tls's terms.
+func (c *Conn) ConnectionState() tls.ConnectionState { return stdState(c.uc.ConnectionState()) }
+
+// NetConn returns the connection the TLS session runs on.
+func (c *Conn) NetConn() net.Conn { return c.uc.NetConn() }
+
+func stdState(s utls.ConnectionState) tls.ConnectionState {
+	return tls.ConnectionState{
+		Version:                     s.Version,
+		HandshakeComplete:           s.HandshakeComplete,
+		DidResume:                   s.DidResume,
+		CipherSuite:                 s.CipherSuite,
+		NegotiatedProtocol:          s.NegotiatedProtocol,
+		ServerName:                  s.ServerName,
+		PeerCertificates:            s.PeerCertificates,
+		VerifiedChains:              s.VerifiedChains,
+		SignedCertificateTimestamps: s.SignedCertificateTimestamps,
+		OCSPResponse:                s.OCSPResponse,
+	}
+}
+
+// rungMemo remembers, per hello and server, the first mode that
+// completed, so one refusal does not cost a redial on every connection. An
+// entry expires after memoTTL: the origin may have changed its mind.
+type rungMemo struct {
+	mu sync.Mutex
+	m  map[memoKey]memoEntry
+}
+
+type memoEntry struct {
+	mode Mode
+	at   time.Time
+}
+
+const memoTTL = time.Hour
+
+type memoKey struct {
+	id     fingerprint.ID
+	server string
+}
+
+// maxMemo bounds the memo; past it an arbitrary entry makes room (a
+// forgotten entry costs one redial, never a failure).
+const maxMemo = 4096
+
+func (m *rungMemo) get(k memoKey) Mode {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	e, ok := m.m[k]
+	if !ok || time.Since(e.at) > memoTTL {
+		return 0
+	}
+	return e.mode
+}
+
+func (m *rungMemo) put(k memoKey, r Mode) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if r == Mirrored {
+		delete(m.m, k)
+		return
+	}
+	if m.m == nil {
+		m.m = make(map[memoKey]memoEntry)
+	}
+	if _, ok := m.m[k]; !ok && len(m.m) >= maxMemo {
+		for old := range m.m {
+			delete(m.m, old)
+			break
+		}
+	}
+	m.m[k] = memoEntry{mode: r, at: time.Now()}
+}
