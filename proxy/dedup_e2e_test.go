@@ -204,8 +204,11 @@ func TestErrorResponsesCarryXCache(t *testing.T) {
 }
 
 // TestLargeBodyStreamsWithFlatMemory sends a 64 MiB body through the MITM
-// with max_body_bytes 1 MiB: it streams (BYPASS), is not cached, and the
-// heap never holds it.
+// with max_body_bytes 1 MiB, with and without a Content-Length: the heap
+// never holds it. Over max_object_bytes it streams uncached: BYPASS when
+// the origin declares its length, relayed by its flight (MISS) when it
+// does not. Under it, it goes through the flight's spool (memory, then a
+// file) and is cached on disk.
 func TestLargeBodyStreamsWithFlatMemory(t *testing.T) {
 	const size = 64 << 20
 	chunk := bytes.Repeat([]byte("0123456789abcdef"), 4096) // 64 KiB
@@ -219,57 +222,83 @@ func TestLargeBodyStreamsWithFlatMemory(t *testing.T) {
 			}
 		}
 	}), false)
-	w := newWorld(t, worldOpts{
-		originCAs: []*x509.Certificate{origin.Certificate()},
-		dedup:     dedupOn(dedup.Config{MaxBodyBytes: bytesize.MiB}),
-		quiet:     true,
-	})
-	c := w.client(false)
-	for _, q := range []string{"?cl=1", ""} {
-		runtime.GC()
-		var base runtime.MemStats
-		runtime.ReadMemStats(&base)
-		var peak atomic.Uint64
-		stop := make(chan struct{})
-		sampled := make(chan struct{})
-		go func() {
-			defer close(sampled)
-			var m runtime.MemStats
-			for {
-				runtime.ReadMemStats(&m)
-				if m.HeapInuse > peak.Load() {
-					peak.Store(m.HeapInuse)
+	for _, tc := range []struct {
+		name      string
+		maxObject bytesize.Size
+		xcache    map[string]string // by query
+		cached    bool
+	}{
+		{"over max_object_bytes", 8 * bytesize.MiB, map[string]string{"?cl=1": "BYPASS", "": "MISS"}, false},
+		{"spooled", 0, map[string]string{"?cl=1": "MISS", "": "MISS"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, worldOpts{
+				originCAs: []*x509.Certificate{origin.Certificate()},
+				dedup: dedupOn(dedup.Config{MaxBodyBytes: bytesize.MiB, MaxObjectBytes: tc.maxObject,
+					SpoolDir: t.TempDir(), Disk: dedup.DiskConfig{Dir: t.TempDir(), MaxBytes: 256 * bytesize.MiB}}),
+				quiet: true,
+			})
+			c := w.client(false)
+			for _, q := range []string{"?cl=1", ""} {
+				growth, resp := heapGrowth(t, func() *http.Response {
+					resp, err := c.Get(origin.URL + "/big" + q)
+					if err != nil {
+						t.Fatal(err)
+					}
+					n, err := io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if err != nil || n != size {
+						t.Fatalf("%s: read %d bytes, err %v", q, n, err)
+					}
+					return resp
+				})
+				if xc := resp.Header.Get("X-Cache"); xc != tc.xcache[q] {
+					t.Errorf("%s: X-Cache %q, want %s", q, xc, tc.xcache[q])
 				}
-				select {
-				case <-stop:
-					return
-				case <-time.After(5 * time.Millisecond):
+				t.Logf("%s: heap in use grew by at most %.1f MiB while streaming 64 MiB", q, float64(growth)/(1<<20))
+				if growth > 24<<20 {
+					t.Errorf("%s: heap grew by %d MiB: the body was buffered", q, growth>>20)
 				}
 			}
-		}()
-		resp, err := c.Get(origin.URL + "/big" + q)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n, err := io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		close(stop)
-		<-sampled
-		if err != nil || n != size {
-			t.Fatalf("%s: read %d bytes, err %v", q, n, err)
-		}
-		if xc := resp.Header.Get("X-Cache"); xc != "BYPASS" {
-			t.Errorf("%s: X-Cache %q, want BYPASS", q, xc)
-		}
-		growth := int64(peak.Load()) - int64(base.HeapInuse)
-		t.Logf("%s: heap in use grew by at most %.1f MiB while streaming 64 MiB", q, float64(growth)/(1<<20))
-		if growth > 24<<20 {
-			t.Errorf("%s: heap grew by %d MiB: the body was buffered", q, growth>>20)
-		}
+			st := w.engine.Stats()
+			if st.Store.Entries != 0 {
+				t.Fatalf("large body in the memory store: %+v", st.Store)
+			}
+			if cached := st.Disk.Entries == 2; cached != tc.cached {
+				t.Fatalf("disk tier: %+v, want cached = %v", st.Disk, tc.cached)
+			}
+		})
 	}
-	if st := w.engine.Stats(); st.Store.Entries != 0 {
-		t.Fatalf("large body cached: %+v", st.Store)
-	}
+}
+
+// heapGrowth runs f and returns how far the heap in use grew above where
+// it started while f ran (sampled), and f's result.
+func heapGrowth[T any](t testing.TB, f func() T) (int64, T) {
+	runtime.GC()
+	var base runtime.MemStats
+	runtime.ReadMemStats(&base)
+	var peak atomic.Uint64
+	stop := make(chan struct{})
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		var m runtime.MemStats
+		for {
+			runtime.ReadMemStats(&m)
+			if m.HeapInuse > peak.Load() {
+				peak.Store(m.HeapInuse)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	v := f()
+	close(stop)
+	<-sampled
+	return int64(peak.Load()) - int64(base.HeapInuse), v
 }
 
 // TestAdminCacheEndpoints: /cache/stats adds up and /cache/invalidate works

@@ -1,10 +1,12 @@
 package proxy
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"runtime/debug"
 	"sync"
@@ -210,10 +212,23 @@ func (b *clientBody) failed() error {
 // finish attaches the access log line and the in-flight accounting to the
 // response body: both happen when goproxy closes the body after copying it
 // to the client, so the line carries real byte counts and durations.
+//
+// It also makes a body that fails mid-way fail for the client. goproxy's
+// copy (io.Copy into the ResponseWriter) only logs a read error and
+// returns, and net/http then ends a chunked response with its last chunk,
+// or an HTTP/2 stream with END_STREAM: a short body that looks complete.
+// So a read error other than EOF aborts the handler instead
+// (http.ErrAbortHandler, as httputil.ReverseProxy does): HTTP/1.1 clients
+// see the connection cut before the promised length or the last chunk,
+// HTTP/2 clients an RST_STREAM. Every body goproxy copies is read in the
+// handler's goroutine, under net/http's recovery (the proxy port, and the
+// inner server of intercepted tunnels); a 101's body is spliced in
+// goroutines of goproxy's own, so it never aborts.
 func (s *Server) finish(req *http.Request, resp *http.Response, client *clientInfo, start time.Time) *http.Response {
 	if resp.Body == nil {
 		resp.Body = http.NoBody
 	}
+	var tb *trackedBody
 	done := func(n int64) {
 		s.inflight.Add(-1)
 		s.metrics.Request(resp.Header.Get("X-Cache"), resp.StatusCode, time.Since(start))
@@ -233,6 +248,9 @@ func (s *Server) finish(req *http.Request, resp *http.Response, client *clientIn
 		if e := resp.Header.Get(headerProxyError); e != "" {
 			attrs = append(attrs, slog.String("error", e))
 		}
+		if err := tb.failure(); err != nil {
+			attrs = append(attrs, slog.String("body_error", err.Error()))
+		}
 		if client.info.User != "" {
 			attrs = append(attrs, slog.String("user", client.info.User))
 		}
@@ -241,25 +259,79 @@ func (s *Server) finish(req *http.Request, resp *http.Response, client *clientIn
 	if rw, ok := resp.Body.(io.ReadWriteCloser); ok {
 		// goproxy splices a 101 response's body as the upstream half of
 		// the WebSocket: keep it writable.
-		resp.Body = &rwBody{trackedBody: trackedBody{ReadCloser: rw, done: done}, w: rw}
+		rb := &rwBody{trackedBody: trackedBody{ReadCloser: rw, done: done}, w: rw}
+		tb, resp.Body = &rb.trackedBody, rb
 	} else {
-		resp.Body = &trackedBody{ReadCloser: resp.Body, done: done}
+		tb = &trackedBody{ReadCloser: resp.Body, done: done, abort: true}
+		resp.Body = tb
 	}
 	return resp
 }
 
+// flushingWriter is the ResponseWriter goproxy copies a response into:
+// it flushes after every write, so bytes reach the client as they come
+// from the origin (goproxy's io.Copy would leave them in net/http's
+// buffers until a few KiB piled up, or the body ended). A write is what
+// one Read of the body returned: a piece of the origin's stream as it
+// arrives, or 32 KiB of a body already there, so the flushes cost no extra
+// writes. It keeps the writer hijackable for WebSocket upgrades.
+type flushingWriter struct {
+	http.ResponseWriter
+	rc *http.ResponseController
+}
+
+func streamTo(w http.ResponseWriter) *flushingWriter {
+	return &flushingWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+}
+
+func (w *flushingWriter) Write(p []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(p)
+	if err == nil {
+		err = w.rc.Flush()
+	}
+	return n, err
+}
+
+func (w *flushingWriter) Flush() { _ = w.rc.Flush() }
+
+func (w *flushingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.rc.Hijack() }
+
+// Unwrap lets http.ResponseController reach the writer's own deadlines.
+func (w *flushingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // trackedBody counts the bytes read through it and reports once on Close.
+// With abort, a read error other than EOF aborts the handler (see finish).
 type trackedBody struct {
 	io.ReadCloser
-	n    atomic.Int64
-	once sync.Once
-	done func(n int64)
+	n     atomic.Int64
+	once  sync.Once
+	done  func(n int64)
+	abort bool
+	mu    sync.Mutex
+	err   error // the first read error other than EOF
 }
 
 func (b *trackedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
+	if err != nil && err != io.EOF {
+		b.mu.Lock()
+		if b.err == nil {
+			b.err = err
+		}
+		b.mu.Unlock()
+		if b.abort {
+			// Close runs in goproxy's deferred Close, on the way out.
+			panic(http.ErrAbortHandler)
+		}
+	}
 	return n, err
+}
+
+func (b *trackedBody) failure() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.err
 }
 
 func (b *trackedBody) Close() error {

@@ -208,7 +208,7 @@ func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	r.RemoteAddr = t.remoteAddr
-	s.gp.ServeHTTP(w, r)
+	s.gp.ServeHTTP(streamTo(w), r)
 }
 
 // writeResponse writes a response built by errorResponse to w.

@@ -201,9 +201,12 @@ func New(cfg Config, o Options) (*Server, error) {
 func (s *Server) front(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
 		w = keepBufferedOnHijack{w}
-	} else if !r.URL.IsAbs() && r.URL.Path == fetchPath {
-		s.fetch(w, r)
-		return
+	} else {
+		w = streamTo(w)
+		if !r.URL.IsAbs() && r.URL.Path == fetchPath {
+			s.fetch(w, r)
+			return
+		}
 	}
 	s.gp.ServeHTTP(w, r)
 }

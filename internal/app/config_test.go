@@ -47,6 +47,7 @@ func TestShippedConfigMatchesDefaults(t *testing.T) {
 	zero.Guard.AllowCIDRs = []string{"127.0.0.0/8", "::1/128"}
 	zero.Dedup.Enabled = true
 	zero.Dedup.TTL = dedup.DefaultTTL
+	zero.Dedup.Disk.MaxBytes = dedup.DefaultDiskBytes
 	zero.withDefaults()
 	a, _ := yaml.Marshal(shipped)
 	b, _ := yaml.Marshal(&zero)

@@ -63,10 +63,11 @@ func (m MemoryLimit) MarshalText() ([]byte, error) {
 // runtime: the rest is the binary, kernel buffers and what Go does not see.
 const cgroupShare = 0.9
 
-// configuredBytes is the memory the configuration bounds: the memory cache
-// and the certificate cache (a leaf and its key are about 4 KiB).
+// configuredBytes is the memory the configuration bounds: the memory cache,
+// the flights' spools, and the certificate cache (a leaf and its key are
+// about 4 KiB).
 func configuredBytes(cfg *Config) int64 {
-	return int64(cfg.Dedup.Memory.MaxBytes) + int64(cfg.MITM.CacheSize)*4<<10
+	return int64(cfg.Dedup.Memory.MaxBytes) + int64(cfg.Dedup.SpoolMemoryBytes) + int64(cfg.MITM.CacheSize)*4<<10
 }
 
 // memoryLimit decides the limit and says where it came from; 0 means none.

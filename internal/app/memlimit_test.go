@@ -19,11 +19,12 @@ func TestMemoryLimit(t *testing.T) {
 		}
 		return cfg
 	}
-	cfg := load(t, "dedup: {memory: {max_bytes: 256MiB}}\n")
+	cfg := load(t, "dedup: {memory: {max_bytes: 256MiB}, spool_memory_bytes: 128MiB}\n")
 	limit, from := memoryLimit(cfg, none, noCgroup)
-	// 256 MiB of cache + 10,000 certificates at 4 KiB, plus a margin of
-	// 64 MiB (an eighth of the bounds is less): under 1.3x the bounds.
-	total := int64(256<<20 + 10000*4<<10)
+	// 256 MiB of cache + 128 MiB of spools + 10,000 certificates at 4 KiB,
+	// plus a margin of 64 MiB (an eighth of the bounds is less): under 1.2x
+	// the bounds.
+	total := int64(256<<20 + 128<<20 + 10000*4<<10)
 	if limit != total+64<<20 || !strings.Contains(from, "configured bounds") {
 		t.Errorf("derived limit %d (%s), want %d", limit, from, total+64<<20)
 	}

@@ -1,11 +1,12 @@
 // Package contentcoding decodes HTTP content codings (gzip, deflate, br,
-// zstd) of bodies the proxy holds in memory: the dedup engine decodes a
-// stored body for a client that does not accept its coding, the upstream
-// pool looks for ban text in a compressed body. Output is always bounded by
+// zstd), of bodies held in memory or read as they stream: the dedup engine
+// decodes a stored or streaming body for a client that does not accept its
+// coding, the upstream pool looks for ban text in a compressed body. Output is always bounded by
 // the caller: a small compressed body can expand without limit.
 package contentcoding
 
 import (
+	"bufio"
 	"bytes"
 	"compress/flate"
 	"compress/gzip"
@@ -29,12 +30,30 @@ const maxWindow = 64 << 20
 // "deflate", "br", "zstd"; case and spaces ignored) and a function that
 // releases the decoder. "" and "identity" read b as it is.
 func NewReader(coding string, b []byte) (io.Reader, func(), error) {
+	return NewStreamReader(coding, bytes.NewReader(b))
+}
+
+// Known reports whether NewStreamReader can decode coding, without reading
+// anything: a caller that must not block (the body has not arrived yet)
+// decides with it and creates the decoder on first use.
+func Known(coding string) bool {
+	switch strings.ToLower(strings.TrimSpace(coding)) {
+	case "", "identity", "gzip", "x-gzip", "deflate", "br", "zstd":
+		return true
+	}
+	return false
+}
+
+// NewStreamReader is NewReader over a stream: the decoder reads r as it
+// needs (gzip and zlib read their header at once, so this blocks until r
+// yields it).
+func NewStreamReader(coding string, r io.Reader) (io.Reader, func(), error) {
 	noop := func() {}
 	switch strings.ToLower(strings.TrimSpace(coding)) {
 	case "", "identity":
-		return bytes.NewReader(b), noop, nil
+		return r, noop, nil
 	case "gzip", "x-gzip":
-		zr, err := gzip.NewReader(bytes.NewReader(b))
+		zr, err := gzip.NewReader(r)
 		if err != nil {
 			return nil, noop, err
 		}
@@ -42,18 +61,29 @@ func NewReader(coding string, b []byte) (io.Reader, func(), error) {
 	case "deflate":
 		// "deflate" is zlib-wrapped by the spec and raw DEFLATE in
 		// practice as often as not; the zlib header check tells them apart.
-		if zr, err := zlib.NewReader(bytes.NewReader(b)); err == nil {
+		br := bufio.NewReader(r)
+		if hdr, err := br.Peek(2); err == nil && isZlibHeader(hdr) {
+			zr, err := zlib.NewReader(br)
+			if err != nil {
+				return nil, noop, err
+			}
 			return zr, noop, nil
 		}
-		return flate.NewReader(bytes.NewReader(b)), noop, nil
+		return flate.NewReader(br), noop, nil
 	case "br":
-		return brotli.NewReader(bytes.NewReader(b)), noop, nil
+		return brotli.NewReader(r), noop, nil
 	case "zstd":
-		zr, err := zstd.NewReader(bytes.NewReader(b), zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxWindow))
+		zr, err := zstd.NewReader(r, zstd.WithDecoderConcurrency(1), zstd.WithDecoderMaxMemory(maxWindow))
 		if err != nil {
 			return nil, noop, err
 		}
 		return zr, zr.Close, nil
 	}
 	return nil, noop, ErrUnknown
+}
+
+// isZlibHeader checks RFC 1950's two header bytes: method 8 (deflate), a
+// window of at most 32 KiB, and the check bits.
+func isZlibHeader(h []byte) bool {
+	return h[0]&0x0f == 8 && h[0]>>4 <= 7 && (uint16(h[0])<<8|uint16(h[1]))%31 == 0
 }

@@ -44,3 +44,44 @@ func TestRoundTrip(t *testing.T) {
 		t.Error("corrupt gzip accepted")
 	}
 }
+
+// TestStreamReaderMatchesNewReader: the streaming decoder reads what the
+// buffered one does, fed one byte at a time, for both flavours of deflate.
+func TestStreamReaderMatchesNewReader(t *testing.T) {
+	plain := bytes.Repeat([]byte("stream me "), 700)
+	var z, f bytes.Buffer
+	zw := zlib.NewWriter(&z)
+	zw.Write(plain)
+	zw.Close()
+	fw, _ := flate.NewWriter(&f, flate.BestSpeed)
+	fw.Write(plain)
+	fw.Close()
+	for name, body := range map[string][]byte{"zlib": z.Bytes(), "raw": f.Bytes()} {
+		r, done, err := NewStreamReader("deflate", iotestOneByte{bytes.NewReader(body)})
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		out, err := io.ReadAll(r)
+		done()
+		if err != nil || !bytes.Equal(out, plain) {
+			t.Errorf("%s: %d bytes, %v", name, len(out), err)
+		}
+	}
+	for _, c := range []string{"gzip", " BR", "zstd", "identity", ""} {
+		if !Known(c) {
+			t.Errorf("Known(%q) = false", c)
+		}
+	}
+	if Known("compress") {
+		t.Error("Known(compress) = true")
+	}
+}
+
+type iotestOneByte struct{ r io.Reader }
+
+func (o iotestOneByte) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	return o.r.Read(p[:1])
+}

@@ -86,6 +86,8 @@ func TestStatusPage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The body streams: read to its end, the response is cached.
+		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
 	pool, err := upstream.New(upstream.Config{Sessions: []upstream.SessionConfig{{ID: "s1", URL: "http://u:pw@" + deadAddr(t)}}}, logger)

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -50,5 +52,57 @@ func BenchmarkHit(b *testing.B) {
 		}
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
+	}
+}
+
+// BenchmarkStreamReaders measures one big object (16 MiB, over
+// max_body_bytes: it spools to a file) delivered to 1, 10 and 100
+// concurrent readers of one flight, from a loopback origin; each
+// iteration is a fresh URL, so a fresh download. Bytes/s counts what all
+// readers received.
+func BenchmarkStreamReaders(b *testing.B) {
+	const size = 16 << 20
+	body := pattern(size)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Write(body)
+	}))
+	defer origin.Close()
+	for _, readers := range []int{1, 10, 100} {
+		b.Run(strconv.Itoa(readers), func(b *testing.B) {
+			cfg := Config{Enabled: true, TTL: 0, SpoolDir: b.TempDir()}.WithDefaults()
+			store := NewMemoryStore(64 << 20)
+			defer store.Close()
+			tr := &http.Transport{DisableCompression: true}
+			defer tr.CloseIdleConnections()
+			eng, err := New(cfg, Options{Store: store, Next: tr, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer eng.Close()
+			b.SetBytes(int64(size * readers))
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				url := origin.URL + "/obj?i=" + strconv.Itoa(i)
+				var wg sync.WaitGroup
+				for range readers {
+					wg.Go(func() {
+						req, _ := http.NewRequest(http.MethodGet, url, nil)
+						resp, err := eng.RoundTrip(req)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != size {
+							b.Errorf("read %d bytes, %v", n, err)
+						}
+						resp.Body.Close()
+					})
+				}
+				wg.Wait()
+			}
+		})
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -27,15 +29,38 @@ type Config struct {
 	IgnoreParams []string `yaml:"ignore_params"`
 	// CacheableStatuses may be cached; 429 and 5xx never are.
 	CacheableStatuses []int `yaml:"cacheable_statuses"`
-	// MaxBodyBytes is the largest response buffered to be shared or cached;
-	// bigger ones stream to their own client uncached (BYPASS).
+	// MaxBodyBytes is the largest body kept whole in memory: cached in the
+	// Store (memory, Redis) as one entry, and held in memory by one
+	// flight's spool. Bigger bodies spool to a file and are cached in the
+	// disk tier. Default 8 MiB. (It used to be the largest response shared
+	// at all; MaxObjectBytes is that now.)
 	MaxBodyBytes bytesize.Size `yaml:"max_body_bytes"`
+	// MaxObjectBytes is the largest body coalesced and cached. A response
+	// that declares a bigger one streams to its own client uncached
+	// (BYPASS); one of unknown length that grows past it is relayed to the
+	// readers it has, at the pace of the slowest, and not cached. Default
+	// 256 MiB.
+	MaxObjectBytes bytesize.Size `yaml:"max_object_bytes"`
+	// StallTimeout bounds a flight's body once the headers came: an origin
+	// that sends no byte for this long fails the download for every
+	// reader. Default 30s.
+	StallTimeout time.Duration `yaml:"stall_timeout"`
+	// SpoolDir is where flights' bodies go once they outgrow memory; each
+	// process uses a directory of its own in it, removed on shutdown.
+	// Default: onceproxy-spool in the OS temp directory.
+	SpoolDir string `yaml:"spool_dir"`
+	// SpoolMemoryBytes bounds the memory all flights' spools hold at once;
+	// past it, bodies go to files sooner. Default 128 MiB.
+	SpoolMemoryBytes bytesize.Size `yaml:"spool_memory_bytes"`
+	// Disk is the cache tier for bodies over MaxBodyBytes.
+	Disk DiskConfig `yaml:"disk"`
 	// MaxRequestBodyBytes is the largest request body read to key a
 	// request (POST rules); bigger bodies go upstream as BYPASS.
 	MaxRequestBodyBytes bytesize.Size `yaml:"max_request_body_bytes"`
 	// FlightTimeout bounds one upstream fetch that others wait on, from
-	// the request until its body is buffered. The leader runs detached from
-	// its client, so this is what stops a hung origin from holding waiters.
+	// the request until its response headers (the body is bounded by
+	// StallTimeout). The leader runs detached from its client, so this is
+	// what stops a hung origin from holding waiters.
 	FlightTimeout time.Duration `yaml:"flight_timeout"`
 	// MaxFlights caps upstream fetches running at once in this process.
 	// A leader's fetch outlives a client that hangs up (so the others, and
@@ -58,6 +83,19 @@ type Config struct {
 // MemoryConfig sizes the in-memory store.
 type MemoryConfig struct {
 	// MaxBytes bounds the cache by the size of the stored responses.
+	MaxBytes bytesize.Size `yaml:"max_bytes"`
+}
+
+// DiskConfig sizes the disk tier.
+type DiskConfig struct {
+	// Dir is where the tier keeps its files, in a directory of this
+	// process's own, removed on shutdown (the tier does not outlive the
+	// process). Default: onceproxy in the user's cache directory, else
+	// onceproxy-cache in the OS temp directory.
+	Dir string `yaml:"dir"`
+	// MaxBytes bounds the total size of the files; the least recently
+	// used go first. 0 turns the tier off: big bodies are coalesced but
+	// not cached.
 	MaxBytes bytesize.Size `yaml:"max_bytes"`
 }
 
@@ -106,6 +144,10 @@ var (
 	DefaultCacheableStatuses = []int{200, 203, 204, 300, 301, 308, 404, 410}
 )
 
+// DefaultDiskBytes is disk.max_bytes as config.yaml ships it. The zero
+// value turns the disk tier off, so WithDefaults leaves it alone.
+const DefaultDiskBytes = 1 * bytesize.GiB
+
 // WithDefaults returns c with unset fields filled in. A nil list means the
 // default list; an explicit empty list means none.
 func (c Config) WithDefaults() Config {
@@ -120,6 +162,21 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 8 * bytesize.MiB
+	}
+	if c.MaxObjectBytes == 0 {
+		c.MaxObjectBytes = max(256*bytesize.MiB, c.MaxBodyBytes)
+	}
+	if c.StallTimeout == 0 {
+		c.StallTimeout = 30 * time.Second
+	}
+	if c.SpoolDir == "" {
+		c.SpoolDir = filepath.Join(os.TempDir(), "onceproxy-spool")
+	}
+	if c.SpoolMemoryBytes == 0 {
+		c.SpoolMemoryBytes = 128 * bytesize.MiB
+	}
+	if c.Disk.Dir == "" {
+		c.Disk.Dir = defaultDiskDir()
 	}
 	if c.MaxRequestBodyBytes == 0 {
 		c.MaxRequestBodyBytes = 1 * bytesize.MiB
@@ -153,6 +210,18 @@ func (c Config) Validate() error {
 	if c.MaxBodyBytes > 1*bytesize.GiB {
 		errs = append(errs, fmt.Errorf("max_body_bytes: must be at most 1GiB, got %s", c.MaxBodyBytes))
 	}
+	if c.MaxObjectBytes < c.MaxBodyBytes {
+		errs = append(errs, fmt.Errorf("max_object_bytes: must be at least max_body_bytes (%s), got %s", c.MaxBodyBytes, c.MaxObjectBytes))
+	}
+	if c.StallTimeout < 0 {
+		errs = append(errs, fmt.Errorf("stall_timeout: must not be negative, got %s", c.StallTimeout))
+	}
+	if c.SpoolMemoryBytes < 0 {
+		errs = append(errs, fmt.Errorf("spool_memory_bytes: must not be negative, got %s", c.SpoolMemoryBytes))
+	}
+	if c.Disk.MaxBytes < 0 {
+		errs = append(errs, fmt.Errorf("disk.max_bytes: must not be negative, got %s", c.Disk.MaxBytes))
+	}
 	if c.MaxRequestBodyBytes < 1024 {
 		errs = append(errs, fmt.Errorf("max_request_body_bytes: must be at least 1KiB, got %s", c.MaxRequestBodyBytes))
 	}
@@ -174,6 +243,16 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// defaultDiskDir is a directory meant for caches when the user has one
+// (os.UserCacheDir: $XDG_CACHE_HOME, ~/.cache): the OS temp directory is
+// often a RAM disk, which would make the disk tier memory.
+func defaultDiskDir() string {
+	if d, err := os.UserCacheDir(); err == nil {
+		return filepath.Join(d, "onceproxy")
+	}
+	return filepath.Join(os.TempDir(), "onceproxy-cache")
 }
 
 func ruleLabel(r RuleConfig) string {

@@ -21,6 +21,10 @@ func TestConfigValidate(t *testing.T) {
 			CacheableStatuses: []int{200, 429, 503, 100, 999},
 			KeyHeaders:        []string{"Accept", "bad header"},
 			MaxBodyBytes:      10,
+			MaxObjectBytes:    5,
+			StallTimeout:      -1,
+			SpoolMemoryBytes:  -1,
+			Disk:              DiskConfig{MaxBytes: -1},
 			FlightTimeout:     -1,
 			Rules: []RuleConfig{
 				{Name: "r0", Host: "[", PathPrefix: "no-slash", Methods: []string{"post", "CONNECT"}, TTL: &neg, BodyFields: []string{""}},
@@ -28,6 +32,7 @@ func TestConfigValidate(t *testing.T) {
 		}, []string{
 			"ttl:", "cacheable_statuses[1]: 429", "cacheable_statuses[2]: 503", "cacheable_statuses[3]: 100",
 			"cacheable_statuses[4]: 999", "key_headers[1]:", "max_body_bytes:", "flight_timeout:",
+			"max_object_bytes:", "stall_timeout:", "spool_memory_bytes:", "disk.max_bytes:",
 			"rules[0](r0).host:", "rules[0](r0).path_prefix:", "rules[0](r0).methods[0]:", "rules[0](r0).methods[1]:",
 			"rules[0](r0).ttl:", "rules[0](r0).body_fields[0]:",
 		}},

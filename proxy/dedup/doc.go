@@ -16,6 +16,18 @@
 //     deadline (flight_timeout);
 //   - 429 and 5xx are never cached; a failed flight answers its waiters and
 //     the next request starts a fresh one;
-//   - buffered bodies are bounded by max_body_bytes; larger responses stream
-//     to their own client uncached.
+//   - a flight's body streams to every reader as it arrives, each at its own
+//     pace, through a spool (memory up to max_body_bytes, then a file); a
+//     body cut short by the origin is an error for every reader and is
+//     never cached;
+//   - memory and disk are bounded: max_body_bytes per spool and
+//     spool_memory_bytes for all, the Store's own bound, disk.max_bytes for
+//     the disk tier (bodies over max_body_bytes, up to max_object_bytes);
+//     bigger bodies stream to their own client uncached.
+//
+// Files: engine.go (the request path and the flight's first half, lead),
+// flight.go (the registry of flights and who waits on them), download.go
+// (the flight's second half: the body into the spool, then the cache),
+// spool.go, disk.go (the disk tier), stream.go and ranges.go (responses
+// from spools and files, Range), peer.go (bodies served to the fleet).
 package dedup

@@ -93,15 +93,8 @@ var errUndecodable = errors.New("dedup: cannot decode stored content coding")
 // the stored bytes (nil body, nil header: use the entry's). Otherwise the
 // body is decoded, up to limit bytes.
 func decodeFor(e *Entry, ae []string, limit int64) ([]byte, http.Header, error) {
-	codings := contentCodings(e.Header)
-	if len(codings) == 0 {
-		return nil, nil, nil
-	}
-	accepted := true
-	for _, c := range codings {
-		accepted = accepted && acceptsCoding(ae, c)
-	}
-	if accepted {
+	codings := undecodedFor(e.Header, ae)
+	if codings == nil {
 		return nil, nil, nil
 	}
 	body := e.Body
@@ -112,7 +105,25 @@ func decodeFor(e *Entry, ae []string, limit int64) ([]byte, http.Header, error) 
 			return nil, nil, fmt.Errorf("%w: %s: %v", errUndecodable, codings[i], err)
 		}
 	}
-	h := e.Header.Clone()
+	return body, decodedHeader(e.Header), nil
+}
+
+// undecodedFor returns the codings of a response with header h that a
+// client whose Accept-Encoding is ae does not accept all of: they must be
+// undone for it (nil: send the bytes as they are).
+func undecodedFor(h http.Header, ae []string) []string {
+	codings := contentCodings(h)
+	for _, c := range codings {
+		if !acceptsCoding(ae, c) {
+			return codings
+		}
+	}
+	return nil
+}
+
+// decodedHeader is the header of a decoded copy of a response with h.
+func decodedHeader(h http.Header) http.Header {
+	h = h.Clone()
 	h.Del("Content-Encoding")
 	h.Del("Content-Length")
 	// A strong validator names the encoded bytes; the decoded body is a
@@ -120,7 +131,68 @@ func decodeFor(e *Entry, ae []string, limit int64) ([]byte, http.Header, error) 
 	if etag := h.Get("ETag"); etag != "" && !strings.HasPrefix(etag, "W/") {
 		h.Set("ETag", "W/"+etag)
 	}
-	return body, h, nil
+	return h
+}
+
+// decodeStream returns r decoded from codings (in the order applied),
+// reading r as the client reads, up to limit decoded bytes (more is an
+// error: a small compressed body can expand without limit). The decoders
+// are made on first Read, not here: gzip's reads its header at once, and
+// the body may not have arrived yet. errUndecodable: a coding is unknown.
+func decodeStream(codings []string, r io.ReadCloser, limit int64) (io.ReadCloser, error) {
+	for _, c := range codings {
+		if !contentcoding.Known(c) {
+			return nil, fmt.Errorf("%w: %s", errUndecodable, c)
+		}
+	}
+	return &decodingBody{src: r, codings: codings, limit: limit}, nil
+}
+
+type decodingBody struct {
+	src     io.ReadCloser
+	codings []string
+	limit   int64
+	r       io.Reader
+	dones   []func()
+	n       int64
+	err     error
+}
+
+func (d *decodingBody) Read(p []byte) (int, error) {
+	if d.err != nil {
+		return 0, d.err
+	}
+	if d.r == nil {
+		var r io.Reader = d.src
+		for i := len(d.codings) - 1; i >= 0; i-- {
+			dr, done, err := contentcoding.NewStreamReader(d.codings[i], r)
+			if err != nil {
+				d.err = fmt.Errorf("%w: %s: %v", errUndecodable, d.codings[i], err)
+				return 0, d.err
+			}
+			d.dones = append(d.dones, done)
+			r = dr
+		}
+		d.r = r
+	}
+	n, err := d.r.Read(p)
+	d.n += int64(n)
+	if d.n > d.limit {
+		d.err = fmt.Errorf("%w: decoded body exceeds %d bytes", errUndecodable, d.limit)
+		return 0, d.err
+	}
+	if err != nil && err != io.EOF {
+		d.err = err
+	}
+	return n, err
+}
+
+func (d *decodingBody) Close() error {
+	for _, done := range d.dones {
+		done()
+	}
+	d.dones = nil
+	return d.src.Close()
 }
 
 func decode(coding string, body []byte, limit int64) ([]byte, error) {

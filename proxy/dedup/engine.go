@@ -13,10 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
-
-	"golang.org/x/sync/singleflight"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
@@ -45,6 +42,11 @@ type Options struct {
 // concurrent requests wait on one upstream fetch (a flight), and caches what
 // may be cached. It is an http.RoundTripper in front of the upstream; every
 // response it returns carries X-Cache and X-Cache-Key.
+//
+// A flight's body streams: the leader's client and every waiter read it as
+// it arrives, through the flight's spool (memory, then a file), each at its
+// own pace. Bodies up to max_body_bytes are cached whole in the Store;
+// bigger ones, up to max_object_bytes, in the engine's own disk tier.
 type Engine struct {
 	cfg   Config
 	rules *rules
@@ -60,7 +62,9 @@ type Engine struct {
 	// prices and currency price the savings report.
 	prices   Prices
 	currency string
-	sf       singleflight.Group
+	flights  flights
+	spools   *spools
+	disk     *diskTier // nil: disk.max_bytes is 0
 	st       counters
 
 	// base is canceled by Close: flights run detached from their clients
@@ -69,13 +73,14 @@ type Engine struct {
 	cancel context.CancelFunc
 	mu     sync.Mutex // protects closed, the Add side of wg, and perClient
 	closed bool
-	wg     sync.WaitGroup // running flights
+	wg     sync.WaitGroup // running flights, from their start to the end of their body
 	// perClient counts the flights each client leads (entries at zero are
 	// removed, so the map holds only clients with a flight running).
 	perClient map[string]int
 }
 
-// New returns an Engine; cfg gets its defaults applied.
+// New returns an Engine; cfg gets its defaults applied. It creates this
+// process's directories under spool_dir and disk.dir; Close removes them.
 func New(cfg Config, o Options) (*Engine, error) {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -97,18 +102,42 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if t, ok := o.Store.(TieredStore); ok && o.Fleet != nil {
 		e.peek = t.GetLocal
 	}
+	e.flights.m = map[string]*flight{}
+	spoolDir, err := openRunDir(cfg.SpoolDir)
+	if err != nil {
+		return nil, fmt.Errorf("dedup: spool_dir: %w", err)
+	}
+	e.spools = &spools{dir: spoolDir, budget: int64(cfg.SpoolMemoryBytes)}
+	if cfg.Disk.MaxBytes > 0 {
+		diskDir, err := openRunDir(cfg.Disk.Dir)
+		if err != nil {
+			spoolDir.remove()
+			return nil, fmt.Errorf("dedup: disk.dir: %w", err)
+		}
+		e.disk = newDiskTier(diskDir, int64(cfg.Disk.MaxBytes))
+	}
 	e.base, e.cancel = context.WithCancel(context.Background())
 	return e, nil
 }
 
-// Close stops flights still running (their waiters get an error) and waits
-// for them to end.
+// Close stops flights still running (their waiters and readers get an
+// error), waits for them to end, and removes the spool and disk-tier
+// files. A client still sending a body it had started keeps its open file
+// until it is done.
 func (e *Engine) Close() {
 	e.mu.Lock()
+	already := e.closed
 	e.closed = true
 	e.mu.Unlock()
 	e.cancel()
 	e.wg.Wait()
+	if already {
+		return
+	}
+	if e.disk != nil {
+		e.disk.close()
+	}
+	e.spools.dir.remove()
 }
 
 // principalOf is the identity a request's responses are scoped to: the
@@ -181,6 +210,11 @@ func (e *Engine) RoundTrip(req *http.Request) (*http.Response, error) {
 	key, err := rule.keyer.Key(req.Method, req.URL, req.Header, principalOf(req.Context()), body)
 	if err != nil {
 		return e.bypass(req, "")
+	}
+	if req.Method == http.MethodGet && req.Header.Get("Range") != "" {
+		if resp, handled, err := e.fromObject(req, rule, body); handled {
+			return resp, err
+		}
 	}
 	resp, flightKey, ok := e.fromCache(req, rule, key, body)
 	if ok {
@@ -301,29 +335,20 @@ func (e *Engine) find(ctx context.Context, req *http.Request, key string, lookup
 	return nil, "", vkey
 }
 
+// get looks key up with lookup (the Store, or its tier in this process),
+// then in the disk tier.
 func (e *Engine) get(ctx context.Context, key string, lookup func(context.Context, string) (*Entry, error)) *Entry {
 	ent, err := lookup(ctx, key)
-	if err != nil {
-		if !errors.Is(err, ErrNotFound) {
-			e.log.Warn("cache lookup failed; going upstream", "key", key, "err", err)
-		}
-		return nil
+	if err == nil {
+		return ent
 	}
-	return ent
-}
-
-// flightResult is what a flight hands to everyone who waited on it.
-type flightResult struct {
-	entry  *Entry         // the buffered response; nil with err or stream
-	stream *http.Response // too large to share: only the leader's client gets it
-	err    error
-	// fetchOwn: the response cannot be shared (too large, fetched by
-	// another process): every waiter fetches its own copy.
-	fetchOwn bool
-	// label is the leader's X-Cache: MISS when it went upstream, HIT when it
-	// found the response cached after winning, COALESCED when another
-	// process fetched it, BYPASS when it fetched without the shared layer.
-	label string
+	if !errors.Is(err, ErrNotFound) {
+		e.log.Warn("cache lookup failed; going upstream", "key", key, "err", err)
+	}
+	if e.disk != nil {
+		return e.disk.get(key)
+	}
+	return nil
 }
 
 // coalesce makes req wait on the flight for key, starting it if none is
@@ -333,50 +358,81 @@ type flightResult struct {
 // variant is set for a flight on a variant key: its result is not split
 // into variants again.
 func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte, variant bool) (*http.Response, error) {
-	var led atomic.Bool
-	ch := e.sf.DoChan(key, func() (any, error) {
-		led.Store(true)
-		return e.lead(req, rule, key, body), nil
-	})
-	// Counted once DoChan has registered us with the flight, never before:
+	f, leader := e.flights.join(key)
+	if leader && !e.start(f, req, rule, key, body) {
+		e.flights.publish(f, &flightResult{err: errShuttingDown})
+	}
+	// Counted once join has registered us with the flight, never before:
 	// a waiter the stats show gets this flight's answer, not a later one's.
 	e.st.waiters.Add(1)
 	select {
-	case r := <-ch:
+	case <-f.ready:
 		e.st.waiters.Add(-1)
-		res := r.Val.(*flightResult)
-		if ent := res.entry; ent != nil && !ent.varyMatches(req.Header) {
+		res := f.res
+		if meta := res.meta(); meta != nil && !meta.varyMatches(req.Header) {
+			e.flights.leave(f, leader)
 			// The response varies on a header this client sent another
 			// value of: it belongs to another variant. Fetch ours, with
 			// whoever else wants the same one.
 			if variant {
 				return e.bypass(req, key)
 			}
-			return e.coalesce(req, rule, variantKey(key, ent.Vary, req.Header), body, true)
+			return e.coalesce(req, rule, variantKey(key, meta.Vary, req.Header), body, true)
 		}
-		return e.answer(req, key, res, led.Load())
+		return e.answer(req, key, f, res, leader)
 	case <-req.Context().Done():
 		e.st.waiters.Add(-1)
-		// Nobody will read an oversized leader stream now: close it when
-		// the flight ends. The flight is bounded by flight_timeout.
-		go func() {
-			r := <-ch
-			if res := r.Val.(*flightResult); led.Load() && res.stream != nil {
-				res.stream.Body.Close()
-			}
-		}()
+		if res := e.flights.leave(f, leader); res != nil && leader && res.stream != nil {
+			// Nobody will read the leader's oversized stream now.
+			res.stream.Body.Close()
+		}
 		return nil, &Error{Cache: CacheCoalesced, Key: key, Err: req.Context().Err()}
 	}
 }
 
+var errShuttingDown = errors.New("dedup: shutting down")
+
+// start runs f's fetch in a goroutine of the engine's: the leader's
+// request only describes it. false: the engine is closed.
+func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, body []byte) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.closed {
+		return false
+	}
+	e.wg.Add(1)
+	go e.fly(f, req, rule, key, body)
+	return true
+}
+
+// fly is a flight's life: the fetch until the response headers, then, for
+// a body, the download that fills its spool.
+func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body []byte) {
+	defer e.wg.Done()
+	res, dl := e.lead(req, rule, key, body)
+	e.flights.publish(f, res)
+	if dl != nil {
+		dl.run(f)
+	}
+}
+
 // answer turns a flight's result into this caller's response.
-func (e *Engine) answer(req *http.Request, key string, res *flightResult, leader bool) (*http.Response, error) {
+func (e *Engine) answer(req *http.Request, key string, f *flight, res *flightResult, leader bool) (*http.Response, error) {
 	// A flight that found the response cached (here or in the fleet)
 	// answers everyone who waited on it from the cache.
 	xcache := CacheCoalesced
 	if leader || res.label == CacheHit {
 		xcache = res.label
 	}
+	if res.obj != nil {
+		// The reader leaves the flight when its client is done with it.
+		if resp, ok := e.serveObject(req, f, res.obj, key, xcache); ok {
+			return resp, nil
+		}
+		e.flights.leave(f, leader)
+		return e.bypass(req, key)
+	}
+	e.flights.leave(f, leader)
 	switch {
 	case res.fetchOwn:
 		return e.bypass(req, key)
@@ -400,8 +456,12 @@ func (e *Engine) answer(req *http.Request, key string, res *flightResult, leader
 
 // serve builds one client's response from an entry, decoding the body if
 // the client does not accept the stored coding. ok is false when it cannot
-// (unknown coding): the caller then fetches for this client.
+// (unknown coding, a disk-tier file evicted meanwhile): the caller then
+// fetches for this client.
 func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http.Response, bool) {
+	if ent.file != nil {
+		return e.serveFile(req, ent, key, xcache)
+	}
 	body, header, err := decodeFor(ent, req.Header.Values("Accept-Encoding"), int64(e.cfg.MaxBodyBytes)*8)
 	if err != nil {
 		e.log.Warn("cannot serve stored response to this client", "key", key, "err", err)
@@ -409,16 +469,29 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http
 	}
 	resp := ent.response(req, body, header)
 	markCache(resp.Header, xcache, key)
-	avoided, money := 0, int64(0)
+	avoided := 0
 	if xcache == CacheHit || xcache == CacheCoalesced {
 		if xcache == CacheHit {
-			resp.Header.Set("Age", strconv.FormatInt(int64(time.Since(ent.StoredAt)/time.Second), 10))
+			resp.Header.Set("Age", age(ent))
 		}
 		avoided = len(ent.Body)
-		money = nano(e.prices.PriceOf(ent.Header.Get(headerUpstream)).saved(avoided))
 	}
-	e.countSaved(xcache, avoided, money)
+	e.countSaved(xcache, avoided, e.moneySaved(ent, xcache, avoided))
 	return resp, true
+}
+
+// moneySaved prices an answer that spared an upstream request (HIT,
+// COALESCED) and avoided bytes of the response meta describes, at the
+// price of the upstream that fetched it.
+func (e *Engine) moneySaved(meta *Entry, xcache string, avoided int) int64 {
+	if xcache != CacheHit && xcache != CacheCoalesced {
+		return 0
+	}
+	return nano(e.prices.PriceOf(meta.Header.Get(headerUpstream)).saved(avoided))
+}
+
+func age(ent *Entry) string {
+	return strconv.FormatInt(int64(time.Since(ent.StoredAt)/time.Second), 10)
 }
 
 // count records one response's outcome that saved nothing, here and for
@@ -458,46 +531,54 @@ func (e *Engine) bypass(req *http.Request, key string) (*http.Response, error) {
 	return resp, nil
 }
 
-// lead is the flight: the one upstream fetch for key. It never panics (a
-// panic inside singleflight.DoChan would crash the process).
-func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (res *flightResult) {
+// lead is the flight: the one upstream fetch for key, until its response
+// headers. A body comes back as res.obj, with dl, the download that fills
+// it, for the caller to run; dl takes over the flight's slots, deadline
+// and lease. It never panics: a panic in a flight is every waiter's error,
+// not the process's end.
+func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (res *flightResult, dl *download) {
 	defer func() {
 		if p := recover(); p != nil {
 			e.log.Error("panic in a flight; recovered", "key", key, "panic", p, "stack", string(debug.Stack()))
-			res = &flightResult{err: fmt.Errorf("internal error in flight: %v", p)}
+			res, dl = &flightResult{err: fmt.Errorf("internal error in flight: %v", p)}, nil
 		}
 	}()
 	client := clientinfo.From(req.Context()).Client
 	e.mu.Lock()
-	if e.closed {
-		e.mu.Unlock()
-		return &flightResult{err: errors.New("dedup: shutting down")}
-	}
 	if e.perClient[client] >= e.cfg.MaxFlightsPerClient {
 		e.mu.Unlock()
-		return &flightResult{err: overloadError{max: e.cfg.MaxFlightsPerClient, perClient: true}, label: CacheMiss}
+		return &flightResult{err: overloadError{max: e.cfg.MaxFlightsPerClient, perClient: true}, label: CacheMiss}, nil
 	}
 	e.perClient[client]++
-	e.wg.Add(1)
 	e.mu.Unlock()
-	defer func() {
+	unclaim := func() {
 		e.mu.Lock()
 		if e.perClient[client]--; e.perClient[client] <= 0 {
 			delete(e.perClient, client)
 		}
 		e.mu.Unlock()
-		e.wg.Done()
-	}()
+	}
 	if n := e.st.flights.Add(1); n > int64(e.cfg.MaxFlights) {
 		e.st.flights.Add(-1)
-		return &flightResult{err: overloadError{max: e.cfg.MaxFlights}, label: CacheMiss}
+		unclaim()
+		return &flightResult{err: overloadError{max: e.cfg.MaxFlights}, label: CacheMiss}, nil
 	}
-	defer e.st.flights.Add(-1)
+	// The slots stay taken while the body downloads: that is upstream
+	// work too.
+	slots := func() {
+		e.st.flights.Add(-1)
+		unclaim()
+	}
+	defer func() {
+		if dl == nil {
+			slots()
+		}
+	}()
 
 	// Another flight may have filled the cache between our lookup and
 	// winning this one (with a Fleet, Join checks the shared tier).
 	if ent := e.get(e.base, key, e.peek); ent != nil && ent.varyMatches(req.Header) {
-		return &flightResult{entry: ent, label: CacheHit}
+		return &flightResult{entry: ent, label: CacheHit}, nil
 	}
 	label := CacheMiss
 	var lease Lease
@@ -507,7 +588,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		lease, out, err = e.joinFleet(req.Context(), key)
 		switch {
 		case out != nil:
-			return fleetResult(out)
+			return fleetResult(out), nil
 		case errors.Is(err, ErrUnavailable):
 			label = CacheBypass
 		case err != nil:
@@ -518,16 +599,21 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	}
 	if lease != nil {
 		// A panic below must not leave the fleet waiting for a lease
-		// that nobody will finish.
-		defer lease.Release()
+		// that nobody will finish. A download finishes it itself.
+		defer func() {
+			if dl == nil {
+				lease.Release()
+			}
+		}()
 	}
 
 	ctx, cancel := context.WithCancelCause(context.WithoutCancel(req.Context()))
-	stopOnClose := context.AfterFunc(e.base, func() { cancel(errors.New("dedup: shutting down")) })
+	stopOnClose := context.AfterFunc(e.base, func() { cancel(errShuttingDown) })
 	timeout := timeoutError{e.cfg.FlightTimeout}
-	// The deadline covers the fetch until the body is buffered. A body too
-	// large to share streams to its own client afterwards, bounded by the
-	// idle timeouts instead: a 2 GB download may take longer than a page.
+	// The deadline covers the fetch until the response headers. The body
+	// is bounded by stall_timeout (no byte for that long ends it) and
+	// max_object_bytes instead: a 2 GB download may take longer than a
+	// page.
 	timer := time.AfterFunc(e.cfg.FlightTimeout, func() { cancel(timeout) })
 	release := func() {
 		timer.Stop()
@@ -536,7 +622,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	}
 	fail := func(err error) *flightResult {
 		isTimeout := errors.Is(context.Cause(ctx), timeout)
-		if isTimeout {
+		if isTimeout && !errors.Is(err, timeout) {
 			err = fmt.Errorf("%w (%v)", timeout, err)
 		}
 		release()
@@ -557,33 +643,41 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	e.st.upstream.Add(1)
 	resp, err := e.next.RoundTrip(out)
 	if err != nil {
-		return fail(err)
+		return fail(err), nil
 	}
-	limit, size := int64(e.cfg.MaxBodyBytes), resp.ContentLength
+	size := resp.ContentLength
 	if req.Method == http.MethodHead || !bodyAllowed(resp.StatusCode) {
 		// Content-Length describes the body a GET would get; there is none.
 		size = 0
 	}
-	if size > limit {
-		return e.streamResult(resp, timer, release, lease)
+	if size > int64(e.cfg.MaxObjectBytes) {
+		return e.streamResult(resp, timer, release, lease), nil
 	}
-	buf, rest, err := readLimited(resp.Body, limit, size)
-	if err != nil {
+	if !timer.Stop() {
+		// The deadline passed as the headers came.
 		resp.Body.Close()
-		return fail(fmt.Errorf("read upstream body: %w", err))
+		return fail(timeout), nil
 	}
-	if rest != nil {
-		resp.Body = rest
-		return e.streamResult(resp, timer, release, lease)
+	meta, ttl := e.metaFor(req, rule, resp)
+	if size == 0 {
+		resp.Body.Close()
+		release()
+		ent := meta
+		if req.Method != http.MethodHead && bodyAllowed(resp.StatusCode) {
+			ent.Header.Set("Content-Length", "0")
+		}
+		e.keepEntry(key, ent, ttl, lease)
+		return &flightResult{entry: ent, label: label}, nil
 	}
-	resp.Body.Close()
-	release()
+	obj, dl := e.newDownload(key, resp, meta, ttl, ctx, cancel, release, slots, lease)
+	return &flightResult{obj: obj, label: label}, dl
+}
 
+// metaFor is the cache entry of resp without its body, and how long it may
+// be cached (0: not at all).
+func (e *Engine) metaFor(req *http.Request, rule *Rule, resp *http.Response) (*Entry, time.Duration) {
 	now := time.Now()
-	ent := &Entry{Status: resp.StatusCode, Header: resp.Header, Body: buf, StoredAt: now}
-	if req.Method != http.MethodHead && bodyAllowed(resp.StatusCode) {
-		ent.Header.Set("Content-Length", strconv.Itoa(len(buf)))
-	}
+	ent := &Entry{Status: resp.StatusCode, Header: resp.Header, StoredAt: now}
 	ent.URLKey, _ = rule.keyer.URLKey(req.URL)
 	vary, varyAll := varyValues(resp.Header, req.Header)
 	ent.Vary = vary
@@ -594,6 +688,11 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	if ttl > 0 {
 		ent.ExpiresAt = now.Add(ttl)
 	}
+	return ent, ttl
+}
+
+// keepEntry caches a whole response and shares it with the fleet.
+func (e *Engine) keepEntry(key string, ent *Entry, ttl time.Duration, lease Lease) {
 	switch {
 	case lease != nil:
 		// Finish stores the value (when ttl > 0) with the outcome.
@@ -603,7 +702,6 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 			e.log.Warn("cache store failed; response served uncached", "key", key, "err", err)
 		}
 	}
-	return &flightResult{entry: ent, label: label}
 }
 
 // joinFleet joins the fleet-wide flight for key. Waiting on another
@@ -633,6 +731,8 @@ func fleetResult(out *Outcome) *flightResult {
 		label = CacheHit
 	}
 	if out.Err == errTooLarge {
+		// Also with out.Peer: this engine has no way to fetch from a
+		// peer.
 		return &flightResult{fetchOwn: true}
 	}
 	if out.Entry == nil {
@@ -646,9 +746,10 @@ func isTimeoutErr(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-// streamResult hands an oversized response to the leader's client. The
-// flight deadline stops applying; closing the body releases the fetch.
-// Waiters elsewhere in the fleet are told to fetch their own copy.
+// streamResult hands a response larger than max_object_bytes to the
+// leader's client alone, uncached. The flight deadline stops applying;
+// closing the body releases the fetch. Waiters elsewhere in the fleet are
+// told to fetch their own copy.
 func (e *Engine) streamResult(resp *http.Response, timer *time.Timer, release func(), lease Lease) *flightResult {
 	if lease != nil {
 		e.finishLease(lease, "", Outcome{Err: errTooLarge}, 0)
@@ -663,7 +764,8 @@ func (e *Engine) streamResult(resp *http.Response, timer *time.Timer, release fu
 }
 
 // errTooLarge is the outcome shared with the fleet for a response too large
-// to share: its waiters fetch their own copy (BYPASS).
+// to share through the store (its body is over max_body_bytes, or did not
+// stay in memory): its waiters fetch their own copy.
 const errTooLarge = "response larger than dedup.max_body_bytes: fetch your own"
 
 type releasingBody struct {
@@ -733,6 +835,16 @@ func (e *Engine) Stats() Stats {
 	s := e.st.snapshot()
 	s.Currency = e.currency
 	s.Store = e.store.Stats()
+	if e.disk != nil {
+		d := e.disk.stats()
+		s.Disk = &d
+	}
+	s.Spool = SpoolStats{
+		Active:      e.spools.active.Load(),
+		Files:       e.spools.files.Load(),
+		MemoryBytes: e.spools.used.Load(),
+		MaxMemory:   e.spools.budget,
+	}
 	return s
 }
 
@@ -741,8 +853,11 @@ var ErrInvalidKey = errors.New("dedup: not a cache key")
 
 // InvalidateKey removes one cached response by its X-Cache-Key.
 func (e *Engine) InvalidateKey(ctx context.Context, key string) error {
-	if !strings.HasPrefix(key, keyVersion+":") || len(key) != len(keyVersion)+1+64 {
+	if !validKey(key) {
 		return fmt.Errorf("%w: %q (want %s:<64 hex digits>)", ErrInvalidKey, key, keyVersion)
+	}
+	if e.disk != nil {
+		e.disk.delete(key)
 	}
 	return e.store.Delete(ctx, key)
 }
@@ -767,6 +882,9 @@ func (e *Engine) InvalidateURL(ctx context.Context, rawURL string) (int, error) 
 		seen[uk] = true
 		n, err := e.store.DeleteURL(ctx, uk)
 		total += n
+		if e.disk != nil {
+			total += e.disk.deleteURL(uk)
+		}
 		if err != nil {
 			return total, fmt.Errorf("dedup: invalidate %q: %w", rawURL, err)
 		}

@@ -8,9 +8,13 @@ import (
 	"time"
 )
 
-// Entry is one buffered upstream response. It is immutable once built:
+// Entry is one cached upstream response. It is immutable once built:
 // many requests read it at the same time, each through its own copy of the
-// header map and its own reader over Body.
+// header map and its own reader over the body.
+//
+// Stores hold entries whose Body is all in memory (at most max_body_bytes).
+// The engine's disk tier returns entries whose body is in a file instead
+// (Body nil); those never reach a Store.
 type Entry struct {
 	Status    int
 	Header    http.Header
@@ -23,6 +27,9 @@ type Entry struct {
 	// Vary names (Accept-Encoding aside): a request with other values must
 	// not be answered from this entry.
 	Vary []HeaderValue
+
+	// file holds the body of a disk-tier entry; nil for Body in memory.
+	file *diskFile
 }
 
 // HeaderValue is one request header's canonical name and joined value.

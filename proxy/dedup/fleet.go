@@ -47,6 +47,17 @@ type Outcome struct {
 	Timeout bool
 	// Cached is set when Join found the value already stored.
 	Cached bool
+	// Peer, with Err errTooLarge, names the instance that downloads the
+	// body (too big for the shared store) and serves it to its fleet from
+	// Engine.PeerHandler. An engine without a way to fetch from peers
+	// fetches its own copy, as for any errTooLarge.
+	Peer *Peer
+}
+
+// Peer is an instance of the fleet that serves the bodies it holds.
+type Peer struct {
+	Instance string // its instance ID
+	Addr     string // host:port of its peer listener
 }
 
 // remoteError is a failure reported by another process's flight.

@@ -65,6 +65,17 @@ type Stats struct {
 	Flights    int64      `json:"flights_in_progress"`
 	Waiters    int64      `json:"flight_waiters"`
 	Store      StoreStats `json:"store"`
+	// Disk is the disk tier; nil when it is off.
+	Disk  *StoreStats `json:"disk,omitempty"`
+	Spool SpoolStats  `json:"spool"`
+}
+
+// SpoolStats describes the bodies being downloaded or still being read.
+type SpoolStats struct {
+	Active      int64 `json:"active"`       // spools alive
+	Files       int64 `json:"files"`        // of them, spilled to a file
+	MemoryBytes int64 `json:"memory_bytes"` // memory they hold
+	MaxMemory   int64 `json:"max_memory_bytes"`
 }
 
 func (c *counters) snapshot() Stats {

@@ -49,3 +49,11 @@ type StoreStats struct {
 	MaxBytes  int64  `json:"max_bytes"`
 	Evictions uint64 `json:"evictions"`
 }
+
+// EntryLimiter is a Store that cannot hold entries over a size (Redis:
+// redis.max_value_bytes). A body bigger than MaxEntryBytes is kept in this
+// process's disk tier instead, and the fleet's waiters are told to fetch
+// their own copy rather than handed an outcome the store cannot carry.
+type EntryLimiter interface {
+	MaxEntryBytes() int64
+}

@@ -1,0 +1,228 @@
+package dedup
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+)
+
+// diskTier caches response bodies too big to keep whole in memory (over
+// max_body_bytes), each in a file of its own in this process's directory
+// under disk.dir, bounded by the total size of the files (disk.max_bytes),
+// evicting the least recently used. The index (key → file and the
+// response's status and headers) is in memory: the tier starts empty and
+// its files go with the process (Close, or the next start after a crash).
+//
+// Only the engine uses it, and only for its own flights: a shared Store
+// (Redis, PostgreSQL) never sees these entries, so instances elsewhere in
+// the fleet fetch their own copy of a big body.
+type diskTier struct {
+	dir *runDir
+	max int64
+
+	mu        sync.Mutex // protects everything below
+	byKey     map[string]*list.Element
+	lru       *list.List // of *diskObject; front = most recently used
+	bytes     int64
+	evictions uint64
+}
+
+// diskObject is one cached body and what is needed to answer with it.
+type diskObject struct {
+	key  string
+	meta *Entry // Body nil; file set
+	path string
+	size int64
+}
+
+func newDiskTier(dir *runDir, maxBytes int64) *diskTier {
+	return &diskTier{dir: dir, max: maxBytes, byKey: map[string]*list.Element{}, lru: list.New()}
+}
+
+// errTooBigForDisk: the body alone exceeds disk.max_bytes.
+var errTooBigForDisk = errors.New("body larger than dedup.disk.max_bytes")
+
+// put caches the body in the file at src (a complete spool file) under key.
+// The tier gets a hard link to it when it can (no copy: the spool removes
+// its own name when its readers are done), else a copy. meta's Body is
+// ignored; its ExpiresAt must be set.
+func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
+	if size > d.max {
+		return errTooBigForDisk
+	}
+	path, err := d.link(src)
+	if err != nil {
+		return fmt.Errorf("disk tier: %w", err)
+	}
+	m := *meta
+	m.Body = nil
+	m.file = &diskFile{path: path, size: size}
+	obj := &diskObject{key: key, meta: &m, path: path, size: size}
+	d.mu.Lock()
+	if old, ok := d.byKey[key]; ok {
+		d.removeLocked(old)
+	}
+	var victims []string
+	for d.bytes+size > d.max && d.lru.Len() > 0 {
+		back := d.lru.Back()
+		victims = append(victims, back.Value.(*diskObject).path)
+		d.removeLocked(back)
+		d.evictions++
+	}
+	d.byKey[key] = d.lru.PushFront(obj)
+	d.bytes += size
+	d.mu.Unlock()
+	removeFiles(victims)
+	return nil
+}
+
+// putBytes is put for a body in memory: it is written to a file first.
+func (d *diskTier) putBytes(key string, meta *Entry, body []byte) error {
+	if int64(len(body)) > d.max {
+		return errTooBigForDisk
+	}
+	f, err := d.dir.create("mem-*")
+	if err != nil {
+		return fmt.Errorf("disk tier: %w", err)
+	}
+	defer os.Remove(f.Name()) // put links it under a name of its own
+	_, err = f.Write(body)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("disk tier: %w", err)
+	}
+	return d.put(key, meta, f.Name(), int64(len(body)))
+}
+
+// link gives src a name of the tier's own.
+func (d *diskTier) link(src string) (string, error) {
+	f, err := d.dir.create("obj-*")
+	if err != nil {
+		return "", err
+	}
+	path := f.Name()
+	f.Close()
+	// os.Link will not replace: free the name we reserved, then take it.
+	os.Remove(path)
+	if err := os.Link(src, path); err == nil {
+		return path, nil
+	}
+	// Another filesystem (spool_dir and disk.dir on different mounts):
+	// copy.
+	if err := copyFile(path, src); err != nil {
+		os.Remove(path)
+		return "", err
+	}
+	return path, nil
+}
+
+func copyFile(dst, src string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// get returns the entry cached under key (its file set, Body nil), or nil.
+// The file may be evicted before the caller opens it: open then fails and
+// the caller fetches instead.
+func (d *diskTier) get(key string) *Entry {
+	d.mu.Lock()
+	el, ok := d.byKey[key]
+	if !ok {
+		d.mu.Unlock()
+		return nil
+	}
+	obj := el.Value.(*diskObject)
+	if !time.Now().Before(obj.meta.ExpiresAt) {
+		d.removeLocked(el)
+		d.mu.Unlock()
+		removeFiles([]string{obj.path})
+		return nil
+	}
+	d.lru.MoveToFront(el)
+	d.mu.Unlock()
+	return obj.meta
+}
+
+func (d *diskTier) delete(key string) bool {
+	d.mu.Lock()
+	el, ok := d.byKey[key]
+	if ok {
+		d.removeLocked(el)
+	}
+	d.mu.Unlock()
+	if ok {
+		removeFiles([]string{el.Value.(*diskObject).path})
+	}
+	return ok
+}
+
+// deleteURL removes every entry of urlKey: an admin action, so a walk.
+func (d *diskTier) deleteURL(urlKey string) int {
+	var victims []string
+	d.mu.Lock()
+	for el := d.lru.Front(); el != nil; {
+		next := el.Next()
+		if obj := el.Value.(*diskObject); obj.meta.URLKey == urlKey {
+			victims = append(victims, obj.path)
+			d.removeLocked(el)
+		}
+		el = next
+	}
+	d.mu.Unlock()
+	removeFiles(victims)
+	return len(victims)
+}
+
+func (d *diskTier) removeLocked(el *list.Element) {
+	obj := el.Value.(*diskObject)
+	d.lru.Remove(el)
+	delete(d.byKey, obj.key)
+	d.bytes -= obj.size
+}
+
+// removeFiles unlinks evicted files. A client still reading one keeps its
+// open file (its blocks are freed when it closes), so the directory may
+// briefly hold more than max_bytes while evicted bodies are being sent.
+func removeFiles(paths []string) {
+	for _, p := range paths {
+		os.Remove(p)
+	}
+}
+
+func (d *diskTier) stats() StoreStats {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return StoreStats{Kind: "disk", Entries: d.lru.Len(), Bytes: d.bytes, MaxBytes: d.max, Evictions: d.evictions}
+}
+
+// close forgets every entry and removes the files.
+func (d *diskTier) close() {
+	d.mu.Lock()
+	d.byKey, d.lru, d.bytes = map[string]*list.Element{}, list.New(), 0
+	d.mu.Unlock()
+	d.dir.remove()
+}
+
+// diskFile is where a disk-tier entry's body is.
+type diskFile struct {
+	path string
+	size int64
+}

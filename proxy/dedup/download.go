@@ -1,0 +1,201 @@
+package dedup
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"time"
+)
+
+// download is the second half of a flight: it copies the origin's body
+// into the flight's spool, where every reader follows it, then keeps the
+// body (Store or disk tier) and tells the fleet. It runs in the flight's
+// goroutine, detached from every client: readers come and go, and the
+// download goes on as long as somebody reads or the body is to be kept.
+type download struct {
+	e       *Engine
+	key     string
+	obj     *object
+	body    io.ReadCloser // the origin's
+	ttl     time.Duration
+	ctx     context.Context // the flight's: ends with the engine, a stall, or nobody left
+	cancel  context.CancelCauseFunc
+	release func() // ends ctx's timers
+	slots   func() // gives back the flight's max_flights slots
+	lease   Lease  // nil: no fleet, or the fleet was already told
+}
+
+// stallError ends a download whose origin sent nothing for stall_timeout.
+type stallError struct{ d time.Duration }
+
+func (e stallError) Error() string {
+	return "upstream body stalled: no byte for dedup.stall_timeout (" + e.d.String() + ")"
+}
+func (stallError) Timeout() bool { return true }
+
+func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl time.Duration,
+	ctx context.Context, cancel context.CancelCauseFunc, release, slots func(), lease Lease) (*object, *download) {
+	size := resp.ContentLength
+	obj := &object{meta: meta, size: size, cancel: cancel}
+	obj.body = e.spools.newSpool(int64(e.cfg.MaxBodyBytes), size)
+	// The writer's own hold, besides the flight's: the flight may let go
+	// (nobody left) while the download still ends its work on the spool.
+	obj.body.hold()
+	obj.keep = ttl > 0 && e.canKeep(size)
+	if lease != nil && (size > int64(e.cfg.MaxBodyBytes) || size > e.storeLimit()) {
+		// It cannot be shared through the store: the fleet's waiters
+		// need not wait for the end of a long download to learn that.
+		e.finishLease(lease, key, Outcome{Err: errTooLarge}, 0)
+		lease = nil
+	}
+	return obj, &download{e: e, key: key, obj: obj, body: resp.Body, ttl: ttl,
+		ctx: ctx, cancel: cancel, release: release, slots: slots, lease: lease}
+}
+
+// canKeep reports whether a body of this declared size (-1 unknown) could
+// be cached when complete.
+func (e *Engine) canKeep(size int64) bool {
+	if size <= int64(e.cfg.MaxBodyBytes) && size <= e.storeLimit() {
+		return true // in the Store; unknown: we will see
+	}
+	return e.disk != nil && size <= e.disk.max
+}
+
+// run downloads the body, then keeps or drops it. The flight leaves the
+// registry once the body is in the cache: a request that missed the cache
+// until then found the flight instead.
+func (d *download) run(f *flight) {
+	defer d.slots()
+	defer d.release()
+	defer d.obj.body.release()
+	defer func() {
+		if p := recover(); p != nil {
+			// The spool's readers must not wait for ever.
+			d.e.log.Error("panic in a download; recovered", "key", d.key, "panic", p, "stack", string(debug.Stack()))
+			d.e.flights.unlist(f)
+			d.obj.body.finish(fmt.Errorf("internal error in flight: %v", p))
+		}
+	}()
+	d.obj.body.interest = func() int { return d.e.flights.interestIn(f) }
+	err := d.copy(f)
+	if err != nil {
+		d.e.flights.unlist(f)
+		d.obj.body.finish(err)
+		if d.lease != nil {
+			d.e.finishLease(d.lease, d.key, Outcome{Err: err.Error(), Timeout: isTimeoutErr(err)}, 0)
+		}
+		return
+	}
+	// Cached before the readers see the end: a client that read the whole
+	// body and asks again finds it in the cache.
+	d.keep()
+	d.e.flights.unlist(f)
+	d.obj.body.finish(nil)
+}
+
+// copy reads the origin's body into the spool. Its error says why the body
+// is incomplete; every reader gets it.
+func (d *download) copy(f *flight) error {
+	defer d.body.Close()
+	idle := d.e.cfg.StallTimeout
+	// The stall timer runs only while waiting for the origin, never while
+	// a write waits for the readers (relay mode).
+	stall := time.AfterFunc(idle, func() { d.cancel(stallError{idle}) })
+	defer stall.Stop()
+	buf := make([]byte, 32<<10)
+	limit := int64(d.e.cfg.MaxObjectBytes)
+	var n int64
+	for {
+		k, rerr := d.body.Read(buf)
+		stall.Stop()
+		if k > 0 {
+			n += int64(k)
+			if n > limit && !d.obj.body.relaying() {
+				// Only a body of unknown length gets here: a declared
+				// one over the limit was not spooled.
+				d.e.flights.drop(f)
+				d.obj.body.startRelay()
+			}
+			write := d.obj.body.write
+			if n == d.obj.size {
+				// The end of a body of declared length: its readers get
+				// it once the body is cached (see run).
+				write = d.obj.body.writeLast
+			}
+			if werr := write(d.ctx, buf[:k]); werr != nil {
+				return d.why(werr)
+			}
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return d.why(fmt.Errorf("read upstream body: %w", rerr))
+		}
+		stall.Reset(idle)
+	}
+}
+
+// why puts the flight's reason first when it ended the download: the
+// origin's read error then is only its symptom.
+func (d *download) why(err error) error {
+	cause := context.Cause(d.ctx)
+	if cause == nil || errors.Is(err, cause) {
+		return err
+	}
+	return fmt.Errorf("%w (%v)", cause, err)
+}
+
+// keep caches a complete body: whole in the Store when it stayed in
+// memory, else in the disk tier, and tells the fleet.
+func (d *download) keep() {
+	e := d.e
+	n := d.obj.body.written()
+	ent := *d.obj.meta
+	ent.Header = ent.Header.Clone()
+	ent.Header.Set("Content-Length", strconv.FormatInt(n, 10))
+	body, inMemory := d.obj.body.bytes()
+	if inMemory && n <= int64(e.cfg.MaxBodyBytes) && n <= e.storeLimit() {
+		ent.Body = body
+		ttl := d.ttl
+		if !d.keeping() {
+			ttl = 0
+		}
+		e.keepEntry(d.key, &ent, ttl, d.lease)
+		return
+	}
+	if d.lease != nil {
+		e.finishLease(d.lease, d.key, Outcome{Err: errTooLarge}, 0)
+	}
+	if !d.keeping() || e.disk == nil {
+		return
+	}
+	var err error
+	if path, ok := d.obj.body.filePath(); ok {
+		err = e.disk.put(d.key, &ent, path, n)
+	} else if inMemory {
+		err = e.disk.putBytes(d.key, &ent, body)
+	}
+	if err != nil && !errors.Is(err, errTooBigForDisk) {
+		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)
+	}
+}
+
+// storeLimit is the largest entry the Store holds (EntryLimiter).
+func (e *Engine) storeLimit() int64 {
+	if l, ok := e.store.(EntryLimiter); ok {
+		return l.MaxEntryBytes()
+	}
+	return math.MaxInt64
+}
+
+func (d *download) keeping() bool {
+	d.e.flights.mu.Lock()
+	defer d.e.flights.mu.Unlock()
+	return d.obj.keep
+}

@@ -1,0 +1,275 @@
+package dedup
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// Range requests. The key of a request with Range (or If-Range) differs
+// from the plain request's, so that a 206 never answers a plain request.
+// But a whole object cached or in flight holds every range of it: a Range
+// GET is answered from the whole object when there is one (206, or 416,
+// or the whole 200 where a server may ignore Range), and otherwise goes
+// upstream as it is, keyed with its Range. Fetching the whole object
+// instead would bill the whole body for a video player's first megabyte.
+//
+// One byte range per request is served; a request for several gets the
+// whole object (200), which RFC 9110 §14.2 allows and which costs no
+// upstream byte.
+
+// fromObject answers a Range GET from the whole object: cached, or being
+// downloaded by a flight. handled is false when there is none, or when the
+// flight's result is not a body to cut (an error): the request then goes
+// its usual way.
+func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *http.Response, handled bool, err error) {
+	h := req.Header.Clone()
+	h.Del("Range")
+	h.Del("If-Range")
+	key, err := rule.keyer.Key(req.Method, req.URL, h, principalOf(req.Context()), body)
+	if err != nil {
+		return nil, false, nil
+	}
+	// The whole store, shared tier included: no flight would look there
+	// for the whole object of this Range request.
+	ent, found, flightKey := e.find(req.Context(), req, key, e.store.Get)
+	if ent != nil {
+		resp, ok := e.serveRange(req, ent, wholeEntry(ent), found, CacheHit)
+		return resp, ok, nil
+	}
+	f := e.flights.attach(flightKey)
+	if f == nil {
+		return nil, false, nil
+	}
+	select {
+	case <-f.ready:
+	case <-req.Context().Done():
+		e.flights.leave(f, false)
+		return nil, true, &Error{Cache: CacheCoalesced, Key: flightKey, Err: req.Context().Err()}
+	}
+	obj := f.res.obj
+	if obj == nil || !obj.meta.varyMatches(req.Header) {
+		e.flights.leave(f, false)
+		return nil, false, nil
+	}
+	// serveRange lets go of the body itself when it cannot serve from it.
+	resp, ok := e.serveRange(req, obj.meta, objectBody{obj, func() { e.flights.leave(f, false) }}, flightKey, CacheCoalesced)
+	return resp, ok, nil
+}
+
+// wholeBody is a complete or arriving body that can be read from any
+// offset.
+type wholeBody interface {
+	// length is the body's length, waiting for the end of a download
+	// whose length was not declared.
+	length(ctx context.Context) (int64, error)
+	// open reads n bytes from off; n < 0: to the end.
+	open(ctx context.Context, off, n int64) (io.ReadCloser, error)
+	// done lets go of the body when no reader was opened.
+	done()
+}
+
+// serveRange answers a Range request from a whole body. ok is false when
+// it cannot be served from it at all (the caller goes on without it); b
+// is let go of either way once the response's body is closed.
+func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xcache string) (*http.Response, bool) {
+	rangeHdr := req.Header.Get("Range")
+	ae := req.Header.Values("Accept-Encoding")
+	// Not a 200, a coding this client needs undone (ranges count encoded
+	// bytes), If-Range naming another version, or more than one range:
+	// the whole response is the right answer.
+	if meta.Status != http.StatusOK || undecodedFor(meta.Header, ae) != nil || !ifRangeMatches(req.Header.Get("If-Range"), meta.Header) || !singleRange(rangeHdr) {
+		return e.serveWhole(req, meta, b, key, xcache)
+	}
+	size, err := b.length(req.Context())
+	if err != nil {
+		b.done()
+		return nil, false
+	}
+	start, end, ok := parseRange(rangeHdr, size)
+	if !ok {
+		return e.serveWhole(req, meta, b, key, xcache)
+	}
+	header := meta.Header.Clone()
+	if start < 0 {
+		b.done()
+		header = http.Header{"Content-Range": {"bytes */" + strconv.FormatInt(size, 10)}, "Content-Length": {"0"}}
+		markCache(header, xcache, key)
+		e.count(xcache, 0)
+		return &http.Response{Status: "416 " + http.StatusText(http.StatusRequestedRangeNotSatisfiable), StatusCode: http.StatusRequestedRangeNotSatisfiable,
+			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: http.NoBody, Request: req}, true
+	}
+	body, err := b.open(req.Context(), start, end-start)
+	if err != nil {
+		b.done()
+		return nil, false
+	}
+	n := end - start
+	header.Set("Content-Range", "bytes "+strconv.FormatInt(start, 10)+"-"+strconv.FormatInt(end-1, 10)+"/"+strconv.FormatInt(size, 10))
+	header.Set("Content-Length", strconv.FormatInt(n, 10))
+	markCache(header, xcache, key)
+	if xcache == CacheHit {
+		header.Set("Age", age(meta))
+	}
+	e.countSaved(xcache, int(n), e.moneySaved(meta, xcache, int(n)))
+	return &http.Response{Status: "206 " + http.StatusText(http.StatusPartialContent), StatusCode: http.StatusPartialContent,
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: body, ContentLength: n, Request: req}, true
+}
+
+// serveWhole answers with the whole response, ignoring Range.
+func (e *Engine) serveWhole(req *http.Request, meta *Entry, b wholeBody, key, xcache string) (*http.Response, bool) {
+	if _, streaming := b.(objectBody); !streaming {
+		return e.serve(req, meta, key, xcache)
+	}
+	body, err := b.open(req.Context(), 0, -1)
+	if err != nil {
+		b.done()
+		return nil, false
+	}
+	size := int64(-1)
+	if ob, ok := b.(objectBody); ok {
+		size = ob.obj.size
+	}
+	resp, ok := e.streamResponse(req, meta, body, size, key, xcache)
+	if !ok {
+		body.Close()
+	}
+	return resp, ok
+}
+
+// singleRange reports whether v asks for exactly one range of bytes.
+func singleRange(v string) bool {
+	unit, spec, ok := strings.Cut(v, "=")
+	return ok && strings.EqualFold(strings.TrimSpace(unit), "bytes") && !strings.Contains(spec, ",")
+}
+
+// parseRange resolves a single bytes range against size (RFC 9110
+// §14.1.2): [start, end) of the bytes to send. start < 0: unsatisfiable
+// (416). ok is false for a malformed range, which is ignored.
+func parseRange(v string, size int64) (start, end int64, ok bool) {
+	_, spec, _ := strings.Cut(v, "=")
+	first, last, found := strings.Cut(strings.TrimSpace(spec), "-")
+	if !found {
+		return 0, 0, false
+	}
+	first, last = strings.TrimSpace(first), strings.TrimSpace(last)
+	if first == "" {
+		// A suffix: the last n bytes.
+		n, err := strconv.ParseInt(last, 10, 64)
+		if err != nil || n < 0 {
+			return 0, 0, false
+		}
+		if n == 0 || size == 0 {
+			return -1, 0, true
+		}
+		return max(size-n, 0), size, true
+	}
+	a, err := strconv.ParseInt(first, 10, 64)
+	if err != nil || a < 0 {
+		return 0, 0, false
+	}
+	b := size - 1
+	if last != "" {
+		if b, err = strconv.ParseInt(last, 10, 64); err != nil || b < a {
+			return 0, 0, false
+		}
+	}
+	if a >= size {
+		return -1, 0, true
+	}
+	return a, min(b, size-1) + 1, true
+}
+
+// ifRangeMatches applies If-Range (RFC 9110 §13.1.5): the range is served
+// only if the validator names the stored version. An entity tag must
+// match strongly; a date must equal Last-Modified.
+func ifRangeMatches(v string, h http.Header) bool {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return true
+	}
+	if strings.HasPrefix(v, `"`) || strings.HasPrefix(v, "W/") {
+		etag := h.Get("ETag")
+		return !strings.HasPrefix(v, "W/") && etag != "" && !strings.HasPrefix(etag, "W/") && etag == v
+	}
+	t, err := http.ParseTime(v)
+	if err != nil {
+		return false
+	}
+	lm, err := http.ParseTime(h.Get("Last-Modified"))
+	return err == nil && lm.Equal(t)
+}
+
+// The whole bodies ranges are cut from.
+
+// wholeEntry is a cached entry's body: in memory or in a disk-tier file.
+func wholeEntry(ent *Entry) wholeBody {
+	if ent.file != nil {
+		return fileBody{ent.file}
+	}
+	return memBody(ent.Body)
+}
+
+type memBody []byte
+
+func (b memBody) length(context.Context) (int64, error) { return int64(len(b)), nil }
+func (b memBody) done()                                 {}
+func (b memBody) open(_ context.Context, off, n int64) (io.ReadCloser, error) {
+	s := b[off:]
+	if n >= 0 {
+		s = s[:n]
+	}
+	return io.NopCloser(bytes.NewReader(s)), nil
+}
+
+type fileBody struct{ f *diskFile }
+
+func (b fileBody) length(context.Context) (int64, error) { return b.f.size, nil }
+func (b fileBody) done()                                 {}
+func (b fileBody) open(_ context.Context, off, n int64) (io.ReadCloser, error) {
+	f, err := os.Open(b.f.path)
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		n = b.f.size - off
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.NewSectionReader(f, off, n), f}, nil
+}
+
+// objectBody is a flight's body as it arrives; leave runs when the reader
+// opened from it is closed, or from done when none was.
+type objectBody struct {
+	obj   *object
+	leave func()
+}
+
+func (b objectBody) length(ctx context.Context) (int64, error) {
+	if b.obj.size >= 0 {
+		return b.obj.size, nil
+	}
+	return b.obj.body.length(ctx)
+}
+
+func (b objectBody) done() { b.leave() }
+
+func (b objectBody) open(ctx context.Context, off, n int64) (io.ReadCloser, error) {
+	r, err := b.obj.body.reader(ctx, off, b.leave)
+	if err != nil {
+		return nil, err
+	}
+	if n < 0 {
+		return r, nil
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{io.LimitReader(r, n), r}, nil
+}
