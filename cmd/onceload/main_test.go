@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -201,5 +202,30 @@ func TestLoadDirectToServedOrigin(t *testing.T) {
 	}
 	if g := origin.RequestsFor("/item/1"); g != 3 {
 		t.Errorf("origin RequestsFor(/item/1) = %d, want 3", g)
+	}
+}
+
+// TestCompareRuns: onceload -compare starts both proxies, sends the load
+// through each, and prints both rows (the tool works; its numbers are a
+// benchmark's business).
+func TestCompareRuns(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two binaries")
+	}
+	dir := t.TempDir()
+	bin, self := filepath.Join(dir, "onceproxy"), filepath.Join(dir, "onceload")
+	for _, build := range [][]string{{"-o", bin, "../.."}, {"-o", self, "."}} {
+		if out, err := exec.Command("go", append([]string{"build"}, build...)...).CombinedOutput(); err != nil {
+			t.Fatalf("go build %v: %v\n%s", build, err, out)
+		}
+	}
+	out, err := exec.Command(self, "-compare", "-onceproxy", bin, "-n", "200", "-c", "8").CombinedOutput()
+	if err != nil {
+		t.Fatalf("onceload -compare: %v\n%s", err, out)
+	}
+	for _, want := range []string{"HTTP/1.1 clients", "HTTP/2 clients", "onceproxy", "goproxy", "CPU/req"} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -280,3 +281,43 @@ func uniqueURLs(base string, n int) []string {
 }
 
 var urlSeq atomic.Int64
+
+// BenchmarkVsPlainMITM runs onceproxy (built from this tree, shipped
+// defaults: dedup, keys, metrics, the access log and fingerprint mirroring
+// on) and a plain goproxy MITM (loadgen.PlainMITM), each a process of its
+// own, against the same loopback HTTPS origin: b.N unique https URLs
+// through each at c=32, over HTTP/1.1 and HTTP/2 clients. It reports
+// req/s and CPU per request of both and their ratios. Run it alone on a
+// quiet machine:
+//
+//	go test -run '^$' -bench VsPlainMITM -benchtime 20000x ./cmd/onceload/
+//
+// onceload -compare runs the same comparison from the command line.
+func BenchmarkVsPlainMITM(b *testing.B) {
+	dir := b.TempDir()
+	bin, self := filepath.Join(dir, "onceproxy"), filepath.Join(dir, "onceload")
+	for _, build := range [][]string{{"-o", bin, "../.."}, {"-o", self, "."}} {
+		if out, err := exec.Command("go", append([]string{"build"}, build...)...).CombinedOutput(); err != nil {
+			b.Fatalf("go build %v: %v\n%s", build, err, out)
+		}
+	}
+	b.ResetTimer()
+	rows, err := runComparison(context.Background(), bin, self, b.N, 32, 2048, nil, os.Stderr)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	for _, r := range rows {
+		once, plain := r.ms[0], r.ms[1]
+		proto := "h1"
+		if strings.Contains(r.title, "HTTP/2") {
+			proto = "h2"
+		}
+		b.ReportMetric(once.res.RPS, proto+"-onceproxy-req/s")
+		b.ReportMetric(plain.res.RPS, proto+"-goproxy-req/s")
+		b.ReportMetric(float64(once.cpuPerRequest().Microseconds()), proto+"-onceproxy-cpu-µs/req")
+		b.ReportMetric(float64(plain.cpuPerRequest().Microseconds()), proto+"-goproxy-cpu-µs/req")
+		b.ReportMetric(once.res.RPS/plain.res.RPS, proto+"-req/s-ratio")
+		b.ReportMetric(float64(once.cpuPerRequest())/float64(plain.cpuPerRequest()), proto+"-cpu-ratio")
+	}
+}
