@@ -216,9 +216,9 @@ type peerBody struct {
 	peer   Peer
 	ctx    context.Context // the flight's
 	origin *http.Request   // the flight's request, to finish from the origin; nil: it cannot be
-	meta   *Entry        // what the readers were told
-	size   int64         // declared length; -1 unknown
-	sp     *spool        // the bytes already read, to check the origin's against
+	meta   *Entry          // what the readers were told
+	size   int64           // declared length; -1 unknown
+	sp     *spool          // the bytes already read, to check the origin's against
 
 	cur     io.ReadCloser // the peer's body, then the origin's
 	off     int64         // bytes returned so far

@@ -62,10 +62,10 @@ func NewPeerClient(c PeerClientConfig) *PeerClient {
 		},
 		// The body is the stored bytes in the stored coding: a transparent
 		// gzip would hand the spool other bytes than the headers describe.
-		DisableCompression:    true,
-		ResponseHeaderTimeout: c.Timeout,
-		MaxIdleConnsPerHost:   c.MaxIdleConns,
-		IdleConnTimeout:       90 * time.Second,
+		DisableCompression:     true,
+		ResponseHeaderTimeout:  c.Timeout,
+		MaxIdleConnsPerHost:    c.MaxIdleConns,
+		IdleConnTimeout:        90 * time.Second,
 		MaxResponseHeaderBytes: 1 << 20,
 	}
 	return &PeerClient{token: c.Token, tr: tr}
