@@ -116,7 +116,7 @@ type peerInstance struct {
 // peerFleet starts n engines in front of origin sharing one streamFleet;
 // wrap, when set, wraps each peer listener's handler (the listener's own
 // authentication, in the program).
-func peerFleet(t *testing.T, n int, origin *httptest.Server, cfg Config, wrap func(http.Handler) http.Handler) []*peerInstance {
+func peerFleet(t testing.TB, n int, origin *httptest.Server, cfg Config, wrap func(http.Handler) http.Handler) []*peerInstance {
 	t.Helper()
 	fleet := &streamFleet{above: 64 << 10, flights: map[string]*sfFlight{}}
 	var out []*peerInstance
