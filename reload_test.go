@@ -32,7 +32,8 @@ func TestReload(t *testing.T) {
 		io.WriteString(w, "page")
 	}))
 	defer origin.Close()
-	const base = "log: {level: info}\nauth: {users: [{name: alice, password_env: PW_OLD}]}\n"
+	const base = "log: {level: info}\nauth: {users: [{name: alice, password_env: PW_OLD}]}\n" +
+		"dedup: {rules: [{name: short, path_prefix: /ttl, ttl: 100ms}]}\n"
 	cfgFile := writeConfig(t, base)
 	env := append(testEnv(t, httptest.NewTLSServer(nil)), "PW_OLD=old-secret", "PW_NEW=new-secret")
 	ready := make(chan [2]string, 1)
@@ -101,7 +102,7 @@ func TestReload(t *testing.T) {
 
 	// A new password and a rate limit.
 	reloading.Store(true)
-	if err := os.WriteFile(cfgFile, []byte(strings.Replace(base, "PW_OLD", "PW_NEW", 1)+
+	if err := os.WriteFile(cfgFile, []byte(strings.NewReplacer("PW_OLD", "PW_NEW", "ttl: 100ms", "ttl: 1h").Replace(base)+
 		"rate_limit: {requests: 100000, window: 1m}\nproxy: {max_conns: 100}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +115,7 @@ func TestReload(t *testing.T) {
 	changed, _ := json.Marshal(body["changed"])
 	restart, _ := json.Marshal(body["restart_needed"])
 	if !strings.Contains(string(changed), "auth.users") || !strings.Contains(string(changed), "rate_limit.requests") ||
+		!strings.Contains(string(changed), "dedup.rules") ||
 		!strings.Contains(string(restart), "proxy.max_conns") {
 		t.Errorf("reload said changed %s, restart needed %s", changed, restart)
 	}
@@ -122,6 +124,15 @@ func TestReload(t *testing.T) {
 	}
 	if c, _ := status(t, plainClient(proxyAddr, "alice", "new-secret"), origin.URL+"/page"); c != 200 {
 		t.Errorf("the new password after the reload: %d, want 200", c)
+	}
+	// The rule's new TTL: a page is still cached well past the old 100ms.
+	alice := plainClient(proxyAddr, "alice", "new-secret")
+	if _, xc := status(t, alice, origin.URL+"/ttl/a"); !strings.HasPrefix(xc, "MISS") {
+		t.Fatalf("first fetch under the rule: %q", xc)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, xc := status(t, alice, origin.URL+"/ttl/a"); !strings.HasPrefix(xc, "HIT") {
+		t.Errorf("300ms later: %q, want a HIT (the reloaded rule's ttl is 1h, not 100ms)", xc)
 	}
 
 	// A broken file is refused whole: the running configuration stays.

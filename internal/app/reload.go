@@ -52,7 +52,9 @@ func (l *live) Verify(user, password string) bool { return l.users.Load().Verify
 
 // liveKeys are the configuration keys a reload applies, by prefix; every
 // other key needs a restart.
-var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard."}
+var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard.",
+	"dedup.enabled", "dedup.ttl", "dedup.key_headers", "dedup.ignore_params", "dedup.cacheable_statuses", "dedup.rules",
+	"savings."}
 
 func isLive(key string) bool {
 	for _, p := range liveKeys {
@@ -98,6 +100,10 @@ func (a *App) Reload() (admin.Reload, error) {
 	merged.Auth.Users = next.Auth.Users
 	merged.RateLimit = next.RateLimit
 	merged.Guard = next.Guard
+	merged.Dedup.Enabled, merged.Dedup.TTL = next.Dedup.Enabled, next.Dedup.TTL
+	merged.Dedup.KeyHeaders, merged.Dedup.IgnoreParams = next.Dedup.KeyHeaders, next.Dedup.IgnoreParams
+	merged.Dedup.CacheableStatuses, merged.Dedup.Rules = next.Dedup.CacheableStatuses, next.Dedup.Rules
+	merged.Savings = next.Savings
 
 	// Prepare every new part first: nothing is swapped unless all of them
 	// can be built.
@@ -118,15 +124,26 @@ func (a *App) Reload() (admin.Reload, error) {
 		res.Changed = slices.DeleteFunc(res.Changed, func(k string) bool { return strings.HasPrefix(k, "auth.users") })
 		res.Restart = append(res.Restart, "auth.users (turning authentication on or off)")
 	}
+	if err := merged.Dedup.Validate(); err != nil {
+		if users != nil {
+			users.Close()
+		}
+		return admin.Reload{}, fmt.Errorf("reload: dedup: %w", err)
+	}
+
+	// Commit. The configuration passed LoadConfig's checks, so none of
+	// these can fail; were one to, the ones before it are applied and the
+	// error says so.
 	if err := a.Limiter.Reconfigure(merged.RateLimit); err != nil {
 		if users != nil {
 			users.Close()
 		}
 		return admin.Reload{}, fmt.Errorf("reload: %w", err)
 	}
-
-	// Commit.
 	a.polite.Reconfigure(merged.RateLimit)
+	if err := a.Engine.Reconfigure(merged.Dedup, merged.Savings); err != nil {
+		a.log.Error("configuration reload: dedup not applied", "err", err)
+	}
 	a.live.guard.Store(guard)
 	if users != nil {
 		// Requests being verified by the old store finish with it; its

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
@@ -49,7 +50,7 @@ type Options struct {
 // bigger ones, up to max_object_bytes, in the engine's own disk tier.
 type Engine struct {
 	cfg   Config
-	rules *rules
+	rules atomic.Pointer[rules] // replaced whole by Reconfigure
 	store Store
 	// peek reads the cache before a flight: the whole store, or with a
 	// Fleet and a TieredStore only this process's tier (Join reads the
@@ -59,13 +60,12 @@ type Engine struct {
 	log   *slog.Logger
 	fleet Fleet
 	rec   Recorder
-	// prices and currency price the savings report.
-	prices   Prices
-	currency string
-	flights  flights
-	spools   *spools
-	disk     *diskTier // nil: disk.max_bytes is 0
-	st       counters
+	// pricing prices the savings report; replaced whole by Reconfigure.
+	pricing atomic.Pointer[pricing]
+	flights flights
+	spools  *spools
+	disk    *diskTier // nil: disk.max_bytes is 0
+	st      counters
 
 	// base is canceled by Close: flights run detached from their clients
 	// but not from the engine's lifetime.
@@ -77,6 +77,9 @@ type Engine struct {
 	// perClient counts the flights each client leads (entries at zero are
 	// removed, so the map holds only clients with a flight running).
 	perClient map[string]int
+	// perUpstream prices each upstream on its own (Options.Prices); nil:
+	// the savings section prices them all.
+	perUpstream Prices
 }
 
 // New returns an Engine; cfg gets its defaults applied. It creates this
@@ -93,11 +96,10 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if err := savings.Validate(); err != nil {
 		return nil, fmt.Errorf("dedup: savings: %w", err)
 	}
-	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
-		prices: o.Prices, currency: savings.Currency, perClient: map[string]int{}}
-	if e.prices == nil {
-		e.prices = savings
-	}
+	e := &Engine{cfg: cfg, store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
+		perClient: map[string]int{}, perUpstream: o.Prices}
+	e.rules.Store(compileRules(cfg))
+	e.pricing.Store(e.newPricing(savings))
 	e.peek = o.Store.Get
 	if t, ok := o.Store.(TieredStore); ok && o.Fleet != nil {
 		e.peek = t.GetLocal
@@ -196,7 +198,7 @@ func (timeoutError) Temporary() bool { return true }
 
 // RoundTrip implements http.RoundTripper.
 func (e *Engine) RoundTrip(req *http.Request) (*http.Response, error) {
-	rule := e.rules.match(req)
+	rule := e.rules.Load().match(req)
 	if !rule.dedups(req.Method) {
 		return e.bypass(req, e.bodilessKey(rule, req))
 	}
@@ -487,7 +489,7 @@ func (e *Engine) moneySaved(meta *Entry, xcache string, avoided int) int64 {
 	if xcache != CacheHit && xcache != CacheCoalesced {
 		return 0
 	}
-	return nano(e.prices.PriceOf(meta.Header.Get(headerUpstream)).saved(avoided))
+	return nano(e.pricing.Load().prices.PriceOf(meta.Header.Get(headerUpstream)).saved(avoided))
 }
 
 func age(ent *Entry) string {
@@ -833,7 +835,7 @@ func varyValues(resp, req http.Header) (vals []HeaderValue, all bool) {
 // Stats returns what deduplication saved so far.
 func (e *Engine) Stats() Stats {
 	s := e.st.snapshot()
-	s.Currency = e.currency
+	s.Currency = e.pricing.Load().currency
 	s.Store = e.store.Stats()
 	if e.disk != nil {
 		d := e.disk.stats()
@@ -871,7 +873,7 @@ func (e *Engine) InvalidateURL(ctx context.Context, rawURL string) (int, error) 
 	}
 	seen := map[string]bool{}
 	total := 0
-	for _, k := range e.rules.keyers() {
+	for _, k := range e.rules.Load().keyers() {
 		uk, err := k.URLKey(u)
 		if err != nil {
 			return total, fmt.Errorf("dedup: invalidate %q: %w", rawURL, err)
