@@ -208,6 +208,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 			Metrics:   a.Metrics.Handler(),
 			Token:     adminToken(cfg.Admin, getenv),
 			Reloader:  a,
+			Pprof:     cfg.Admin.Pprof,
 			ProxyAddr: a.lns.proxy.Addr().String(),
 		}
 		if a.shared != nil {

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
@@ -90,6 +91,10 @@ type Options struct {
 	ProxyAddr string
 	// Reloader serves POST /config/reload.
 	Reloader Reloader
+	// Pprof serves net/http/pprof under /debug/pprof/ (admin.pprof), so
+	// operators can profile their own traffic. Off by default: a profile
+	// costs CPU while it runs, and reveals the program's internals.
+	Pprof bool
 }
 
 // New returns the admin API handler.
@@ -117,6 +122,13 @@ func New(o Options) http.Handler {
 	}
 	if o.Sessions != nil {
 		sessionRoutes(mux, o.Sessions)
+	}
+	if o.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	if o.Reloader != nil {
 		mux.HandleFunc("POST /config/reload", func(w http.ResponseWriter, r *http.Request) {

@@ -140,3 +140,33 @@ func deadAddr(t *testing.T) string {
 	ln.Close()
 	return addr
 }
+
+// TestPprofOnlyWhenAsked: /debug/pprof/ is served with Options.Pprof, and
+// behind the token like every private endpoint; without it, 404.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	off := httptest.NewServer(admin.New(admin.Options{}))
+	defer off.Close()
+	on := httptest.NewServer(admin.New(admin.Options{Pprof: true, Token: "tok"}))
+	defer on.Close()
+	get := func(base, auth string) int {
+		req, _ := http.NewRequest(http.MethodGet, base+"/debug/pprof/", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := get(off.URL, ""); c != 404 {
+		t.Errorf("pprof off: %d, want 404", c)
+	}
+	if c := get(on.URL, ""); c != 401 {
+		t.Errorf("pprof on, no token: %d, want 401", c)
+	}
+	if c := get(on.URL, "Bearer tok"); c != 200 {
+		t.Errorf("pprof on, with the token: %d, want 200", c)
+	}
+}
