@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
@@ -45,6 +46,12 @@ type Sessions interface {
 	Rotate(ctx context.Context, id string) error
 }
 
+// Fingerprints lists the fingerprints of recent client connections (the
+// proxy server).
+type Fingerprints interface {
+	ClientFingerprints() []fingerprint.Seen
+}
+
 // Inflight counts the requests being served (the proxy server).
 type Inflight interface {
 	Inflight() int64
@@ -65,6 +72,9 @@ type Options struct {
 	// Sessions serves /upstream/sessions and the rotate endpoint, and the
 	// status page's sessions table.
 	Sessions Sessions
+	// Fingerprints adds the clients' most frequent TLS fingerprints (JA4)
+	// to the status page.
+	Fingerprints Fingerprints
 	// Metrics serves GET /metrics (Prometheus).
 	Metrics http.Handler
 	// Token, when set, is required as "Authorization: Bearer <token>" on

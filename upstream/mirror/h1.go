@@ -255,17 +255,44 @@ func (cc *H1Conn) write(w *h1Write, head []byte, body *h1Request, trailer http.H
 		}
 	}
 	w.wrote = true
+	src := &bodyReader{r: body.rc}
 	var err error
 	if body.chunked {
-		err = writeChunked(cc.bw, cc.conn, body.rc, trailer, cc.opts.writeTimeout())
+		err = writeChunked(cc.bw, cc.conn, src, trailer, cc.opts.writeTimeout())
 	} else {
-		err = writeFixed(cc.bw, cc.conn, body.rc, body.length, cc.opts.writeTimeout())
+		err = writeFixed(cc.bw, cc.conn, src, body.length, cc.opts.writeTimeout())
 	}
 	if err == nil {
 		err = cc.bw.Flush()
 	}
 	w.err = err
+	if src.err != nil || errors.Is(err, errBodyLength) {
+		// The client's body broke off or lied about its length: the
+		// request on the wire can never be completed, and the origin
+		// would wait for the rest of it. Closing the connection ends the
+		// exchange, as net/http does.
+		abort(cc.conn)
+	}
 }
+
+// bodyReader remembers the first error, EOF aside, of reading a request
+// body.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
+	}
+	return n, err
+}
+
+// errBodyLength marks a request body shorter or longer than its
+// Content-Length.
+var errBodyLength = errors.New("mirror: request body length")
 
 // readResponse reads the final response head, passing 1xx responses by
 // (a 100 lets an Expect body go), bounded by MaxResponseHeaderBytes.
@@ -516,13 +543,13 @@ func writeFixed(bw *bufio.Writer, conn net.Conn, body io.Reader, n int64, timeou
 	got, err := io.CopyN(dw, body, n)
 	if err != nil {
 		if err == io.EOF {
-			return fmt.Errorf("mirror: request body of %d bytes, Content-Length %d", got, n)
+			return fmt.Errorf("%w: %d bytes, Content-Length %d", errBodyLength, got, n)
 		}
 		return err
 	}
 	var one [1]byte
 	if k, _ := body.Read(one[:]); k > 0 {
-		return fmt.Errorf("mirror: request body longer than its Content-Length %d", n)
+		return fmt.Errorf("%w: longer than its Content-Length %d", errBodyLength, n)
 	}
 	return nil
 }
