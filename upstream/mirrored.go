@@ -116,6 +116,17 @@ func (k *connKit) mirroredTransport(dial func(ctx context.Context, network, addr
 	// Offered only by the Go hello the mirror falls back to for a client
 	// whose own hello could not be read: what net/http would offer.
 	tlsConf.NextProtos = []string{"h2", "http/1.1"}
+	timeout := k.cfg.DialTimeout
+	bounded := dial
+	dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		// The request's context may allow far longer than a dial: a
+		// gateway that accepts and then says nothing must cost the dial
+		// timeout, as under net/http (which dials without a deadline, so
+		// the dial funcs apply theirs).
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		return bounded(ctx, network, addr)
+	}
 	return &mirroredTransport{
 		dialer: &mirror.Dialer{
 			Dial:             dial,
