@@ -235,9 +235,14 @@ func (t *mirroredTransport) conn(ctx context.Context, key connKey, fp *fingerpri
 			return nil, false, errors.New("upstream: connection pool closed")
 		}
 		if t.keepAlive {
-			if mc := t.takeLocked(key); mc != nil {
+			mc, dead := t.takeLocked(key)
+			if len(dead) > 0 || mc != nil {
 				t.mu.Unlock()
-				return mc, true, nil
+				closeAll(dead)
+				if mc != nil {
+					return mc, true, nil
+				}
+				continue
 			}
 		}
 		var wait chan struct{}
@@ -264,8 +269,9 @@ func (t *mirroredTransport) conn(ctx context.Context, key connKey, fp *fingerpri
 			close(wait)
 		}
 		if err == nil && t.closed {
-			err = errors.New("upstream: connection pool closed")
-			go mc.cc.Close()
+			t.mu.Unlock()
+			mc.cc.Close()
+			return nil, false, errors.New("upstream: connection pool closed")
 		}
 		if err != nil {
 			t.mu.Unlock()
@@ -279,27 +285,31 @@ func (t *mirroredTransport) conn(ctx context.Context, key connKey, fp *fingerpri
 }
 
 // takeLocked marks a pooled connection for key that can take a request
-// now as used, and returns it; nil when there is none. Connections that
-// can take no more requests and are unused go. mu held.
-func (t *mirroredTransport) takeLocked(key connKey) *mconn {
+// now as used, and returns it; nil when there is none. Unused connections
+// that can take no more requests leave the pool and are returned in dead,
+// for the caller to close once mu is released. mu held.
+func (t *mirroredTransport) takeLocked(key connKey) (mc *mconn, dead []*mconn) {
 	list := t.conns[key]
 	for i := len(list) - 1; i >= 0; i-- { // the most recently added first
-		mc := list[i]
-		if mc.gen != t.gen || !mc.h2 && mc.active > 0 {
+		c := list[i]
+		if c.gen != t.gen || !c.h2 && c.active > 0 {
 			continue
 		}
-		if !mc.cc.CanTakeRequest() {
-			if mc.active == 0 {
-				t.removeLocked(mc)
-				go mc.cc.Close()
+		if !c.cc.CanTakeRequest() {
+			if c.active == 0 {
+				dead = append(dead, c)
 			}
 			continue
 		}
-		t.unidleLocked(mc)
-		mc.active++
-		return mc
+		t.unidleLocked(c)
+		c.active++
+		mc = c
+		break
 	}
-	return nil
+	for _, c := range dead {
+		t.removeLocked(c)
+	}
+	return mc, dead
 }
 
 // hasH1Locked reports whether the origin answered key's hello with
@@ -508,7 +518,11 @@ func (t *mirroredTransport) closeIdle() {
 		t.removeLocked(mc)
 	}
 	t.mu.Unlock()
-	for _, mc := range idle {
+	closeAll(idle)
+}
+
+func closeAll(conns []*mconn) {
+	for _, mc := range conns {
 		mc.cc.Close()
 	}
 }
