@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"net/url"
 	"slices"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/fporigin"
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
@@ -399,5 +401,62 @@ func TestClientFingerprintsShownAndCounted(t *testing.T) {
 		if !strings.Contains(body, line) {
 			t.Errorf("metrics lack %q", line)
 		}
+	}
+}
+
+// TestRefusedHelloGoesOutClosest: an origin that refuses the first
+// mirrored hello (a middlebox, a picky TLS stack) costs the client
+// nothing: the connection is opened again with the closest faithful hello,
+// the request succeeds, and the metric and the debug log say so.
+func TestRefusedHelloGoesOutClosest(t *testing.T) {
+	var refused sync.Once
+	origin := startFPOrigin(t, fporigin.Options{Refuse: func(*fingerprint.ClientHello) error {
+		err := error(nil)
+		refused.Do(func() { err = fmt.Errorf("refusing the first hello") })
+		return err
+	}})
+	w := newWorld(t, worldOpts{upstream: upstream.Config{CAFiles: []string{origin.CAFile()}}})
+	mustFetch(t, goFPClient(t, w.proxyURL, w.caPool, true, nil), "https://localhost:"+origin.Port()+"/refused-once")
+	if n := w.up.HelloCounts(); n["closest"] != 1 || n["mirrored"] != 0 || n["go"] != 0 {
+		t.Errorf("upstream connections by hello: %v, want one closest", n)
+	}
+	if !strings.Contains(w.logs.String(), "upstream connection hello differs from the client's") {
+		t.Error("no debug line about the closest hello")
+	}
+}
+
+// TestMirroredDirectDialsKeepTheGuard: a mirrored request that leaves
+// directly resolves its origin through the pool's lookup seam and is
+// checked at dial time: a public-looking name that resolves to loopback is
+// refused (403) unless the guard allows loopback.
+func TestMirroredDirectDialsKeepTheGuard(t *testing.T) {
+	origin := startFPOrigin(t, fporigin.Options{Hosts: []string{"public.test"}})
+	for _, allow := range []bool{false, true} {
+		t.Run(fmt.Sprintf("loopback allowed=%v", allow), func(t *testing.T) {
+			var looked sync.Map
+			lookup := func(_ context.Context, _, host string) ([]netip.Addr, error) {
+				looked.Store(host, true)
+				return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+			}
+			guard := &netguard.Config{}
+			if allow {
+				guard.AllowCIDRs = []string{"127.0.0.1/32"}
+			}
+			w := newWorld(t, worldOpts{guard: guard, upstreamOpts: []upstream.Option{upstream.WithLookup(lookup)},
+				upstream: upstream.Config{CAFiles: []string{origin.CAFile()}}})
+			resp, body := w.get(goFPClient(t, w.proxyURL, w.caPool, true, nil), "https://public.test:"+origin.Port()+"/guarded")
+			if _, ok := looked.Load("public.test"); !ok {
+				t.Error("the origin's name was not looked up through the pool's seam")
+			}
+			if allow {
+				if resp.StatusCode != 200 || w.up.HelloCounts()["mirrored"] != 1 {
+					t.Fatalf("allowed: %d %q, hellos %v", resp.StatusCode, body, w.up.HelloCounts())
+				}
+				return
+			}
+			if resp.StatusCode != 403 || resp.Header.Get("X-Onceproxy-Error") != "forbidden_target" {
+				t.Fatalf("refused at dial time: %d %q", resp.StatusCode, body)
+			}
+		})
 	}
 }
