@@ -32,6 +32,15 @@ import (
 // Each decrypted request then takes goproxy's request path (handle, the
 // response copy, WebSocket splicing) exactly like a plain proxy request, so
 // the two paths cannot drift apart.
+//
+// The origin must see the client, not the proxy: before crypto/tls reads
+// the client's ClientHello, the raw hello is kept, and the decrypted stream
+// the inner server reads goes through a tap (capture.Conn) that records the
+// client's HTTP/2 preface and each request's header order. Both ride in
+// every request's context (fingerprint.WithFingerprint, WithShape) to the
+// upstream, which opens the origin connection with them; a flight's leader
+// carries its own into the flight. The proxy port's connections are tapped
+// too, for the header order of plain http:// requests.
 
 // recordTypeHandshake starts every TLS stream (a ClientHello record).
 const recordTypeHandshake = 0x16
@@ -121,7 +130,7 @@ func withPlainShape(req *http.Request) *http.Request {
 	if tc == nil {
 		return req
 	}
-	if req.URL.Scheme != "http" || fingerprint.ShapeFrom(req.Context()) != nil {
+	if req.URL.Scheme != "http" {
 		tc.Shape(req) // keep the tap's queue in step
 		return req
 	}

@@ -11,6 +11,13 @@
 // request on a new exit IP, all inside one RoundTrip: behind the dedup
 // engine, every waiter of a flight sees only the final answer.
 //
+// A request that carries its client's fingerprint (the proxy's MITM puts
+// it in the context) goes out looking like that client: over a connection
+// opened with its ClientHello, HTTP version and HTTP/2 preface, with its
+// header order (mirrored.go, package mirror), pooled per session and
+// fingerprint. Requests without one, protocol switches and fingerprint: go
+// use net/http's transports.
+//
 // The outgoing side never reads the process's own HTTP_PROXY / HTTPS_PROXY
 // variables: a proxy that chains through whatever its environment says is a
 // proxy whose egress nobody configured.

@@ -44,8 +44,8 @@ func (s *session) same(spec sessionSpec) bool {
 
 // session is one upstream proxy session: a gateway URL with its own
 // credentials and its own connections. Sessions never share a connection:
-// each has its own http.Transports, so the idle pool of one can never hand
-// a connection (an exit IP) to another.
+// each has its own transports (net/http's and the mirrored one), so the
+// idle pool of one can never hand a connection (an exit IP) to another.
 type session struct {
 	id         string
 	source     string
