@@ -497,11 +497,11 @@ func (p *Pool) Close() {
 	p.direct.CloseIdleConnections()
 	p.directMirror.close()
 	for _, s := range p.sessions.Load().list {
-		s.closeIdle()
+		s.close()
 	}
 	p.refreshMu.Lock()
 	for _, s := range p.retired {
-		s.closeIdle()
+		s.close()
 	}
 	p.retired = nil
 	p.refreshMu.Unlock()

@@ -126,6 +126,13 @@ func (s *session) closeIdle() {
 	s.mirror.closeIdle()
 }
 
+// close drops the session's pooled connections for good: its mirrored
+// transport takes no new request (busy connections close when done).
+func (s *session) close() {
+	s.closeIdle()
+	s.mirror.close()
+}
+
 // scrub removes the session's password from a message: errors of net/http
 // and x/net/proxy do not contain it today, and this keeps it that way.
 func (s *session) scrub(msg string) string {

@@ -181,6 +181,42 @@ func TestH2ShapeOnTheWire(t *testing.T) {
 	}
 }
 
+// TestH2StreamDependenciesRenumbered: a browser's HEADERS depend on its
+// previous stream on its own connection to the proxy; those numbers mean
+// nothing here, and one may even be the new stream's own id here, which an
+// origin answers with PROTOCOL_ERROR. The dependency becomes the stream
+// opened before on this connection (none for the first); one on a stream
+// of the preface's PRIORITY frames stays.
+func TestH2StreamDependenciesRenumbered(t *testing.T) {
+	o := startOrigin(t, fporigin.Options{Handler: testHandler()})
+	pre := *chromeH2
+	pre.Priorities = []fingerprint.Priority{{StreamID: 11, StreamDep: 0, Weight: 100}}
+	pre.FirstStreamID = 13
+	cc, _ := openConn(t, o, goHello(t, "h2"), &pre, Options{})
+	for i, tc := range []struct{ dep, want uint32 }{
+		{15, 0},  // the first stream (13) has none before it
+		{15, 13}, // a client's dependency that is this stream's own id here
+		{11, 11}, // a stream of the preface's PRIORITY frames
+		{0, 0},
+	} {
+		shape := &fingerprint.Shape{
+			PseudoOrder: []string{":method", ":authority", ":scheme", ":path"},
+			HeaderOrder: []string{"user-agent"},
+			Priority:    &fingerprint.Priority{Exclusive: true, StreamDep: tc.dep, Weight: 219},
+		}
+		req := newRequest(t, ctxTimeout(t, 10*time.Second), "GET", fmt.Sprintf("%s/dep-%d", o.URL(), i), shape)
+		resp, err := cc.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("request %d (dependency %d): %v", i, tc.dep, err)
+		}
+		resp.Body.Close()
+		rec := o.Records()[i]
+		if p := rec.Shape.Priority; p == nil || p.StreamDep != tc.want || !p.Exclusive || p.Weight != 219 {
+			t.Errorf("request %d: priority %+v, want exclusive dependency %d weight 219", i, p, tc.want)
+		}
+	}
+}
+
 // TestH2ConcurrentFlowControl: many streams at once on small windows
 // (the default 64 KiB for stream and connection, and an origin allowing
 // two streams), downloads and uploads, every byte checked.
