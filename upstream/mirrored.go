@@ -12,7 +12,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	utls "github.com/bogdanfinn/utls"
@@ -560,9 +559,10 @@ func (b *mirroredBody) Close() error {
 
 // retryable reports whether a request that failed with err may be sent
 // again on another connection: the origin certainly did not process it
-// (mirror.ErrUnprocessed), or it went out on a reused connection the
-// origin had closed meanwhile (net/http retries those too), for a method
-// that may be repeated. The body must be replayable either way.
+// (mirror.ErrUnprocessed), or it went out on a reused connection that
+// ended before any response (the origin closed it while idle; net/http
+// retries those too), for a method that may be repeated. The body must be
+// replayable either way.
 func retryable(err error, reused bool, req *http.Request) bool {
 	if req.Context().Err() != nil || !rewindable(req) {
 		return false
@@ -580,7 +580,7 @@ func retryable(err error, reused bool, req *http.Request) bool {
 			return false
 		}
 	}
-	return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	return errors.Is(err, mirror.ErrNoResponse)
 }
 
 func rewindable(req *http.Request) bool {

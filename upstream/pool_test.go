@@ -380,8 +380,16 @@ func testRateLimitedRotateAndRetry(t *testing.T, c client) {
 	st := statusOf(t, p, "s1")
 	// Ten 429s in a row: weight 5-2×10 floored at 1, ten consecutive
 	// failures, the 10 minute cooldown of 3+ failures.
-	if st.Weight != 1 || st.ConsecutiveFailures != callers || st.Available || st.CooldownReason != "rate_limited" ||
-		st.LastOutcome != "rate_limited" || st.ExitIP == bad || st.Rotations != 1 {
+	last := map[string]bool{"rate_limited": true}
+	if c.fp != nil {
+		// Over TLS the requests ride the gateway's tunnels, which the
+		// provider cuts when it rotates the session: a 429 still on its
+		// way arrives as a cut connection (a failure all the same, and
+		// the caller still gets its 200 elsewhere).
+		last["connection_error"] = true
+	}
+	if st.Weight != 1 || st.ConsecutiveFailures != callers || st.Available || !last[st.CooldownReason] ||
+		!last[st.LastOutcome] || st.ExitIP == bad || st.Rotations != 1 {
 		t.Errorf("s1 status after the wall: %+v", st)
 	}
 	if left := time.Until(st.CooldownUntil); left < 9*time.Minute {

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
@@ -55,6 +56,13 @@ func (o Options) writeTimeout() time.Duration {
 // process (the connection was gone, or refused the stream): it is safe to
 // send it again on another connection, whatever its method.
 var ErrUnprocessed = errors.New("mirror: request not processed")
+
+// ErrNoResponse wraps the error of a request whose connection ended
+// before a single byte of the response: on a reused connection, the origin
+// most likely closed it while it was idle, before the request arrived (a
+// caller may send a request that can be repeated again on a new
+// connection, as net/http does).
+var ErrNoResponse = errors.New("mirror: connection closed before any response")
 
 // errBusy means a caller sent a second request on an HTTP/1.1 connection
 // before the first one's response was read: a pool bug.
@@ -303,14 +311,19 @@ func (cc *H1Conn) readResponse(req *http.Request, w *h1Write, expect bool) (*htt
 		t := time.AfterFunc(cc.opts.expectTimeout(), func() { w.decide(true) })
 		defer t.Stop()
 	}
-	for {
+	for first := true; ; first = false {
 		cc.lr.n = cc.opts.maxHeaderBytes()
+		buffered := cc.br.Buffered()
 		resp, err := http.ReadResponse(cc.br, req)
 		limitHit := cc.lr.n == 0
+		silent := first && buffered == 0 && cc.lr.n == cc.opts.maxHeaderBytes()
 		cc.lr.n = -1
 		if err != nil {
 			if limitHit {
 				return nil, fmt.Errorf("mirror: response header over %d bytes", cc.opts.maxHeaderBytes())
+			}
+			if silent && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
+				return nil, fmt.Errorf("mirror: read response: %w: %w", ErrNoResponse, err)
 			}
 			return nil, fmt.Errorf("mirror: read response: %w", err)
 		}
