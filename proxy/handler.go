@@ -119,6 +119,8 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 			return req, r
 		}
 		client.info = info
+		// Its client's header order and case, for the upstream.
+		req = withPlainShape(req)
 	}
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,

@@ -209,7 +209,7 @@ func (p *Pool) probe(ctx context.Context, s *session) {
 		return // validated at start-up
 	}
 	req.Header.Set("User-Agent", "onceproxy-health")
-	resp, err := s.transportFor(req).RoundTrip(req)
+	resp, err := s.transportFor(req, false).RoundTrip(req) // a probe has no client to mirror
 	if ctx.Err() != nil {
 		// Shutting down: the probe proves nothing.
 		if resp != nil {

@@ -66,6 +66,12 @@ type Config struct {
 	// Rules refine session choice, ban detection and retries per target;
 	// the first rule that matches a request wins. Default none.
 	Rules []RuleConfig `yaml:"rules"`
+	// Fingerprint is how origin connections of intercepted clients look:
+	// "mirror" (default) opens them with the client's own TLS ClientHello,
+	// HTTP version, HTTP/2 settings and header order; "go" with Go's
+	// (net/http). Requests without a captured fingerprint (the /fetch API,
+	// health probes) and protocol switches always go out the Go way.
+	Fingerprint string `yaml:"fingerprint"`
 }
 
 // SessionConfig is one entry of upstream.sessions.
@@ -163,6 +169,9 @@ type RuleConfig struct {
 	BanBody string `yaml:"ban_body"`
 	// RetryMethods overrides retry.methods for this rule. Default: inherit.
 	RetryMethods []string `yaml:"retry_methods"`
+	// Fingerprint overrides the pool's fingerprint ("mirror" or "go") for
+	// this rule's requests. Default: inherit.
+	Fingerprint string `yaml:"fingerprint"`
 }
 
 // Rotation modes.
@@ -178,6 +187,12 @@ const (
 	StickyHost        = "host"
 	StickyAccount     = "account"
 	StickyAccountRule = "account_rule"
+)
+
+// Fingerprint modes.
+const (
+	FingerprintMirror = "mirror"
+	FingerprintGo     = "go"
 )
 
 // WhenExhausted values.
@@ -237,6 +252,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.WhenExhausted == "" {
 		c.WhenExhausted = ExhaustedFail
+	}
+	if c.Fingerprint == "" {
+		c.Fingerprint = FingerprintMirror
 	}
 	c.Rules = slices.Clone(c.Rules)
 	for i := range c.Rules {
@@ -368,6 +386,9 @@ func (c Config) Validate(getenv func(string) string) error {
 	default:
 		add("when_exhausted", "must be %q or %q, got %q", ExhaustedFail, ExhaustedDirect, c.WhenExhausted)
 	}
+	if err := validFingerprint(c.Fingerprint); err != nil {
+		add("fingerprint", "%v", err)
+	}
 
 	for i, r := range c.Rules {
 		key := fmt.Sprintf("rules[%d]", i)
@@ -390,8 +411,21 @@ func (c Config) Validate(getenv func(string) string) error {
 			}
 		}
 		errs = append(errs, validateMethods(key+".retry_methods", r.RetryMethods)...)
+		if r.Fingerprint != "" {
+			if err := validFingerprint(r.Fingerprint); err != nil {
+				add(key+".fingerprint", "%v", err)
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+func validFingerprint(mode string) error {
+	switch mode {
+	case FingerprintMirror, FingerprintGo:
+		return nil
+	}
+	return fmt.Errorf("must be %q or %q, got %q", FingerprintMirror, FingerprintGo, mode)
 }
 
 func validateRotation(key, rotation string, interval time.Duration) []error {

@@ -11,6 +11,13 @@
 // request on a new exit IP, all inside one RoundTrip: behind the dedup
 // engine, every waiter of a flight sees only the final answer.
 //
+// A request that carries its client's fingerprint (the proxy's MITM puts
+// it in the context) goes out looking like that client: over a connection
+// opened with its ClientHello, HTTP version and HTTP/2 preface, with its
+// header order (mirrored.go, package mirror), pooled per session and
+// fingerprint. Requests without one, protocol switches and fingerprint: go
+// use net/http's transports.
+//
 // The outgoing side never reads the process's own HTTP_PROXY / HTTPS_PROXY
 // variables: a proxy that chains through whatever its environment says is a
 // proxy whose egress nobody configured.
@@ -32,6 +39,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/upstream/mirror"
 )
 
 const (
@@ -49,12 +57,14 @@ const (
 // upstream sessions, or directly when it has none configured. Create it
 // with New, run its background loops with Run, release it with Close.
 type Pool struct {
-	cfg     Config
-	log     *slog.Logger
-	kit     *connKit
-	direct  *http.Transport
-	rules   []*rule
-	defRule *rule
+	cfg    Config
+	log    *slog.Logger
+	kit    *connKit
+	direct *http.Transport
+	// directMirror carries direct requests with the client's fingerprint.
+	directMirror *mirroredTransport
+	rules        []*rule
+	defRule      *rule
 	// now is the clock of marks and cooldowns; tests replace it.
 	now func() time.Time
 
@@ -130,6 +140,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 		dialer: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
 		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
 		lookup: o.lookup,
+		log:    logger,
 	}
 	if kit.lookup == nil {
 		kit.lookup = net.DefaultResolver.LookupNetIP
@@ -143,6 +154,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	}
 	p.rules, p.defRule = compileRules(cfg)
 	p.direct = kit.transport(kit.dialDirect, nil, true, cfg.IdleConnTimeout)
+	p.directMirror = kit.mirroredTransport(kit.dialDirect, true, true, cfg.IdleConnTimeout)
 
 	var specs []sessionSpec
 	if cfg.URL != "" {
@@ -197,13 +209,13 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 // retry methods) on a new exit IP before anything is returned. It
 // implements http.RoundTripper.
 func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
+	host := req.URL.Hostname()
+	r := p.match(host, req.URL.Path)
 	if p.isDirect {
-		return p.sendDirect(req)
+		return p.sendDirect(req, r)
 	}
 	ctx := req.Context()
 	info := clientinfo.From(ctx)
-	host := req.URL.Hostname()
-	r := p.match(host, req.URL.Path)
 	pr := r.pickRequest(info.Account, info.Session, host, info.Key)
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	var (
@@ -223,7 +235,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 		if s == nil {
 			// Later attempts get here only if the session seen available
 			// a moment ago went into cooldown meanwhile.
-			return p.whenExhausted(req, set, now)
+			return p.whenExhausted(req, r, set, now)
 		}
 		p.endExhaustion()
 		out, err := outgoing(req, attempt)
@@ -231,7 +243,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, fmt.Errorf("upstream: replay request body: %w", err)
 		}
 		gen := s.gen.Load()
-		resp, err := s.transportFor(out).RoundTrip(out)
+		resp, err := s.transportFor(out, r.mirror).RoundTrip(out)
 		v := p.classify(ctx, r, out, resp, err)
 		p.mark(s, v.kind, v.retryAfter, s.scrub(v.msg))
 		if v.kind == outcomeOK || v.kind == outcomeNone {
@@ -326,12 +338,17 @@ func discard(resp *http.Response) {
 	resp.Body.Close()
 }
 
-func (p *Pool) sendDirect(req *http.Request) (*http.Response, error) {
+// sendDirect sends req from this host under rule r.
+func (p *Pool) sendDirect(req *http.Request, r *rule) (*http.Response, error) {
 	out, err := outgoing(req, 1)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := p.direct.RoundTrip(out)
+	var tr http.RoundTripper = p.direct
+	if r.mirror && p.directMirror.takes(out) {
+		tr = p.directMirror
+	}
+	resp, err := tr.RoundTrip(out)
 	if err != nil {
 		return nil, err
 	}
@@ -340,14 +357,14 @@ func (p *Pool) sendDirect(req *http.Request) (*http.Response, error) {
 }
 
 // whenExhausted answers a request no session can take.
-func (p *Pool) whenExhausted(req *http.Request, set *sessionSet, now time.Time) (*http.Response, error) {
+func (p *Pool) whenExhausted(req *http.Request, r *rule, set *sessionSet, now time.Time) (*http.Response, error) {
 	err := p.exhaustedError(set, now)
 	if p.cfg.WhenExhausted == ExhaustedDirect {
 		if !p.exhausted.Swap(true) {
 			p.log.Error("ALL upstream sessions unavailable: sending requests DIRECT from this host's own IP "+
 				"(upstream.when_exhausted=direct)", "reason", err.Reason)
 		}
-		return p.sendDirect(req)
+		return p.sendDirect(req, r)
 	}
 	if !p.exhausted.Swap(true) {
 		p.log.Warn("all upstream sessions unavailable: answering 503 until one is ready", "reason", err.Reason)
@@ -478,15 +495,28 @@ func (p *Pool) Describe() string {
 // Close drops pooled idle connections. Call it after Run has returned.
 func (p *Pool) Close() {
 	p.direct.CloseIdleConnections()
+	p.directMirror.close()
 	for _, s := range p.sessions.Load().list {
-		s.closeIdle()
+		s.close()
 	}
 	p.refreshMu.Lock()
 	for _, s := range p.retired {
-		s.closeIdle()
+		s.close()
 	}
 	p.retired = nil
 	p.refreshMu.Unlock()
+}
+
+// HelloCounts returns how many origin connections were opened with each
+// kind of TLS hello: "mirrored" (the client's), "closest" (the client's
+// minus what the TLS library cannot complete), "go" (Go's own: net/http's
+// transports, and the mirror's last resort).
+func (p *Pool) HelloCounts() map[string]int64 {
+	out := make(map[string]int64, 3)
+	for _, m := range []mirror.Mode{mirror.Mirrored, mirror.Closest, mirror.Go} {
+		out[m.String()] = p.kit.hellos[m].Load()
+	}
+	return out
 }
 
 // TimedRotationMin returns the shortest rotation interval of the current

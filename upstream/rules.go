@@ -29,6 +29,7 @@ type rule struct {
 	banStatuses  []int
 	banBody      []byte
 	retryMethods []string
+	mirror       bool // fingerprint: mirror (the rule's, else the pool's)
 }
 
 func compileRules(cfg Config) (rules []*rule, def *rule) {
@@ -55,9 +56,14 @@ func compileRules(cfg Config) (rules []*rule, def *rule) {
 		if r.retryMethods == nil {
 			r.retryMethods = cfg.Retry.Methods
 		}
+		r.mirror = cfg.Fingerprint == FingerprintMirror
+		if rc.Fingerprint != "" {
+			r.mirror = rc.Fingerprint == FingerprintMirror
+		}
 		rules = append(rules, r)
 	}
-	return rules, &rule{name: "default", sticky: StickyNone, retryMethods: cfg.Retry.Methods}
+	return rules, &rule{name: "default", sticky: StickyNone, retryMethods: cfg.Retry.Methods,
+		mirror: cfg.Fingerprint == FingerprintMirror}
 }
 
 func (r *rule) matches(host, urlPath string) bool {

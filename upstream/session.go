@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -43,8 +44,8 @@ func (s *session) same(spec sessionSpec) bool {
 
 // session is one upstream proxy session: a gateway URL with its own
 // credentials and its own connections. Sessions never share a connection:
-// each has its own http.Transports, so the idle pool of one can never hand
-// a connection (an exit IP) to another.
+// each has its own transports (net/http's and the mirrored one), so the
+// idle pool of one can never hand a connection (an exit IP) to another.
 type session struct {
 	id         string
 	source     string
@@ -61,6 +62,10 @@ type session struct {
 	// absolute form (what gateways expect for plain HTTP), through a SOCKS5
 	// gateway the same tunnel as tlsTr (plainTr == tlsTr).
 	tlsTr, plainTr *http.Transport
+	// mirror carries the requests of intercepted clients with their own
+	// fingerprint, over the same tunnels as tlsTr (plain http too, through
+	// a SOCKS5 gateway).
+	mirror *mirroredTransport
 	// tunnel opens a byte tunnel to addr through the gateway.
 	tunnel func(ctx context.Context, addr string) (net.Conn, error)
 
@@ -75,8 +80,13 @@ type session struct {
 	recycleAt     atomic.Int64 // timed: unix nanos of the next idle-connection recycle
 }
 
-// transportFor picks the transport for req's scheme.
-func (s *session) transportFor(req *http.Request) *http.Transport {
+// transportFor picks the transport for req: the mirrored one for a
+// client's fingerprint when the rule mirrors, else net/http's for req's
+// scheme.
+func (s *session) transportFor(req *http.Request, mirror bool) http.RoundTripper {
+	if mirror && s.mirror.takes(req) {
+		return s.mirror
+	}
 	if req.URL.Scheme == "http" {
 		return s.plainTr
 	}
@@ -106,12 +116,21 @@ func (s *session) rotatedTo(ip string) {
 }
 
 // closeIdle drops the session's pooled connections: after a rotation they
-// lead to the old exit IP.
+// lead to the old exit IP. Mirrored connections still busy are retired
+// too: they close when done and take no new request.
 func (s *session) closeIdle() {
 	s.tlsTr.CloseIdleConnections()
 	if s.plainTr != s.tlsTr {
 		s.plainTr.CloseIdleConnections()
 	}
+	s.mirror.closeIdle()
+}
+
+// close drops the session's pooled connections for good: its mirrored
+// transport takes no new request (busy connections close when done).
+func (s *session) close() {
+	s.closeIdle()
+	s.mirror.close()
 }
 
 // scrub removes the session's password from a message: errors of net/http
@@ -141,6 +160,9 @@ type connKit struct {
 	direct *net.Dialer
 	// lookup resolves the names of origins dialled directly (dialDirect).
 	lookup LookupFunc
+	// hellos counts origin connections by how their hello was made.
+	hellos helloCounts
+	log    *slog.Logger
 }
 
 func (k *connKit) idle(c net.Conn) net.Conn { return idleconn.Wrap(c, k.cfg.IdleTimeout) }
@@ -153,9 +175,9 @@ func (k *connKit) transport(dial func(ctx context.Context, network, addr string)
 		// ProxyFromEnvironment.
 		Proxy:       nil,
 		DialContext: dial,
-		// A clone each: net/http writes the HTTP/2 ALPN settings into
+		// A copy each: net/http writes the HTTP/2 ALPN settings into
 		// the config of the transport that first uses it.
-		TLSClientConfig:       k.tls.Clone(),
+		TLSClientConfig:       countGoHellos(k.tls, &k.hellos),
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   k.cfg.TLSHandshakeTimeout,
 		ResponseHeaderTimeout: k.cfg.ResponseHeaderTimeout,
@@ -210,6 +232,11 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
 			return s.tunnel(ctx, addr)
 		}, nil, keepAlive, idleTimeout)
+		// Plain http stays with plainTr: the gateway wants it in absolute
+		// form.
+		s.mirror = k.mirroredTransport(func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return s.tunnel(ctx, addr)
+		}, false, keepAlive, idleTimeout)
 		// Absolute-form requests: the transport dials the gateway itself
 		// and sends the credentials as Proxy-Authorization.
 		s.plainTr = k.transport(func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -246,6 +273,9 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			return s.tunnel(ctx, addr)
 		}, nil, keepAlive, idleTimeout)
 		s.plainTr = s.tlsTr
+		s.mirror = k.mirroredTransport(func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return s.tunnel(ctx, addr)
+		}, true, keepAlive, idleTimeout)
 	default:
 		return nil, fmt.Errorf("session %s: unsupported scheme %q", spec.id, pu.Scheme)
 	}

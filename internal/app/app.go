@@ -201,15 +201,16 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 
 	if a.lns.admin != nil {
 		ao := admin.Options{
-			CAPEM:     a.CA.CertPEM(),
-			Proxy:     a.Proxy,
-			Cache:     a.Engine,
-			Sessions:  a.Upstream,
-			Metrics:   a.Metrics.Handler(),
-			Token:     adminToken(cfg.Admin, getenv),
-			Reloader:  a,
-			Pprof:     cfg.Admin.Pprof,
-			ProxyAddr: a.lns.proxy.Addr().String(),
+			CAPEM:        a.CA.CertPEM(),
+			Proxy:        a.Proxy,
+			Cache:        a.Engine,
+			Sessions:     a.Upstream,
+			Fingerprints: a.Proxy,
+			Metrics:      a.Metrics.Handler(),
+			Token:        adminToken(cfg.Admin, getenv),
+			Reloader:     a,
+			Pprof:        cfg.Admin.Pprof,
+			ProxyAddr:    a.lns.proxy.Addr().String(),
 		}
 		if a.shared != nil {
 			ao.Fleet = a.shared

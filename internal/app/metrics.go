@@ -62,6 +62,12 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 			}
 		}))
 	}
+	m.Register(metrics.NewVec("upstream_connections_total", "Origin connections opened, by how their TLS hello was made: mirrored (the client's own), closest (the client's minus what the TLS library cannot complete), go (Go's: requests without a client fingerprint, fingerprint: go, protocol switches).",
+		true, []string{"hello"}, func(emit func(float64, ...string)) {
+			for _, mode := range []string{"mirrored", "closest", "go"} {
+				emit(float64(up.HelloCounts()[mode]), mode)
+			}
+		}))
 	m.Gauge("upstream_sessions_cooling_ratio", "Share of the upstream sessions cooling down now (0 with no sessions).",
 		func() float64 {
 			list := up.Sessions()

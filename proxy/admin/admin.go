@@ -16,6 +16,7 @@ import (
 	"net/http/pprof"
 	"strings"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
@@ -61,6 +62,12 @@ type Reload struct {
 	Restart []string `json:"restart_needed,omitempty"`
 }
 
+// Fingerprints lists the fingerprints of recent client connections (the
+// proxy server).
+type Fingerprints interface {
+	ClientFingerprints() []fingerprint.Seen
+}
+
 // Inflight counts the requests being served (the proxy server).
 type Inflight interface {
 	Inflight() int64
@@ -81,6 +88,9 @@ type Options struct {
 	// Sessions serves /upstream/sessions and the rotate endpoint, and the
 	// status page's sessions table.
 	Sessions Sessions
+	// Fingerprints adds the clients' most frequent TLS fingerprints (JA4)
+	// to the status page.
+	Fingerprints Fingerprints
 	// Metrics serves GET /metrics (Prometheus).
 	Metrics http.Handler
 	// Token, when set, is required as "Authorization: Bearer <token>" on

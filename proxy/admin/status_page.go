@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
@@ -25,6 +26,10 @@ type statusData struct {
 	SPKI     string // base64 SHA-256 of the CA's public key, for Chromium
 	Cache    bool
 	Proxy    string // the proxy port's address, for the recipes
+	// Clients are the most frequent fingerprints of recent client
+	// connections; ShowClients is false without a source.
+	Clients     []fingerprint.Seen
+	ShowClients bool
 }
 
 // spkiHash is what Chromium's --ignore-certificate-errors-spki-list wants:
@@ -60,6 +65,9 @@ func statusPage(o Options) http.HandlerFunc {
 		}
 		if o.Sessions != nil {
 			d.Sessions, d.Egress = o.Sessions.Sessions(), o.Sessions.Describe()
+		}
+		if o.Fingerprints != nil {
+			d.Clients, d.ShowClients = o.Fingerprints.ClientFingerprints(), true
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
@@ -126,6 +134,11 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 <td>{{if .Available}}<span class="ok">ready</span>{{else}}<span class="bad">cooling {{.CooldownRemaining}}</span>{{end}}</td>
 <td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Rotations}}</td><td>{{.LastOutcome}}</td></tr>
 {{end}}</table>{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}
+{{if .ShowClients}}<h2>Client fingerprints</h2>
+<p>What the origins see of the intercepted clients (each connection opens its origin connections with its client's TLS hello and HTTP/2 settings): the most frequent recent TLS fingerprints. A JA4 names a TLS stack, not a person.</p>
+{{if .Clients}}<table id="fingerprints"><tr><th>JA4</th><th>HTTP</th><th>HTTP/2 (Akamai)</th><th>connections</th><th>last seen</th></tr>
+{{range .Clients}}<tr><td><code>{{.JA4}}</code></td><td>{{.HTTP}}</td><td><code>{{.Akamai}}</code></td><td>{{.Count}}</td><td>{{.Last.UTC.Format "15:04:05"}}</td></tr>
+{{end}}</table>{{else}}<p>No intercepted TLS client yet.</p>{{end}}{{end}}
 <h2>Trust the CA</h2>
 <p>Download <a href="/ca.pem">ca.pem</a> and trust it in every client (never share <code>ca-key.pem</code>):</p>
 <pre>curl -x http://{{.Proxy}} --cacert ca.pem https://example.com/
