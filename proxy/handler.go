@@ -15,6 +15,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/bufpool"
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
@@ -328,6 +329,31 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// WriteTo copies the body to w with a pooled buffer: goproxy's io.Copy
+// would allocate 32 KiB for every response otherwise. Each piece is
+// written as it is read, so streaming is unchanged.
+func (b *trackedBody) WriteTo(w io.Writer) (int64, error) {
+	bp := bufpool.Get()
+	defer bufpool.Put(bp)
+	var total int64
+	for {
+		n, err := b.Read(*bp)
+		if n > 0 {
+			wn, werr := w.Write((*bp)[:n])
+			total += int64(wn)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
 }
 
 func (b *trackedBody) failure() error {
