@@ -16,6 +16,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
 	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // A reload (SIGHUP, or POST /config/reload on the admin port) reads the
@@ -51,10 +52,16 @@ func (l *live) Control(ctx context.Context, network, address string, c syscall.R
 func (l *live) Verify(user, password string) bool { return l.users.Load().Verify(user, password) }
 
 // liveKeys are the configuration keys a reload applies, by prefix; every
-// other key needs a restart.
-var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard."}
+// other key needs a restart, and so do the upstream keys that shape the
+// connections every session holds (upstream.RestartKeys).
+var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard.", "upstream."}
 
 func isLive(key string) bool {
+	for _, k := range upstream.RestartKeys {
+		if key == "upstream."+k {
+			return false
+		}
+	}
 	for _, p := range liveKeys {
 		if key == p || strings.HasPrefix(key, p) || strings.HasPrefix(key, p+"[") {
 			return true
@@ -98,6 +105,8 @@ func (a *App) Reload() (admin.Reload, error) {
 	merged.Auth.Users = next.Auth.Users
 	merged.RateLimit = next.RateLimit
 	merged.Guard = next.Guard
+	// Reconfigure keeps the running values of upstream.RestartKeys itself.
+	merged.Upstream = next.Upstream
 
 	// Prepare every new part first: nothing is swapped unless all of them
 	// can be built.
@@ -123,6 +132,16 @@ func (a *App) Reload() (admin.Reload, error) {
 			users.Close()
 		}
 		return admin.Reload{}, fmt.Errorf("reload: %w", err)
+	}
+	// The upstream goes last of the checks: it swaps its setup as it
+	// succeeds (a failure changes nothing), so nothing after it may fail.
+	if !reflect.DeepEqual(a.cfg.Upstream, next.Upstream) {
+		if err := a.Upstream.Reconfigure(merged.Upstream); err != nil {
+			if users != nil {
+				users.Close()
+			}
+			return admin.Reload{}, fmt.Errorf("reload: %w", err)
+		}
 	}
 
 	// Commit.
