@@ -22,7 +22,6 @@ type fetched struct {
 
 // fetchList asks pv's API for its sessions.
 func (p *Pool) fetchList(ctx context.Context, pv *provider) fetched {
-	pv.lastFetch.Store(p.now().UnixNano())
 	specs, err := pv.client.list(ctx)
 	return fetched{specs, err}
 }

@@ -79,9 +79,15 @@ func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*s
 			fb.errors.Add(1)
 			return cand
 		}
-		if s := p.boundSession(ctx, id); fits(s) {
+		s, final := p.boundSession(ctx, id)
+		if fits(s) {
 			fb.local.put(pr.sticky, s.id, now)
 			return s
+		}
+		if s == nil && !final {
+			// Maybe a session this instance has not listed yet: leave
+			// the binding to the instances that know it.
+			return cand
 		}
 		from = id
 	}
@@ -101,7 +107,7 @@ func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*s
 		return cand
 	}
 	// Another instance moved it first: follow, if this instance can.
-	if s := p.boundSession(ctx, id); s != nil && ok(s) {
+	if s, _ := p.boundSession(ctx, id); s != nil && ok(s) {
 		fb.local.put(pr.sticky, s.id, now)
 		return s
 	}
@@ -109,31 +115,38 @@ func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*s
 }
 
 // boundSession is the session a binding read from the store names, nil
-// when this instance cannot use it. A valid id it does not know may be a
-// session another instance listed first: the provider it would belong to
-// is asked for its list once (at most every minRefetch) before the
-// binding is given up on. Bindings that name no usable session are
-// counted.
-func (p *Pool) boundSession(ctx context.Context, id string) *session {
+// when this instance does not have it. A valid id it does not know may be
+// a session another instance listed first: the provider it would belong
+// to is asked for its list (at most once per minRefetch for such ids)
+// before the binding is given up on. final says the binding names no
+// session this instance can have (an invalid id, or one still unknown
+// after asking): the key may be moved away from it. Bindings that name no
+// session here are counted.
+func (p *Pool) boundSession(ctx context.Context, id string) (s *session, final bool) {
 	if s := p.sessions.Load().byID[id]; s != nil {
-		return s
-	}
-	if clientinfo.ValidateSessionID(id) == nil {
-		st := p.st.Load()
-		for _, pv := range st.apiGroups() {
-			if pv.qualify && !strings.HasPrefix(id, pv.name+".") {
-				continue
-			}
-			if p.refreshSoon(ctx, pv) {
-				if s := p.sessions.Load().byID[id]; s != nil {
-					return s
-				}
-			}
-		}
+		return s, true
 	}
 	p.fleet.rejected.Add(1)
-	p.log.Debug("ignored a binding from the fleet store: no such session here", "session", clip(id, 80))
-	return nil
+	if clientinfo.ValidateSessionID(id) != nil {
+		p.log.Debug("ignored a binding from the fleet store: not a session id", "session", clip(id, 80))
+		return nil, true
+	}
+	final = true
+	for _, pv := range p.st.Load().apiGroups() {
+		if pv.qualify && !strings.HasPrefix(id, pv.name+".") {
+			continue
+		}
+		if !p.refreshSoon(ctx, pv) {
+			final = false // not asked: maybe next time
+			continue
+		}
+		if s := p.sessions.Load().byID[id]; s != nil {
+			p.fleet.rejected.Add(-1) // it was one after all
+			return s, true
+		}
+	}
+	p.log.Debug("ignored a binding from the fleet store: no such session here", "session", clip(id, 80), "final", final)
+	return nil, final
 }
 
 // moveNote is a "binding" note: key moved to session S.

@@ -51,7 +51,7 @@ type provider struct {
 	// fetch serializes this provider's list fetches (the refresh loop, a
 	// refresh asked for by a binding to a session not listed yet).
 	fetch     sync.Mutex
-	lastFetch atomic.Int64 // unix nanos of the last fetch's start
+	lastAsked atomic.Int64 // unix nanos of the last fetch a binding asked for
 
 	// Guarded by Pool.mu.
 	sessions []*session
@@ -373,11 +373,15 @@ func (p *Pool) Providers() []ProviderStatus {
 	return out
 }
 
-// refreshSoon fetches pv's list now unless it was fetched within
-// minRefetch: a binding names a session this instance has not listed yet
-// (another instance refreshed first). It reports whether it fetched.
+// refreshSoon fetches pv's list now, for a binding that names a session
+// this instance has not listed yet (another instance refreshed first),
+// unless such a fetch ran within minRefetch: whatever the store says, the
+// provider's API sees at most one extra call per minRefetch. It reports
+// whether the list was fetched.
 func (p *Pool) refreshSoon(ctx context.Context, pv *provider) bool {
-	if pv.client == nil || time.Duration(p.now().UnixNano()-pv.lastFetch.Load()) < minRefetch {
+	now := p.now().UnixNano()
+	last := pv.lastAsked.Load()
+	if pv.client == nil || time.Duration(now-last) < minRefetch || !pv.lastAsked.CompareAndSwap(last, now) {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(ctx, pv.cfg.Timeout)

@@ -153,7 +153,7 @@ func (pv *provider) adopt(prev *provider) {
 	pv.up.Store(prev.up.Load())
 	pv.failovers.Store(prev.failovers.Load())
 	pv.failbacks.Store(prev.failbacks.Load())
-	pv.lastFetch.Store(prev.lastFetch.Load())
+	pv.lastAsked.Store(prev.lastAsked.Load())
 }
 
 // inherit carries over what a session replaced under its id (new
