@@ -32,7 +32,7 @@ type statusData struct {
 // providerRows is one provider and its sessions on the status page.
 type providerRows struct {
 	upstream.ProviderStatus
-	Sessions []upstream.SessionStatus
+	Rows []upstream.SessionStatus
 }
 
 // byProvider groups sessions under their providers; a provider without
@@ -43,10 +43,10 @@ func byProvider(providers []upstream.ProviderStatus, sessions []upstream.Session
 		rows := providerRows{ProviderStatus: ps}
 		for _, s := range sessions {
 			if s.Provider == ps.Name {
-				rows.Sessions = append(rows.Sessions, s)
+				rows.Rows = append(rows.Rows, s)
 			}
 		}
-		if ps.API == "" && len(rows.Sessions) == 0 {
+		if ps.API == "" && len(rows.Rows) == 0 {
 			continue // no hand-listed sessions: nothing to show
 		}
 		out = append(out, rows)
@@ -153,8 +153,8 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 <h3 id="provider-{{.Name}}">{{.Name}} <span class="sub">priority {{.Priority}}{{with .API}} · {{.}}{{end}}{{with .Countries}} · countries {{range $i, $c := .}}{{if $i}}, {{end}}{{$c}}{{end}}{{end}}</span>
 {{if .Available}}<span class="ok">serving</span>{{else}}<span class="bad">unavailable: {{.Reason}}</span>{{end}}
 <span class="sub">· {{.Ready}}/{{.Sessions}} ready · failovers {{.Failovers}} · failbacks {{.Failbacks}}{{with .Refresh}}{{with .LastError}} · API: {{.}}{{end}}{{end}}</span></h3>
-{{if .Sessions}}<table><tr><th>session</th><th>gateway</th><th>country</th><th>rotation</th><th>exit IP</th><th>weight</th><th>state</th><th>requests</th><th>failures</th><th>rotations</th><th>last</th></tr>
-{{range .Sessions}}<tr><td>{{.ID}}</td><td><code>{{.Proxy}}</code></td><td>{{.Country}}{{with .City}} {{.}}{{end}}</td><td>{{.Rotation}}</td><td>{{.ExitIP}}</td><td>{{.Weight}}/{{.BaseWeight}}</td>
+{{if .Rows}}<table><tr><th>session</th><th>gateway</th><th>country</th><th>rotation</th><th>exit IP</th><th>weight</th><th>state</th><th>requests</th><th>failures</th><th>rotations</th><th>last</th></tr>
+{{range .Rows}}<tr><td>{{.ID}}</td><td><code>{{.Proxy}}</code></td><td>{{.Country}}{{with .City}} {{.}}{{end}}</td><td>{{.Rotation}}</td><td>{{.ExitIP}}</td><td>{{.Weight}}/{{.BaseWeight}}</td>
 <td>{{if .Available}}<span class="ok">ready</span>{{else}}<span class="bad">cooling {{.CooldownRemaining}}</span>{{end}}</td>
 <td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Rotations}}</td><td>{{.LastOutcome}}</td></tr>
 {{end}}</table>{{end}}{{end}}{{else}}{{if .Providers}}{{range .Providers}}<p>Provider <b>{{.Name}}</b>: no sessions{{if not .Available}} ({{.Reason}}){{end}}.</p>{{end}}{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}{{end}}
