@@ -4,12 +4,18 @@
 // configured. It exposes the standard seams: an http.RoundTripper for
 // requests and a DialContext for blind tunnels.
 //
-// The pool chooses a session per request (client hint, a rule's sticky
-// bucket, the request's own binding, else weighted random; see select.go),
-// marks every outcome against the session (health.go), rotates a session's
-// exit IP through the provider API after a 429 or a ban, and retries the
-// request on a new exit IP, all inside one RoundTrip: behind the dedup
-// engine, every waiter of a flight sees only the final answer.
+// Sessions come from providers (each with its own API, priority, prices
+// and countries; see providers.go) and from the configuration. The pool
+// chooses a session per request: the highest-priority provider that can
+// take it, in the country the request asks for (geo.go), then the client
+// hint, a rule's sticky bucket (bound fleet-wide through the shared store,
+// bindings.go), the request's own binding, else weighted random
+// (select.go). It marks every outcome against the session (health.go) and
+// its gateway, rotates a session's exit IP through the provider API after
+// a 429 or a ban, and retries the request on a new exit IP or the next
+// provider, all inside one RoundTrip: behind the dedup engine, every
+// waiter of a flight sees only the final answer. Reconfigure (setup.go)
+// applies a new configuration while it serves.
 //
 // The outgoing side never reads the process's own HTTP_PROXY / HTTPS_PROXY
 // variables: a proxy that chains through whatever its environment says is a

@@ -306,14 +306,17 @@ type ProviderStatus struct {
 	Reason    string `json:"reason,omitempty"`
 	// Sessions is how many sessions the provider has now; Ready how many
 	// of them can take a request.
-	Sessions  int             `json:"sessions"`
-	Ready     int             `json:"ready"`
-	Countries []string        `json:"countries,omitempty"`
-	Price     dedup.Price     `json:"price"`
-	Failovers int64           `json:"failovers"`
-	Failbacks int64           `json:"failbacks"`
-	Refresh   *RefreshStatus  `json:"refresh,omitempty"`
-	Gateways  []GatewayStatus `json:"gateways,omitempty"`
+	Sessions  int      `json:"sessions"`
+	Ready     int      `json:"ready"`
+	Countries []string `json:"countries,omitempty"`
+	// PricePerGB and PricePer1000Requests are what its sessions cost in
+	// the savings report (its own prices, else the savings section's).
+	PricePerGB           float64         `json:"price_per_gb"`
+	PricePer1000Requests float64         `json:"price_per_1000_requests"`
+	Failovers            int64           `json:"failovers"`
+	Failbacks            int64           `json:"failbacks"`
+	Refresh              *RefreshStatus  `json:"refresh,omitempty"`
+	Gateways             []GatewayStatus `json:"gateways,omitempty"`
 }
 
 // RefreshStatus is how a provider's API has been answering.
@@ -345,7 +348,7 @@ func (p *Pool) Providers() []ProviderStatus {
 	defer p.mu.Unlock()
 	for _, pv := range groups {
 		list := set.byProvider[pv]
-		st := ProviderStatus{Name: pv.name, Priority: pv.priority, Price: pv.price,
+		st := ProviderStatus{Name: pv.name, Priority: pv.priority, PricePerGB: pv.price.PerGB, PricePer1000Requests: pv.price.Per1000Requests,
 			Failovers: pv.failovers.Load(), Failbacks: pv.failbacks.Load(), Sessions: len(list)}
 		st.Available, st.Reason = pv.availability(list, now)
 		for _, s := range list {
