@@ -174,3 +174,29 @@ func TestCountryThroughProxy(t *testing.T) {
 		t.Fatalf("plain request as alice-country-xx: %d %q %q", resp.StatusCode, resp.Header.Get("X-Onceproxy-Error"), body)
 	}
 }
+
+// TestSavingsPricedPerProvider: a HIT saves what its session's provider
+// bills (its own price, not the savings section's, which is zero here).
+func TestSavingsPricedPerProvider(t *testing.T) {
+	origin := tlsOrigin(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) { io.WriteString(rw, "page") }), false)
+	_, _, cfg := twoProvidersConfig(t, fakeprovider.Options{Sessions: 1}, fakeprovider.Options{Sessions: 1})
+	perReq := 2000.0 // 2 per request
+	cfg.Providers[0].PricePer1000Requests = &perReq
+	w := newWorld(t, worldOpts{
+		originCAs: []*x509.Certificate{origin.Certificate()},
+		upstream:  cfg,
+		dedup:     dedupOn(dedup.Config{}),
+	})
+	c := w.client(false)
+	if r := fetch(context.Background(), c, origin.URL+"/p"); r.xcache != "MISS" {
+		t.Fatalf("first: %+v", r)
+	}
+	for range 3 {
+		if r := fetch(context.Background(), c, origin.URL+"/p"); r.xcache != "HIT" {
+			t.Fatalf("again: %+v", r)
+		}
+	}
+	if got := w.engine.Stats().MoneySaved; got < 5.99 || got > 6.01 {
+		t.Fatalf("3 HITs of the primary's page saved %v, want 6 (its price per request)", got)
+	}
+}
