@@ -153,7 +153,7 @@ func TestRunAndCloseLeaveNoGoroutine(t *testing.T) {
 		}
 	}
 	testkit.Eventually(t, testkit.Patience, func() bool {
-		return p.ProviderStatus().Refreshes >= 3 && statusOf(t, p, "pr").Requests >= 3
+		return upstream.RefreshOf(p).Refreshes >= 3 && statusOf(t, p, "pr").Requests >= 3
 	}, "refreshes and probes")
 	cancel()
 	if err := <-done; err != nil {

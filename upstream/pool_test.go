@@ -684,7 +684,7 @@ func TestProviderDownAtStart(t *testing.T) {
 		if strings.Contains(l, "s3cr3t-api-key") {
 			t.Errorf("API key in the log")
 		}
-		if ps := p.ProviderStatus(); ps.LastError == "" || ps.Failures != 1 {
+		if ps := upstream.RefreshOf(p); ps.LastError == "" || ps.Failures != 1 {
 			t.Errorf("provider status %+v", ps)
 		}
 	})
@@ -760,7 +760,7 @@ func TestProviderGarbageKeepsLastList(t *testing.T) {
 			t.Fatalf("mode %d: request failed: %+v", tc.mode, r)
 		}
 	}
-	if ps := p.ProviderStatus(); !strings.Contains(ps.LastError, "Client.Timeout") || ps.Failures != 4 {
+	if ps := upstream.RefreshOf(p); !strings.Contains(ps.LastError, "Client.Timeout") || ps.Failures != 4 {
 		t.Errorf("provider status %+v", ps)
 	}
 	// Wrong key: 401, reported.
@@ -768,7 +768,7 @@ func TestProviderGarbageKeepsLastList(t *testing.T) {
 	bad := providerConfig(fp)
 	bad.Provider.APIKey = "wrong-key-123"
 	pb := newPool(t, bad, logger)
-	if ps := pb.ProviderStatus(); !strings.Contains(ps.LastError, "401") || strings.Contains(ps.LastError, "wrong-key-123") {
+	if ps := upstream.RefreshOf(pb); !strings.Contains(ps.LastError, "401") || strings.Contains(ps.LastError, "wrong-key-123") {
 		t.Errorf("bad key status: %+v", ps)
 	}
 
@@ -1003,7 +1003,7 @@ func TestSecretsNeverShown(t *testing.T) {
 	}
 	p.Rotate(context.Background(), "s1")
 	js, _ := json.Marshal(p.Sessions())
-	ps, _ := json.Marshal(p.ProviderStatus())
+	ps, _ := json.Marshal(p.Providers())
 	secrets := []string{"APIKEY-7c1d", "STATICPASS"}
 	for _, s := range fp.Sessions() {
 		secrets = append(secrets, s.Password)

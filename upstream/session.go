@@ -28,18 +28,24 @@ const (
 // config or from one entry of the provider's list.
 type sessionSpec struct {
 	id       string
+	apiID    string // the id the provider's API knows it by (id without "NAME.")
 	source   string
 	proxyURL *url.URL // with credentials
 	rotation string
 	interval time.Duration
 	weight   int
 	exitIP   string // as the provider reported it; "" unknown
+	country  string // ISO 3166-1 alpha-2, upper-case; "" unknown
+	city     string // lower-case; "" unknown
+	prov     *provider
+	gw       *gateway // the health of its gateway address, shared
 }
 
 // same reports whether a refresh can keep the existing session for spec.
 func (s *session) same(spec sessionSpec) bool {
 	return s.proxyURL.String() == spec.proxyURL.String() && s.rotation == spec.rotation &&
-		s.interval == spec.interval && s.baseWeight == spec.weight
+		s.interval == spec.interval && s.baseWeight == spec.weight && s.country == spec.country && s.city == spec.city &&
+		s.apiID == spec.apiID
 }
 
 // session is one upstream proxy session: a gateway URL with its own
@@ -48,6 +54,7 @@ func (s *session) same(spec sessionSpec) bool {
 // idle pool of one can never hand a connection (an exit IP) to another.
 type session struct {
 	id         string
+	apiID      string
 	source     string
 	proxyURL   *url.URL
 	rotation   string
@@ -55,6 +62,12 @@ type session struct {
 	baseWeight int
 	perRequest bool
 	idHash     uint64
+	country    string
+	city       string
+	// prov is the session's group; a reconfiguration that keeps the
+	// session may give it a new one.
+	prov atomic.Pointer[provider]
+	gw   *gateway
 
 	// tlsTr carries https requests; its DialContext opens a tunnel to the
 	// origin through the gateway (CONNECT or SOCKS5) with our own deadline
@@ -201,6 +214,7 @@ func (k *connKit) transport(dial func(ctx context.Context, network, addr string)
 func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 	s := &session{
 		id:         spec.id,
+		apiID:      spec.apiID,
 		source:     spec.source,
 		proxyURL:   spec.proxyURL,
 		rotation:   spec.rotation,
@@ -209,7 +223,14 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 		perRequest: spec.rotation == RotationPerRequest,
 		idHash:     mix64(hashStrings(spec.id)),
 		rotateSem:  make(chan struct{}, 1),
+		country:    spec.country,
+		city:       spec.city,
+		gw:         spec.gw,
 	}
+	if s.gw == nil {
+		s.gw = &gateway{addr: spec.proxyURL.Host}
+	}
+	s.prov.Store(spec.prov)
 	s.h.init(spec.weight)
 	s.setExitIP(spec.exitIP)
 	keepAlive := !s.perRequest
@@ -283,16 +304,36 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 }
 
 // sessionSet is an immutable snapshot of the pool's sessions, replaced
-// whole when the provider's list changes: selection reads it without locks.
+// whole when a provider's list or the configuration changes: selection
+// reads it without locks.
 type sessionSet struct {
 	list []*session // sorted by id
 	byID map[string]*session
+	// tiers are the sessions by their group's priority, highest first
+	// (each sorted by id); byProvider each group's sessions.
+	tiers      [][]*session
+	byProvider map[*provider][]*session
 }
 
-func newSessionSet(list []*session) *sessionSet {
-	set := &sessionSet{list: list, byID: make(map[string]*session, len(list))}
+// newSessionSet indexes list, whose sessions' groups are groups (sorted
+// by priority, highest first).
+func newSessionSet(list []*session, groups []*provider) *sessionSet {
+	set := &sessionSet{list: list, byID: make(map[string]*session, len(list)), byProvider: map[*provider][]*session{}}
 	for _, s := range list {
 		set.byID[s.id] = s
+		pv := s.prov.Load()
+		set.byProvider[pv] = append(set.byProvider[pv], s)
+	}
+	for i := 0; i < len(groups); {
+		j, tier := i, []*session(nil)
+		for ; j < len(groups) && groups[j].priority == groups[i].priority; j++ {
+			tier = append(tier, set.byProvider[groups[j]]...)
+		}
+		if len(tier) > 0 {
+			sortSessions(tier)
+			set.tiers = append(set.tiers, tier)
+		}
+		i = j
 	}
 	return set
 }

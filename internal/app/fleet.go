@@ -22,11 +22,12 @@ type shared struct {
 		dedup.Store
 		dedup.Fleet
 	}
-	// bus carries session news, claims, rate-limit counters and the
-	// per-day statistics.
+	// bus carries session news, claims, sticky bindings, rate-limit
+	// counters and the per-day statistics.
 	bus interface {
 		upstream.Bus
 		upstream.Claimer
+		upstream.Bindings
 		ratelimit.Counter
 		dedup.Recorder
 		FleetStats(ctx context.Context) (dedup.FleetStats, error)

@@ -42,7 +42,7 @@ type Fleet interface {
 // Sessions is what the admin API needs from the upstream pool.
 type Sessions interface {
 	Sessions() []upstream.SessionStatus
-	ProviderStatus() upstream.ProviderStatus
+	Providers() []upstream.ProviderStatus
 	Describe() string
 	Rotate(ctx context.Context, id string) error
 }
@@ -180,10 +180,27 @@ func New(o Options) http.Handler {
 // sessionRoutes serves the upstream sessions API.
 func sessionRoutes(mux *http.ServeMux, up Sessions) {
 	mux.HandleFunc("GET /upstream/sessions", func(w http.ResponseWriter, r *http.Request) {
+		// providers: highest priority first, each with its sessions' ids
+		// (the sessions themselves, with their provider, are in sessions).
+		type provider struct {
+			upstream.ProviderStatus
+			SessionIDs []string `json:"session_ids"`
+		}
+		sessions := up.Sessions()
+		var providers []provider
+		for _, ps := range up.Providers() {
+			pv := provider{ProviderStatus: ps, SessionIDs: []string{}}
+			for _, s := range sessions {
+				if s.Provider == ps.Name {
+					pv.SessionIDs = append(pv.SessionIDs, s.ID)
+				}
+			}
+			providers = append(providers, pv)
+		}
 		WriteJSON(w, http.StatusOK, map[string]any{
-			"egress":   up.Describe(),
-			"sessions": up.Sessions(),
-			"provider": up.ProviderStatus(),
+			"egress":    up.Describe(),
+			"sessions":  sessions,
+			"providers": providers,
 		})
 	})
 	mux.HandleFunc("POST /upstream/sessions/{id}/rotate", func(w http.ResponseWriter, r *http.Request) {

@@ -121,6 +121,7 @@ func TestStatusPage(t *testing.T) {
 	sum := sha256.Sum256(ca.Certificate().RawSubjectPublicKeyInfo)
 	for _, want := range []string{
 		`<b id="savings">50%</b>`, `<b id="hit">1</b>`, `<b id="miss">1</b>`, "<td>s1</td>", "cooling 5m",
+		`<h3 id="provider-sessions">sessions`, "unavailable: ", "0/1 ready",
 		base64.StdEncoding.EncodeToString(sum[:]), `href="/ca.pem"`,
 		"<td><code>" + hello.JA4() + "</code></td><td>h1</td><td><code></code></td><td>3</td>",
 	} {

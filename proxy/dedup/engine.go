@@ -142,12 +142,15 @@ func (e *Engine) Close() {
 	e.spools.dir.remove()
 }
 
-// principalOf is the identity a request's responses are scoped to: the
-// proxy account from clientinfo (session hints aside: two sticky sessions
-// of one account are one set of credentials). Unless a rule shares
-// credentials, requests of different accounts never share a response.
-func principalOf(ctx context.Context) string {
-	return clientinfo.From(ctx).Account
+// principalOf is who a request's responses are scoped to: the proxy
+// account from clientinfo (session hints aside: two sticky sessions of one
+// account are one set of credentials) and the exit country and city it
+// asked for (geo content differs). Unless a rule shares credentials
+// (countries), requests of different accounts (countries) never share a
+// response.
+func principalOf(ctx context.Context) Requester {
+	info := clientinfo.From(ctx)
+	return Requester{Account: info.Account, Country: info.Country, City: info.City}
 }
 
 // Error is a failed request, labelled with the X-Cache outcome it would
