@@ -77,6 +77,8 @@ type Engine struct {
 	// perClient counts the flights each client leads (entries at zero are
 	// removed, so the map holds only clients with a flight running).
 	perClient map[string]int
+	// workers run the flights.
+	workers workers
 	// perUpstream prices each upstream on its own (Options.Prices); nil:
 	// the savings section prices them all.
 	perUpstream Prices
@@ -99,6 +101,7 @@ func New(cfg Config, o Options) (*Engine, error) {
 	e := &Engine{cfg: cfg, store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
 		perClient: map[string]int{}, perUpstream: o.Prices}
 	e.rules.Store(compileRules(cfg))
+	e.workers.maxIdle = maxIdleWorkers
 	e.pricing.Store(e.newPricing(savings))
 	e.peek = o.Store.Get
 	if t, ok := o.Store.(TieredStore); ok && o.Fleet != nil {
@@ -136,6 +139,7 @@ func (e *Engine) Close() {
 	if already {
 		return
 	}
+	e.workers.close()
 	if e.disk != nil {
 		e.disk.close()
 	}
@@ -397,6 +401,10 @@ func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte
 
 var errShuttingDown = errors.New("dedup: shutting down")
 
+// maxIdleWorkers bounds the flight workers kept waiting: enough for the
+// misses a loaded instance starts at once.
+const maxIdleWorkers = 256
+
 // start runs f's fetch in a goroutine of the engine's: the leader's
 // request only describes it. false: the engine is closed.
 func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, body []byte) bool {
@@ -406,7 +414,7 @@ func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, bod
 		return false
 	}
 	e.wg.Add(1)
-	go e.fly(f, req, rule, key, body)
+	e.workers.run(func() { e.fly(f, req, rule, key, body) })
 	return true
 }
 
