@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
@@ -32,7 +34,8 @@ func TestReload(t *testing.T) {
 		io.WriteString(w, "page")
 	}))
 	defer origin.Close()
-	const base = "log: {level: info}\nauth: {users: [{name: alice, password_env: PW_OLD}]}\n"
+	const base = "log: {level: info}\nauth: {users: [{name: alice, password_env: PW_OLD}]}\n" +
+		"dedup: {rules: [{name: short, path_prefix: /ttl, ttl: 100ms}]}\n"
 	cfgFile := writeConfig(t, base)
 	env := append(testEnv(t, httptest.NewTLSServer(nil)), "PW_OLD=old-secret", "PW_NEW=new-secret")
 	ready := make(chan [2]string, 1)
@@ -101,7 +104,7 @@ func TestReload(t *testing.T) {
 
 	// A new password and a rate limit.
 	reloading.Store(true)
-	if err := os.WriteFile(cfgFile, []byte(strings.Replace(base, "PW_OLD", "PW_NEW", 1)+
+	if err := os.WriteFile(cfgFile, []byte(strings.NewReplacer("PW_OLD", "PW_NEW", "ttl: 100ms", "ttl: 1h").Replace(base)+
 		"rate_limit: {requests: 100000, window: 1m}\nproxy: {max_conns: 100}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -114,6 +117,7 @@ func TestReload(t *testing.T) {
 	changed, _ := json.Marshal(body["changed"])
 	restart, _ := json.Marshal(body["restart_needed"])
 	if !strings.Contains(string(changed), "auth.users") || !strings.Contains(string(changed), "rate_limit.requests") ||
+		!strings.Contains(string(changed), "dedup.rules") ||
 		!strings.Contains(string(restart), "proxy.max_conns") {
 		t.Errorf("reload said changed %s, restart needed %s", changed, restart)
 	}
@@ -122,6 +126,15 @@ func TestReload(t *testing.T) {
 	}
 	if c, _ := status(t, plainClient(proxyAddr, "alice", "new-secret"), origin.URL+"/page"); c != 200 {
 		t.Errorf("the new password after the reload: %d, want 200", c)
+	}
+	// The rule's new TTL: a page is still cached well past the old 100ms.
+	alice := plainClient(proxyAddr, "alice", "new-secret")
+	if _, xc := status(t, alice, origin.URL+"/ttl/a"); !strings.HasPrefix(xc, "MISS") {
+		t.Fatalf("first fetch under the rule: %q", xc)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if _, xc := status(t, alice, origin.URL+"/ttl/a"); !strings.HasPrefix(xc, "HIT") {
+		t.Errorf("300ms later: %q, want a HIT (the reloaded rule's ttl is 1h, not 100ms)", xc)
 	}
 
 	// A broken file is refused whole: the running configuration stays.
@@ -193,5 +206,96 @@ func TestSIGHUPReloads(t *testing.T) {
 	}, "the new password to work after SIGHUP")
 	if c, _ := status(t, plainClient(p.proxyAddr, "alice", "old-secret"), origin.URL+"/"); c != 407 {
 		t.Errorf("the old password after SIGHUP: %d, want 407", c)
+	}
+}
+
+// TestReloadUpstream: a reload switches the upstream from one provider to
+// two with priorities while a request is in flight through the first:
+// that request finishes, the next ones go through the new primary, and
+// the keys that shape connections (dial_timeout) are reported as needing a
+// restart and keep their running value.
+func TestReloadUpstream(t *testing.T) {
+	release := make(chan struct{})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			<-release
+		}
+		io.WriteString(w, "page")
+	}))
+	defer origin.Close()
+	a := fakeprovider.Start(t, fakeprovider.Options{Sessions: 1, ExitIPs: [2]byte{2, 9}})
+	b := fakeprovider.Start(t, fakeprovider.Options{Sessions: 1, ExitIPs: [2]byte{10, 19}})
+	one := fmt.Sprintf("log: {level: info}\nupstream:\n  provider: {api: %q, api_key: %q}\n", a.APIURL(), a.APIKey())
+	two := fmt.Sprintf("log: {level: info}\nupstream:\n  dial_timeout: 3s\n  providers:\n"+
+		"    - {name: new, api: %q, api_key: %q, priority: 10}\n    - {name: old, api: %q, api_key: %q}\n",
+		b.APIURL(), b.APIKey(), a.APIURL(), a.APIKey())
+	cfgFile := writeConfig(t, one)
+	env := testEnv(t, httptest.NewTLSServer(nil))
+	ready := make(chan [2]string, 1)
+	done := make(chan error, 1)
+	stop := make(chan struct{})
+	go func() {
+		ctx, cancel := contextUntil(stop)
+		defer cancel()
+		done <- run(ctx, []string{"-config", cfgFile}, env, io.Discard, func(p, a string) { ready <- [2]string{p, a} })
+	}()
+	addrs := <-ready
+	defer func() {
+		close(stop)
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	}()
+	proxyAddr, admin := addrs[0], addrs[1]
+	via := func(path string) (int, string) {
+		resp, err := plainClient(proxyAddr, "", "").Get(origin.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("X-Onceproxy-Upstream")
+	}
+	if code, up := via("/before"); code != 200 || up != "s1" {
+		t.Fatalf("before the reload: %d via %q", code, up)
+	}
+	inflight := make(chan string, 1)
+	go func() { _, up := via("/slow"); inflight <- up }()
+	time.Sleep(200 * time.Millisecond)
+
+	if err := os.WriteFile(cfgFile, []byte(two), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post("http://"+admin+"/config/reload", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var body map[string]any
+	json.NewDecoder(resp.Body).Decode(&body)
+	resp.Body.Close()
+	changed, _ := json.Marshal(body["changed"])
+	restart, _ := json.Marshal(body["restart_needed"])
+	if resp.StatusCode != 200 || !strings.Contains(string(changed), "upstream.providers") ||
+		!strings.Contains(string(restart), "upstream.dial_timeout") || strings.Contains(string(changed), "dial_timeout") {
+		t.Fatalf("reload: %d, changed %s, restart needed %s", resp.StatusCode, changed, restart)
+	}
+	if code, up := via("/after"); code != 200 || up != "new.s1" {
+		t.Fatalf("after the reload: %d via %q, want the new primary", code, up)
+	}
+	close(release)
+	if up := <-inflight; up != "s1" {
+		t.Fatalf("the request in flight across the reload answered via %q", up)
+	}
+	var st struct {
+		Providers []struct {
+			Name     string `json:"name"`
+			Priority int    `json:"priority"`
+		} `json:"providers"`
+	}
+	if err := testkit.GetJSON("http://"+admin+"/upstream/sessions", &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Providers) < 2 || st.Providers[0].Name != "new" || st.Providers[0].Priority != 10 {
+		t.Fatalf("providers after the reload: %+v", st.Providers)
 	}
 }

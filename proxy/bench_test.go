@@ -8,21 +8,32 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // BenchmarkMITMRequest measures one GET through the proxy's MITM on a
-// kept-alive client connection to a loopback HTTPS origin: the proxy's
-// per-request cost plus two loopback round trips.
+// kept-alive client connection to a loopback HTTPS origin (the miss path,
+// dedup off): the proxy's per-request cost plus two loopback round trips.
+// fingerprint=mirror (the default) goes out with the client's own
+// fingerprint over the mirrored pool; fingerprint=go is net/http's
+// transport, the way every request went before mirroring.
 func BenchmarkMITMRequest(b *testing.B) {
 	for _, tc := range []struct {
-		name string
-		h2   bool
-	}{{"h1", false}, {"h2", true}} {
+		name        string
+		h2          bool
+		fingerprint string
+	}{
+		{"h1/fingerprint=mirror", false, upstream.FingerprintMirror},
+		{"h1/fingerprint=go", false, upstream.FingerprintGo},
+		{"h2/fingerprint=mirror", true, upstream.FingerprintMirror},
+		{"h2/fingerprint=go", true, upstream.FingerprintGo},
+	} {
 		b.Run(tc.name, func(b *testing.B) {
 			origin := tlsOrigin(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.Write(make([]byte, 2048))
 			}), false)
-			w := newWorld(b, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, quiet: true})
+			w := newWorld(b, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, quiet: true,
+				upstream: upstream.Config{Fingerprint: tc.fingerprint}})
 			c := w.client(tc.h2)
 			url := origin.URL + "/bench"
 			b.ReportAllocs()
@@ -43,7 +54,8 @@ func BenchmarkMITMRequest(b *testing.B) {
 }
 
 // BenchmarkMITMHit is BenchmarkMITMRequest answered from the dedup cache:
-// the whole proxy path of a HIT, without the origin.
+// the whole proxy path of a HIT, without the origin (the fingerprint tap
+// on the client connection included).
 func BenchmarkMITMHit(b *testing.B) {
 	origin := tlsOrigin(b, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Write(make([]byte, 2048))

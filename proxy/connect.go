@@ -70,14 +70,14 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 }
 
 // tunnelClient identifies the client of an authenticated tunnel: its proxy
-// user, and the X-Onceproxy-Session header of its CONNECT when it had one
-// (h is nil on the SOCKS5 door).
+// user, and the X-Onceproxy-Session and X-Onceproxy-Country headers of its
+// CONNECT when it had them (h is nil on the SOCKS5 door).
 func (s *Server) tunnelClient(user, remoteAddr string, h http.Header) (clientinfo.Info, error) {
 	info, err := s.identify(user, remoteAddr, h)
 	if err != nil || h == nil {
 		return info, err
 	}
-	return sessionHeader(info, h)
+	return hintHeaders(info, h)
 }
 
 func checkConnectTarget(name, port string) error {

@@ -20,6 +20,7 @@ type errorKind string
 const (
 	kindBadRequest   errorKind = "bad_request"
 	kindBadSession   errorKind = "bad_session"
+	kindBadCountry   errorKind = "bad_country"
 	kindUpstream     errorKind = "upstream_error"
 	kindTimeout      errorKind = "upstream_timeout"
 	kindTLS          errorKind = "upstream_tls"

@@ -129,3 +129,12 @@ func fetchRaw(t *testing.T, u string) (*http.Response, string) {
 	b, _ := io.ReadAll(resp.Body)
 	return resp, string(b)
 }
+
+// TestNoPprofOnTheProxyPort: the profiler is an admin endpoint only; the
+// proxy port answers an origin-form request for it as for any other path.
+func TestNoPprofOnTheProxyPort(t *testing.T) {
+	w := newWorld(t, worldOpts{})
+	if resp, body := fetchRaw(t, "http://"+w.proxyURL.Host+"/debug/pprof/"); resp.StatusCode != 400 || !strings.Contains(body, "forward proxy") {
+		t.Fatalf("/debug/pprof/ on the proxy port: %d %q", resp.StatusCode, body)
+	}
+}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/bufpool"
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
@@ -28,8 +29,12 @@ type clientInfo struct {
 }
 
 // headerSession lets a client pick its sticky upstream session per request
-// without encoding it in the proxy user name. Never forwarded.
-const headerSession = "X-Onceproxy-Session"
+// without encoding it in the proxy user name; headerCountry its exit
+// country. Never forwarded.
+const (
+	headerSession = "X-Onceproxy-Session"
+	headerCountry = "X-Onceproxy-Country"
+)
 
 // identify is the front door's one rule for who a client is: the account
 // and session hint its proxy user names, and the client the rate limit
@@ -48,32 +53,59 @@ func (s *Server) identify(user, remoteAddr string, h http.Header) (clientinfo.In
 			remoteAddr = addr
 		}
 	}
-	return clientinfo.Info{User: user, Account: u.Account, Session: u.Session,
+	return clientinfo.Info{User: user, Account: u.Account, Session: u.Session, Country: u.Country, City: u.City,
 		Client: clientinfo.ClientOf(u.Account, remoteAddr)}, nil
 }
 
-// sessionHeader applies the X-Onceproxy-Session header of h to info: it
-// takes precedence over a session in the user name. A value that is not a
-// session id is an error, never ignored.
-func sessionHeader(info clientinfo.Info, h http.Header) (clientinfo.Info, error) {
-	vs := h.Values(headerSession)
-	switch len(vs) {
-	case 0:
-		return info, nil
-	case 1:
-	default:
-		return info, fmt.Errorf("%s: sent %d times; name one session", headerSession, len(vs))
+// hintHeaders applies the X-Onceproxy-Session and X-Onceproxy-Country
+// headers of h to info: they take precedence over the user name (a
+// country other than the user name's drops its city). A value the proxy
+// cannot honour is an error, never ignored.
+func hintHeaders(info clientinfo.Info, h http.Header) (clientinfo.Info, error) {
+	if v, ok, err := oneValue(h, headerSession, "name one session"); err != nil || ok {
+		if err == nil {
+			err = clientinfo.ValidateSessionID(v)
+		}
+		if err != nil {
+			return info, fmt.Errorf("%s: %w (%w)", headerSession, err, clientinfo.ErrBadSession)
+		}
+		info.Session = v
 	}
-	if err := clientinfo.ValidateSessionID(vs[0]); err != nil {
-		return info, fmt.Errorf("%s: %w", headerSession, err)
+	if v, ok, err := oneValue(h, headerCountry, "name one country"); err != nil || ok {
+		var c string
+		if err == nil {
+			c, err = clientinfo.ParseCountry(v)
+		}
+		if err != nil {
+			return info, fmt.Errorf("%s: %w (%w)", headerCountry, err, clientinfo.ErrBadLocation)
+		}
+		if c != info.Country {
+			info.Country, info.City = c, ""
+		}
 	}
-	info.Session = vs[0]
 	return info, nil
 }
 
-// badSession answers a session hint the proxy cannot honour.
+// oneValue returns the value of header name in h, if it was sent once.
+func oneValue(h http.Header, name, hint string) (v string, ok bool, err error) {
+	vs := h.Values(name)
+	switch len(vs) {
+	case 0:
+		return "", false, nil
+	case 1:
+		return vs[0], true, nil
+	}
+	return "", false, fmt.Errorf("sent %d times; %s", len(vs), hint)
+}
+
+// badSession answers a session hint or an exit location the proxy cannot
+// honour.
 func badSession(req *http.Request, err error) *http.Response {
-	return errorResponse(req, http.StatusBadRequest, kindBadSession, err.Error())
+	kind := kindBadSession
+	if errors.Is(err, clientinfo.ErrBadLocation) {
+		kind = kindBadCountry
+	}
+	return errorResponse(req, http.StatusBadRequest, kind, err.Error())
 }
 
 // proxyUser extracts the user name of a Basic Proxy-Authorization header.
@@ -119,6 +151,8 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 			return req, r
 		}
 		client.info = info
+		// Its client's header order and case, for the upstream.
+		req = withPlainShape(req)
 	}
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,
@@ -128,11 +162,12 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 	if host == "" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest, "request URL has no host")
 	}
-	info, err := sessionHeader(client.info, req.Header)
+	info, err := hintHeaders(client.info, req.Header)
 	if err != nil {
 		return req, badSession(req, err)
 	}
 	req.Header.Del(headerSession)
+	req.Header.Del(headerCountry)
 	ctx := req.Context()
 	if r := s.limit(ctx, req, info.Client, host); r != nil {
 		return req, r
@@ -326,6 +361,31 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
+}
+
+// WriteTo copies the body to w with a pooled buffer: goproxy's io.Copy
+// would allocate 32 KiB for every response otherwise. Each piece is
+// written as it is read, so streaming is unchanged.
+func (b *trackedBody) WriteTo(w io.Writer) (int64, error) {
+	bp := bufpool.Get()
+	defer bufpool.Put(bp)
+	var total int64
+	for {
+		n, err := b.Read(*bp)
+		if n > 0 {
+			wn, werr := w.Write((*bp)[:n])
+			total += int64(wn)
+			if werr != nil {
+				return total, werr
+			}
+		}
+		if err == io.EOF {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
 }
 
 func (b *trackedBody) failure() error {

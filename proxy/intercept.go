@@ -10,10 +10,13 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 )
@@ -29,6 +32,15 @@ import (
 // Each decrypted request then takes goproxy's request path (handle, the
 // response copy, WebSocket splicing) exactly like a plain proxy request, so
 // the two paths cannot drift apart.
+//
+// The origin must see the client, not the proxy: before crypto/tls reads
+// the client's ClientHello, the raw hello is kept, and the decrypted stream
+// the inner server reads goes through a tap (capture.Conn) that records the
+// client's HTTP/2 preface and each request's header order. Both ride in
+// every request's context (fingerprint.WithFingerprint, WithShape) to the
+// upstream, which opens the origin connection with them; a flight's leader
+// carries its own into the flight. The proxy port's connections are tapped
+// too, for the header order of plain http:// requests.
 
 // recordTypeHandshake starts every TLS stream (a ClientHello record).
 const recordTypeHandshake = 0x16
@@ -39,6 +51,10 @@ type tunnel struct {
 	host       string // the CONNECT target, host:port
 	remoteAddr string // the client's address, as on the CONNECT (or SOCKS5 connection)
 	scheme     string // "https" when the client spoke TLS, else "http"
+	// tap reads the client's fingerprint off the decrypted stream.
+	tap *capture.Conn
+	// tallied: the fingerprint was counted for the status page.
+	tallied atomic.Bool
 }
 
 type tunnelKey struct{}
@@ -49,12 +65,80 @@ func tunnelFrom(ctx context.Context) *tunnel {
 	return t
 }
 
-// interceptedConn is a client connection handed to the inner server, with
+// tappedConn is a client connection read through a fingerprint tap: a
+// tunnel's decrypted (or plain) stream handed to the inner server, with
 // the tunnel it belongs to (ConnContext puts it in every request's
-// context).
-type interceptedConn struct {
-	halfclose.Conn
+// context), or a proxy-port connection (t nil). It has no ConnectionState
+// method, on purpose (see capture.Conn), and sees through to the
+// connection under the tap for half-closes and the connection limits.
+type tappedConn struct {
+	*capture.Conn
 	t *tunnel
+}
+
+func (c *tappedConn) Unwrap() net.Conn  { return c.NetConn() }
+func (c *tappedConn) CloseWrite() error { return halfclose.CloseWrite(c.NetConn()) }
+func (c *tappedConn) CloseRead() error  { return halfclose.CloseRead(c.NetConn()) }
+
+// replayed is the connection capture.PeekClientHello returns, which
+// replays the hello it read, seen through to the client connection under
+// it (connlimit and halfclose look for it).
+type replayed struct {
+	net.Conn
+	under net.Conn
+}
+
+func (r replayed) Unwrap() net.Conn  { return r.under }
+func (r replayed) CloseWrite() error { return halfclose.CloseWrite(r.under) }
+func (r replayed) CloseRead() error  { return halfclose.CloseRead(r.under) }
+
+// tapListener taps every proxy-port connection, so that an absolute-form
+// http:// request goes out in its client's header order and case.
+type tapListener struct{ net.Listener }
+
+func (l tapListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &tappedConn{Conn: capture.NewConn(c, nil)}, nil
+}
+
+// fingerprinted returns r with the client's fingerprint and the request's
+// shape in its context, as read by tap, for the upstream to mirror. Every
+// request read off a tapped connection must pass here: on HTTP/1.x the tap
+// drops the shapes of the requests before the one asked for.
+func fingerprinted(r *http.Request, tap *capture.Conn) *http.Request {
+	shape := tap.Shape(r)
+	fp := tap.Fingerprint()
+	if fp == nil {
+		return r
+	}
+	ctx := fingerprint.WithFingerprint(r.Context(), fp)
+	if shape != nil {
+		ctx = fingerprint.WithShape(ctx, shape)
+	}
+	return r.WithContext(ctx)
+}
+
+// withPlainShape gives an absolute-form http:// request on the proxy port
+// its client's header order. Other requests there (https:// in absolute
+// form, the /fetch API) keep the Go way: the connection's TLS, if any, was
+// never the origin's business.
+func withPlainShape(req *http.Request) *http.Request {
+	tc, _ := req.Context().Value(clientConnKey{}).(*tappedConn)
+	if tc == nil {
+		return req
+	}
+	if req.URL.Scheme != "http" {
+		tc.Shape(req) // keep the tap's queue in step
+		return req
+	}
+	out := fingerprinted(req, tc.Conn)
+	if fingerprint.ShapeFrom(out.Context()) == nil {
+		return req
+	}
+	return out
 }
 
 // newInner builds the server for intercepted tunnels. It shares the proxy
@@ -63,7 +147,9 @@ func (s *Server) newInner() *http.Server {
 	var protocols http.Protocols
 	protocols.SetHTTP1(true)
 	protocols.SetHTTP2(true)
-	protocols.SetUnencryptedHTTP2(true) // h2c with prior knowledge in a plain tunnel
+	// h2c with prior knowledge in a plain tunnel; and a tapped TLS stream
+	// is no *tls.Conn, so net/http tells HTTP/2 by its preface there too.
+	protocols.SetUnencryptedHTTP2(true)
 	return &http.Server{
 		Handler:           http.HandlerFunc(s.serveIntercepted),
 		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
@@ -73,36 +159,34 @@ func (s *Server) newInner() *http.Server {
 		ErrorLog:          log.New(innerLog{s.logger}, "", 0),
 		ConnState:         markBusy,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
-			if tc, ok := c.(*tls.Conn); ok {
-				c = tc.NetConn()
-			}
-			if ic, ok := c.(*interceptedConn); ok {
-				ctx = context.WithValue(ctx, tunnelKey{}, ic.t)
+			if tc, ok := c.(*tappedConn); ok && tc.t != nil {
+				ctx = context.WithValue(ctx, tunnelKey{}, tc.t)
 			}
 			return ctx
 		},
 	}
 }
 
-// innerLog sorts what the inner http.Server reports. A client that rejects
-// the interception certificate is the one thing an operator must act on
-// (install the CA), so it says so; a tunnel closed before or during the
-// handshake (browsers open spare ones) is routine.
+// innerLog sends what the inner http.Server reports to the log.
 type innerLog struct{ l *slog.Logger }
 
 func (w innerLog) Write(p []byte) (int, error) {
-	msg := strings.TrimSpace(string(p))
-	switch {
-	case strings.Contains(msg, "TLS handshake error") &&
-		(strings.Contains(msg, "bad certificate") || strings.Contains(msg, "unknown certificate")):
-		w.l.Warn("a client rejected the interception certificate: it does not trust onceproxy's CA yet (see README: Clients)",
-			"detail", msg)
-	case strings.Contains(msg, "TLS handshake error"):
-		w.l.Debug("intercepted tunnel: " + msg)
-	default:
-		w.l.Warn("intercepted tunnel: " + msg)
-	}
+	w.l.Warn("intercepted tunnel: " + strings.TrimSpace(string(p)))
 	return len(p), nil
+}
+
+// handshakeFailed logs an interception handshake that failed. A client
+// that rejects the interception certificate is the one thing an operator
+// must act on (install the CA), so it says so; a tunnel closed before or
+// during the handshake (browsers open spare ones) is routine.
+func (s *Server) handshakeFailed(t *tunnel, err error) {
+	msg := err.Error()
+	if strings.Contains(msg, "bad certificate") || strings.Contains(msg, "unknown certificate") {
+		s.logger.Warn("a client rejected the interception certificate: it does not trust onceproxy's CA yet (see README: Clients)",
+			"client", t.remoteAddr, "target", t.host, "detail", msg)
+		return
+	}
+	s.logger.Debug("intercepted tunnel: TLS handshake error", "client", t.remoteAddr, "target", t.host, "err", msg)
 }
 
 // startInner serves the inner server on first use, unless Shutdown came
@@ -155,8 +239,9 @@ func (s *Server) hijackConnect(req *http.Request, client net.Conn, pctx *goproxy
 }
 
 // intercept looks at the first byte of a tunnel's client stream (a CONNECT
-// tunnel's, or a SOCKS5 one's) to tell TLS from plain HTTP, and hands the
-// connection to the inner server, which closes it when done.
+// tunnel's, or a SOCKS5 one's) to tell TLS from plain HTTP, terminates
+// TLS, and hands the decrypted stream, tapped for the client's
+// fingerprint, to the inner server, which closes it when done.
 func (s *Server) intercept(client net.Conn, t *tunnel) {
 	// A tunnel must start speaking within read_header_timeout, as a request
 	// on the proxy port must: a silent one holds a connection slot for
@@ -168,19 +253,52 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 		client.Close()
 		return
 	}
-	_ = client.SetReadDeadline(time.Time{})
 	t.scheme = "http"
-	var conn net.Conn = &interceptedConn{Conn: halfclose.Conn{Conn: readahead.New(client, first[:])}, t: t}
+	stream := readahead.New(client, first[:])
 	if first[0] == recordTypeHandshake {
 		t.scheme = "https"
-		cfg := s.certs.ServerConfig(t.host).Clone()
-		cfg.NextProtos = []string{"h2", "http/1.1"}
-		conn = tls.Server(conn, cfg)
+		tc, hello, err := s.terminateTLS(client, stream, t)
+		if err != nil {
+			s.handshakeFailed(t, err)
+			client.Close()
+			return
+		}
+		t.tap = capture.NewConn(tc, hello)
+	} else {
+		_ = client.SetReadDeadline(time.Time{})
+		t.tap = capture.NewConn(stream, nil)
 	}
+	conn := &tappedConn{Conn: t.tap, t: t}
 	s.startInner()
 	if err := s.innerLn.push(conn); err != nil {
 		conn.Close() // shutting down
 	}
+}
+
+// terminateTLS reads the client's raw ClientHello off stream (the tunnel's
+// client side, client the connection under it) and completes the TLS
+// handshake with a certificate for its SNI, all within
+// read_header_timeout. The hello is nil when it did not parse: the
+// handshake goes on and the tunnel's requests go out the Go way.
+func (s *Server) terminateTLS(client, stream net.Conn, t *tunnel) (*tls.Conn, *fingerprint.ClientHello, error) {
+	_ = client.SetDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
+	rc, hello, err := capture.PeekClientHello(stream)
+	if err != nil {
+		s.logger.Debug("intercepted tunnel: the ClientHello did not parse; its requests go out with Go's",
+			"client", t.remoteAddr, "target", t.host, "err", err)
+	}
+	cfg := s.certs.ServerConfig(t.host).Clone()
+	cfg.NextProtos = []string{"h2", "http/1.1"}
+	// A client resuming a session would put onceproxy's ticket (a
+	// pre_shared_key) into its next hello, which the origin never issued:
+	// without tickets every hello is a first one, as the origin sees it.
+	cfg.SessionTicketsDisabled = true
+	tc := tls.Server(replayed{Conn: rc, under: stream}, cfg)
+	if err := tc.Handshake(); err != nil {
+		return nil, nil, err
+	}
+	_ = client.SetDeadline(time.Time{})
+	return tc, hello, nil
 }
 
 // serveIntercepted completes a decrypted request into the absolute form a
@@ -208,7 +326,27 @@ func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	r.RemoteAddr = t.remoteAddr
+	if t.tap != nil {
+		r = fingerprinted(r, t.tap)
+		if fp := fingerprint.FingerprintFrom(r.Context()); fp != nil && t.tallied.CompareAndSwap(false, true) {
+			s.clientFPs.Add(fp, time.Now())
+		}
+	}
 	s.gp.ServeHTTP(streamTo(w), r)
+}
+
+// clientFingerprintsShown is how many fingerprints the status page lists;
+// clientFingerprintsKept how many recent distinct ones are counted.
+const (
+	clientFingerprintsShown = 20
+	clientFingerprintsKept  = 256
+)
+
+// ClientFingerprints returns the most frequent fingerprints of recent
+// intercepted client connections (JA4, HTTP version, Akamai string), for
+// the status page.
+func (s *Server) ClientFingerprints() []fingerprint.Seen {
+	return s.clientFPs.Top(clientFingerprintsShown)
 }
 
 // writeResponse writes a response built by errorResponse to w.

@@ -33,39 +33,49 @@ func echoProto(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "proto=%s path=%s", r.Proto, r.URL.RequestURI())
 }
 
+// TestHTTPSThroughMITM: the client's HTTP version reaches the origin when
+// the origin speaks it (upstream.fingerprint: mirror, the default); with
+// fingerprint: go every request goes out the net/http way, HTTP/2 where
+// the origin has it.
 func TestHTTPSThroughMITM(t *testing.T) {
 	h2Origin := tlsOrigin(t, http.HandlerFunc(echoProto), false)
 	h1Origin := tlsOrigin(t, http.HandlerFunc(echoProto), true)
-	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{h2Origin.Certificate(), h1Origin.Certificate()}})
-
-	for _, tc := range []struct {
-		name        string
-		clientH2    bool
-		origin      string
-		wantClient  int // ProtoMajor the client sees inside the MITM
-		wantUpProto string
-	}{
-		{"h1 client, h2 origin", false, h2Origin.URL, 1, "HTTP/2.0"},
-		{"h2 client, h2 origin", true, h2Origin.URL, 2, "HTTP/2.0"},
-		{"h1 client, h1 origin", false, h1Origin.URL, 1, "HTTP/1.1"},
-		{"h2 client, h1 origin", true, h1Origin.URL, 2, "HTTP/1.1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			resp, body := w.get(w.client(tc.clientH2), tc.origin+"/x?y=1")
-			if resp.StatusCode != http.StatusOK {
-				t.Fatalf("status = %d, body %q", resp.StatusCode, body)
-			}
-			if resp.ProtoMajor != tc.wantClient {
-				t.Errorf("client proto = %s, want major %d", resp.Proto, tc.wantClient)
-			}
-			if want := "proto=" + tc.wantUpProto + " path=/x?y=1"; body != want {
-				t.Errorf("body = %q, want %q", body, want)
-			}
-			chains := resp.TLS.VerifiedChains
-			if len(chains) == 0 || !chains[0][len(chains[0])-1].Equal(w.ca.Certificate()) {
-				t.Errorf("verified chain does not end at the onceproxy CA")
-			}
-		})
+	for _, mode := range []string{upstream.FingerprintMirror, upstream.FingerprintGo} {
+		w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{h2Origin.Certificate(), h1Origin.Certificate()},
+			upstream: upstream.Config{Fingerprint: mode}})
+		h1ToH2 := "HTTP/1.1"
+		if mode == upstream.FingerprintGo {
+			h1ToH2 = "HTTP/2.0"
+		}
+		for _, tc := range []struct {
+			name        string
+			clientH2    bool
+			origin      string
+			wantClient  int // ProtoMajor the client sees inside the MITM
+			wantUpProto string
+		}{
+			{"h1 client, h2 origin", false, h2Origin.URL, 1, h1ToH2},
+			{"h2 client, h2 origin", true, h2Origin.URL, 2, "HTTP/2.0"},
+			{"h1 client, h1 origin", false, h1Origin.URL, 1, "HTTP/1.1"},
+			{"h2 client, h1 origin", true, h1Origin.URL, 2, "HTTP/1.1"},
+		} {
+			t.Run(mode+"/"+tc.name, func(t *testing.T) {
+				resp, body := w.get(w.client(tc.clientH2), tc.origin+"/x?y=1")
+				if resp.StatusCode != http.StatusOK {
+					t.Fatalf("status = %d, body %q", resp.StatusCode, body)
+				}
+				if resp.ProtoMajor != tc.wantClient {
+					t.Errorf("client proto = %s, want major %d", resp.Proto, tc.wantClient)
+				}
+				if want := "proto=" + tc.wantUpProto + " path=/x?y=1"; body != want {
+					t.Errorf("body = %q, want %q", body, want)
+				}
+				chains := resp.TLS.VerifiedChains
+				if len(chains) == 0 || !chains[0][len(chains[0])-1].Equal(w.ca.Certificate()) {
+					t.Errorf("verified chain does not end at the onceproxy CA")
+				}
+			})
+		}
 	}
 }
 

@@ -25,6 +25,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
@@ -122,6 +123,8 @@ type Server struct {
 
 	ln       atomic.Pointer[connlimit.Listener]
 	inflight atomic.Int64 // requests between the handler and the end of their response body
+
+	clientFPs *fingerprint.Tally // fingerprints of intercepted clients, for the status page
 }
 
 // New builds a Server; cfg gets its defaults applied.
@@ -150,6 +153,7 @@ func New(cfg Config, o Options) (*Server, error) {
 		limiter:   o.Limiter,
 		guard:     o.Guard,
 		metrics:   o.Metrics,
+		clientFPs: fingerprint.NewTally(clientFingerprintsKept),
 	}
 	if s.next == nil {
 		s.next = o.Upstream
@@ -221,6 +225,11 @@ func (k keepBufferedOnHijack) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	if err != nil {
 		return nil, nil, err
 	}
+	if tc, ok := c.(*tappedConn); ok {
+		// The tap has stopped at the CONNECT; what follows is the
+		// tunnel's, tapped on its own if it is intercepted.
+		c = tc.NetConn()
+	}
 	c = readahead.Buffered(c, rw.Reader)
 	return c, bufio.NewReadWriter(bufio.NewReader(c), bufio.NewWriter(c)), nil
 }
@@ -288,7 +297,7 @@ func (s *Server) Serve(ln net.Listener) error {
 	cl := connlimit.New(ln, s.connLimits())
 	s.ln.Store(cl)
 	s.logger.Info("proxy listening", "addr", ln.Addr().String())
-	err := s.srv.Serve(cl)
+	err := s.srv.Serve(tapListener{cl})
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

@@ -10,34 +10,85 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
-// refresh fetches the provider's session list and makes it current. On any
-// error the pool keeps the list it has.
-func (p *Pool) refresh(ctx context.Context) error {
-	specs, err := p.provider.list(ctx)
-	p.refreshMu.Lock()
-	defer p.refreshMu.Unlock()
-	now := p.now()
-	if err != nil {
-		p.prov.LastError = err.Error()
-		p.prov.LastErrorAt = now
-		p.prov.Failures++
-		return err
-	}
+// fetched is one answer of a provider's session list API.
+type fetched struct {
+	specs []sessionSpec
+	err   error
+}
 
-	old := p.sessions.Load()
-	list := slices.Clone(p.static)
+// fetchList asks pv's API for its sessions.
+func (p *Pool) fetchList(ctx context.Context, pv *provider) fetched {
+	specs, err := pv.client.list(ctx)
+	return fetched{specs, err}
+}
+
+// refresh fetches pv's session list and makes it current. On any error
+// the pool keeps the list it has; after apiDownAfter errors in a row the
+// provider is out of the choice until its API answers again.
+func (p *Pool) refresh(ctx context.Context, pv *provider) error {
+	pv.fetch.Lock()
+	defer pv.fetch.Unlock()
+	f := p.fetchList(ctx, pv)
+	p.mu.Lock()
+	st := p.st.Load()
+	if st.byName[pv.name] != pv {
+		// Reconfigured meanwhile: this provider is gone or replaced.
+		p.mu.Unlock()
+		return f.err
+	}
+	p.applyList(pv, f, st)
+	if f.err == nil {
+		p.rebuild(st)
+	}
+	p.mu.Unlock()
+	p.checkProviders()
+	return f.err
+}
+
+// applyList makes f pv's list (or counts its failure). The caller
+// rebuilds the session set. Caller holds p.mu.
+func (p *Pool) applyList(pv *provider, f fetched, st *setup) {
+	now := p.now()
+	if f.err != nil {
+		pv.refresh.LastError = f.err.Error()
+		pv.refresh.LastErrorAt = now
+		pv.refresh.Failures++
+		pv.failures++
+		if pv.failures >= apiDownAfter {
+			pv.apiDown.Store(true)
+		}
+		return
+	}
+	byID := make(map[string]*session, len(pv.sessions))
+	for _, s := range pv.sessions {
+		byID[s.id] = s
+	}
+	list := make([]*session, 0, len(f.specs))
 	var added, replaced, skipped []string
 	kept := map[*session]bool{}
-	for _, spec := range specs {
-		if st := old.byID[spec.id]; st != nil && st.source == sourceConfig {
+	for _, spec := range f.specs {
+		spec.id = pv.sessionID(spec.apiID)
+		if clientinfo.ValidateSessionID(spec.id) != nil {
+			// "NAME." made a listed id too long: not a session we can name.
+			skipped = append(skipped, spec.id)
+			continue
+		}
+		if spec.country == "" {
+			spec.country = pv.onlyCountry
+		}
+		spec.prov = pv
+		spec.gw = pv.gatewayFor(spec.proxyURL.Host)
+		if slices.ContainsFunc(st.static, func(s *session) bool { return s.id == spec.id }) {
 			// A configured session wins over a listed one with its id:
 			// the operator wrote it down on purpose.
 			skipped = append(skipped, spec.id)
 			continue
 		}
-		prev := old.byID[spec.id]
+		prev := byID[spec.id]
 		if prev != nil && prev.same(spec) {
 			prev.setExitIP(spec.exitIP)
 			kept[prev] = true
@@ -48,7 +99,7 @@ func (p *Pool) refresh(ctx context.Context) error {
 		if err != nil {
 			// Cannot happen for a spec that passed list's checks; keep
 			// the previous session rather than lose the id.
-			p.log.Error("upstream provider session unusable", "session", spec.id, "err", err)
+			p.log.Error("upstream provider session unusable", "provider", pv.name, "session", spec.id, "err", err)
 			if prev != nil {
 				kept[prev] = true
 				list = append(list, prev)
@@ -57,8 +108,7 @@ func (p *Pool) refresh(ctx context.Context) error {
 		}
 		if prev != nil {
 			// New credentials or mode, same session: its health stays.
-			s.h.copyFrom(&prev.h)
-			s.rotations.Store(prev.rotations.Load())
+			s.inherit(prev)
 			replaced = append(replaced, spec.id)
 		} else {
 			added = append(added, spec.id)
@@ -66,67 +116,48 @@ func (p *Pool) refresh(ctx context.Context) error {
 		list = append(list, s)
 	}
 	var removed []string
-	// Connections of sessions retired by the previous refresh had a whole
-	// refresh period to finish: close what is idle now and forget them.
-	for _, s := range p.retired {
-		s.closeIdle()
-	}
-	p.retired = p.retired[:0]
-	for _, s := range old.list {
-		if s.source == sourceProvider && !kept[s] {
-			if _, still := findID(list, s.id); !still {
-				removed = append(removed, s.id)
-			}
-			s.closeIdle()
-			p.retired = append(p.retired, s)
+	for _, s := range pv.sessions {
+		if !kept[s] && !slices.ContainsFunc(list, func(n *session) bool { return n.id == s.id }) {
+			removed = append(removed, s.id)
 		}
 	}
 	sortSessions(list)
-	p.sessions.Store(newSessionSet(list))
-	p.prov.Sessions = len(list) - len(p.static)
-	p.prov.LastRefresh = now
-	p.prov.LastError = ""
-	if len(added)+len(replaced)+len(removed) > 0 || p.prov.Refreshes == 0 {
-		p.log.Info("upstream provider sessions refreshed", "sessions", p.prov.Sessions,
+	pv.sessions = list
+	if pv.failures > 0 {
+		p.log.Info("upstream provider API answering again", "provider", pv.name, "sessions", len(list))
+	}
+	pv.failures = 0
+	pv.apiDown.Store(false)
+	pv.refresh.LastRefresh = now
+	pv.refresh.LastError = ""
+	if len(added)+len(replaced)+len(removed) > 0 || pv.refresh.Refreshes == 0 {
+		p.log.Info("upstream provider sessions refreshed", "provider", pv.name, "sessions", len(list),
 			"added", added, "replaced", replaced, "removed", removed, "shadowed_by_config", skipped)
 	}
-	p.prov.Refreshes++
-	return nil
+	pv.refresh.Refreshes++
 }
 
-func findID(list []*session, id string) (*session, bool) {
-	for _, s := range list {
-		if s.id == id {
-			return s, true
-		}
-	}
-	return nil, false
-}
-
-// retryDelay is how long to wait before the next refresh after the given
-// number of consecutive failures: quickly at first (a pool without
-// sessions answers 503 meanwhile), backing off to the refresh interval.
-func (p *Pool) retryDelay(failures int) time.Duration {
-	d := min(5*time.Second, p.cfg.Provider.Refresh)
-	for i := 1; i < failures && d < p.cfg.Provider.Refresh; i++ {
+// retryDelay is how long to wait before pv's next refresh after the given
+// number of consecutive failures: quickly at first (a provider without
+// sessions serves nothing meanwhile), backing off to the refresh interval.
+func retryDelay(pv *provider, failures int) time.Duration {
+	d := min(5*time.Second, pv.cfg.Refresh)
+	for i := 1; i < failures && d < pv.cfg.Refresh; i++ {
 		d *= 2
 	}
-	return min(d, p.cfg.Provider.Refresh)
+	return min(d, pv.cfg.Refresh)
 }
 
-// refreshLoop refreshes the provider's list every provider.refresh, sooner
-// after a failure.
-func (p *Pool) refreshLoop(ctx context.Context) {
-	failures := 0
-	p.refreshMu.Lock()
-	if p.prov.LastError != "" {
-		failures = 1 // the start-up fetch failed
-	}
-	p.refreshMu.Unlock()
+// refreshLoop refreshes pv's list every refresh interval, sooner after a
+// failure.
+func (p *Pool) refreshLoop(ctx context.Context, pv *provider) {
 	for {
-		wait := p.cfg.Provider.Refresh
+		p.mu.Lock()
+		failures := pv.failures
+		p.mu.Unlock()
+		wait := pv.cfg.Refresh
 		if failures > 0 {
-			wait = p.retryDelay(failures)
+			wait = retryDelay(pv, failures)
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -135,41 +166,44 @@ func (p *Pool) refreshLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		rctx, cancel := context.WithTimeout(ctx, p.cfg.Provider.Timeout)
-		err := p.refresh(rctx)
+		rctx, cancel := context.WithTimeout(ctx, pv.cfg.Timeout)
+		err := p.refresh(rctx, pv)
 		cancel()
 		switch {
 		case err == nil:
-			if failures > 0 {
-				p.log.Info("upstream provider API answering again", "sessions", p.ProviderStatus().Sessions)
-			}
-			failures = 0
 		case ctx.Err() != nil:
 			return
 		default:
-			failures++
-			n := len(p.sessions.Load().list)
+			p.mu.Lock()
+			n, failures := len(pv.sessions), pv.failures
+			p.mu.Unlock()
 			if n == 0 {
-				p.log.Error("upstream provider refresh failed; no sessions yet, requests get 503",
-					"err", err, "next_try", p.retryDelay(failures))
+				p.log.Error("upstream provider refresh failed; it has no sessions yet",
+					"provider", pv.name, "err", err, "next_try", retryDelay(pv, failures))
 			} else {
 				p.log.Warn("upstream provider refresh failed; keeping the last good session list",
-					"sessions", n, "err", err, "next_try", p.retryDelay(failures))
+					"provider", pv.name, "sessions", n, "failures_in_a_row", failures, "err", err, "next_try", retryDelay(pv, failures))
 			}
 		}
 	}
 }
 
-// healthLoop probes every session now and then every health.interval.
+// healthLoop probes every session now and then every health.interval,
+// while health.url is set (a reconfiguration may set or clear it).
 func (p *Pool) healthLoop(ctx context.Context) {
-	t := time.NewTicker(p.cfg.Health.Interval)
-	defer t.Stop()
 	for {
-		p.healthRound(ctx)
+		hc := p.st.Load().cfg.Health
+		if hc.URL != "" && !p.st.Load().isDirect {
+			p.healthRound(ctx, hc)
+		}
+		t := time.NewTimer(hc.Interval)
 		select {
 		case <-ctx.Done():
+			t.Stop()
 			return
 		case <-t.C:
+		case <-p.healthKick:
+			t.Stop()
 		}
 	}
 }
@@ -179,7 +213,7 @@ func (p *Pool) healthLoop(ctx context.Context) {
 const probeParallelism = 16
 
 // healthRound probes the sessions in parallel and waits for all probes.
-func (p *Pool) healthRound(ctx context.Context) {
+func (p *Pool) healthRound(ctx context.Context, hc HealthConfig) {
 	sem := make(chan struct{}, probeParallelism)
 	var wg sync.WaitGroup
 	now := p.now()
@@ -194,22 +228,22 @@ func (p *Pool) healthRound(ctx context.Context) {
 				return
 			}
 			defer func() { <-sem }()
-			p.probe(ctx, s)
+			p.probe(ctx, s, hc)
 		})
 	}
 	wg.Wait()
 }
 
 // probe fetches health.url through s and marks the outcome.
-func (p *Pool) probe(ctx context.Context, s *session) {
-	pctx, cancel := context.WithTimeout(ctx, p.cfg.Health.Timeout)
+func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
+	pctx, cancel := context.WithTimeout(ctx, hc.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(pctx, http.MethodGet, p.cfg.Health.URL, nil)
+	req, err := http.NewRequestWithContext(pctx, http.MethodGet, hc.URL, nil)
 	if err != nil {
 		return // validated at start-up
 	}
 	req.Header.Set("User-Agent", "onceproxy-health")
-	resp, err := s.transportFor(req).RoundTrip(req)
+	resp, err := s.transportFor(req, false).RoundTrip(req) // a probe has no client to mirror
 	if ctx.Err() != nil {
 		// Shutting down: the probe proves nothing.
 		if resp != nil {
@@ -224,7 +258,9 @@ func (p *Pool) probe(ctx context.Context, s *session) {
 			// The probe's own timeout: the session hangs.
 			v = verdict{kind: outcomeConnError, msg: "health probe: " + err.Error()}
 		}
+		p.gatewayOutcome(s, v, err)
 	} else {
+		p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil)
 		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
 		switch {

@@ -3,6 +3,7 @@ package upstream
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
@@ -52,8 +53,17 @@ type Config struct {
 	// none.
 	Sessions []SessionConfig `yaml:"sessions"`
 	// Provider lists (and rotates) sessions through a rotating-proxy
-	// provider's API. Off when provider.api is empty (the default).
+	// provider's API. Off when provider.api is empty (the default). It is
+	// the one-provider shorthand of Providers (its sessions keep the ids
+	// the API gives them); set one or the other.
 	Provider ProviderConfig `yaml:"provider"`
+	// Providers are several providers, each with its own API, sessions,
+	// priority and prices. Requests go to the highest-priority provider
+	// with a session that can take them, and fail over to the next when
+	// its sessions all cool down, its API keeps failing or its gateway
+	// refuses connections. A listed session's id is "NAME.ID". Default
+	// none.
+	Providers []ProviderConfig `yaml:"providers"`
 	// Health probes every session actively. Off when health.url is empty
 	// (the default); passive marks from real traffic always apply.
 	Health HealthConfig `yaml:"health"`
@@ -66,6 +76,12 @@ type Config struct {
 	// Rules refine session choice, ban detection and retries per target;
 	// the first rule that matches a request wins. Default none.
 	Rules []RuleConfig `yaml:"rules"`
+	// Fingerprint is how origin connections of intercepted clients look:
+	// "mirror" (default) opens them with the client's own TLS ClientHello,
+	// HTTP version, HTTP/2 settings and header order; "go" with Go's
+	// (net/http). Requests without a captured fingerprint (the /fetch API,
+	// health probes) and protocol switches always go out the Go way.
+	Fingerprint string `yaml:"fingerprint"`
 }
 
 // SessionConfig is one entry of upstream.sessions.
@@ -90,10 +106,27 @@ type SessionConfig struct {
 	// Weight 1-10 is the session's share of traffic and its starting
 	// health weight. Default 5.
 	Weight int `yaml:"weight"`
+	// Country is where the session's exit IP is (an ISO 3166-1 alpha-2
+	// code): requests that ask for a country go only to its sessions.
+	// Default none: the session serves requests that ask for no country.
+	Country string `yaml:"country"`
+	// City narrows Country ("berlin"), for requests that ask for a city.
+	City string `yaml:"city"`
+	// Provider names an entry of providers whose priority, prices and
+	// rotate API the session shares. Default: the hand-listed sessions
+	// are a group of their own, named "sessions", at priority 0, priced
+	// by the savings section (rotated by the provider when there is
+	// exactly one).
+	Provider string `yaml:"provider"`
 }
 
-// ProviderConfig is upstream.provider: a RoProxy-style session API.
+// ProviderConfig is upstream.provider, or one entry of upstream.providers:
+// a RoProxy-style session API.
 type ProviderConfig struct {
+	// Name labels the provider in logs, metrics, the admin API and its
+	// sessions' ids ("NAME.ID"): 1-32 letters, digits, '_' or '-'.
+	// Required in providers; the shorthand's is "default".
+	Name string `yaml:"name"`
 	// API is the base URL of the provider API (https://backend.example);
 	// sessions are listed with GET {api}/api/session and rotated with
 	// POST {api}/api/session/{id}/rotate. Empty (default) turns it off.
@@ -111,6 +144,19 @@ type ProviderConfig struct {
 	Refresh time.Duration `yaml:"refresh"`
 	// Timeout bounds one API call. Default 10s.
 	Timeout time.Duration `yaml:"timeout"`
+	// Priority orders providers: the highest one with a session that can
+	// take a request gets it; equal priorities share traffic. Default 0
+	// (the hand-listed sessions' group too).
+	Priority int `yaml:"priority"`
+	// PricePerGB and PricePer1000Requests are what this provider bills,
+	// for the savings report; unset ones are the savings section's.
+	PricePerGB           *float64 `yaml:"price_per_gb"`
+	PricePer1000Requests *float64 `yaml:"price_per_1000_requests"`
+	// Countries, when set, are the only countries this provider serves
+	// requests for (ISO 3166-1 alpha-2); a listed session without a
+	// country of its own is in the only one when there is one. Default:
+	// the countries its sessions say they are in.
+	Countries []string `yaml:"countries"`
 }
 
 // HealthConfig is upstream.health: active probes through every session.
@@ -163,6 +209,13 @@ type RuleConfig struct {
 	BanBody string `yaml:"ban_body"`
 	// RetryMethods overrides retry.methods for this rule. Default: inherit.
 	RetryMethods []string `yaml:"retry_methods"`
+	// Fingerprint overrides the pool's fingerprint ("mirror" or "go") for
+	// this rule's requests. Default: inherit.
+	Fingerprint string `yaml:"fingerprint"`
+	// Country is the exit country (ISO 3166-1 alpha-2) of the rule's
+	// requests that ask for none themselves (user-country-XX or
+	// X-Onceproxy-Country win). Default none.
+	Country string `yaml:"country"`
 }
 
 // Rotation modes.
@@ -178,6 +231,12 @@ const (
 	StickyHost        = "host"
 	StickyAccount     = "account"
 	StickyAccountRule = "account_rule"
+)
+
+// Fingerprint modes.
+const (
+	FingerprintMirror = "mirror"
+	FingerprintGo     = "go"
 )
 
 // WhenExhausted values.
@@ -222,11 +281,14 @@ func (c Config) WithDefaults() Config {
 			s.Weight = defaultWeight
 		}
 	}
-	if c.Provider.Protocol == "" {
-		c.Provider.Protocol = "http"
+	c.Provider = c.Provider.withDefaults()
+	if c.Provider.Name == "" {
+		c.Provider.Name = shorthandName
 	}
-	def(&c.Provider.Refresh, 5*time.Minute)
-	def(&c.Provider.Timeout, 10*time.Second)
+	c.Providers = slices.Clone(c.Providers)
+	for i := range c.Providers {
+		c.Providers[i] = c.Providers[i].withDefaults()
+	}
 	def(&c.Health.Interval, 30*time.Second)
 	def(&c.Health.Timeout, 10*time.Second)
 	if c.Retry.MaxAttempts == 0 {
@@ -238,6 +300,9 @@ func (c Config) WithDefaults() Config {
 	if c.WhenExhausted == "" {
 		c.WhenExhausted = ExhaustedFail
 	}
+	if c.Fingerprint == "" {
+		c.Fingerprint = FingerprintMirror
+	}
 	c.Rules = slices.Clone(c.Rules)
 	for i := range c.Rules {
 		if c.Rules[i].Sticky == "" {
@@ -245,6 +310,35 @@ func (c Config) WithDefaults() Config {
 		}
 	}
 	return c
+}
+
+func (p ProviderConfig) withDefaults() ProviderConfig {
+	if p.Protocol == "" {
+		p.Protocol = "http"
+	}
+	if p.Refresh == 0 {
+		p.Refresh = 5 * time.Minute
+	}
+	if p.Timeout == 0 {
+		p.Timeout = 10 * time.Second
+	}
+	return p
+}
+
+// shorthandName names the provider of upstream.provider; staticName the
+// group of hand-listed sessions that name no provider.
+const (
+	shorthandName = "default"
+	staticName    = "sessions"
+)
+
+// apiProviders returns the configured providers with an API: the
+// shorthand, or the list. Call on a config with defaults.
+func (c Config) apiProviders() []ProviderConfig {
+	if c.Provider.API != "" {
+		return []ProviderConfig{c.Provider}
+	}
+	return c.Providers
 }
 
 // Validate reports every problem in c, each prefixed with its key path
@@ -274,8 +368,6 @@ func (c Config) Validate(getenv func(string) string) error {
 		{"response_header_timeout", c.ResponseHeaderTimeout},
 		{"idle_timeout", c.IdleTimeout},
 		{"idle_conn_timeout", c.IdleConnTimeout},
-		{"provider.refresh", c.Provider.Refresh},
-		{"provider.timeout", c.Provider.Timeout},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 	} {
@@ -323,27 +415,36 @@ func (c Config) Validate(getenv func(string) string) error {
 		}
 	}
 
-	if p := c.Provider; p.API != "" {
-		if u, err := url.Parse(p.API); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-			add("provider.api", "must be an http(s) URL with a host and no credentials, got %q", redact(p.API))
-		}
-		switch {
-		case p.APIKey != "" && p.APIKeyEnv != "":
-			add("provider.api_key", "set api_key or api_key_env, not both")
-		case p.APIKey == "" && p.APIKeyEnv == "":
-			add("provider.api_key", "required when provider.api is set (or name a variable in provider.api_key_env)")
-		case p.APIKeyEnv != "" && getenv(p.APIKeyEnv) == "":
-			add("provider.api_key_env", "environment variable %s is unset or empty", p.APIKeyEnv)
-		}
-		if p.Refresh == 0 {
-			add("provider.refresh", "must be positive")
-		}
-		if p.Timeout == 0 {
-			add("provider.timeout", "must be positive")
-		}
+	names := map[string]bool{}
+	if c.Provider.API != "" && len(c.Providers) > 0 {
+		add("providers", "set provider (one provider) or providers, not both")
 	}
-	if p := c.Provider.Protocol; p != "http" && p != "socks5" {
-		add("provider.protocol", "must be http or socks5, got %q", p)
+	if c.Provider.API != "" || len(c.Providers) == 0 {
+		errs = append(errs, c.Provider.validate("provider", false, getenv)...)
+	}
+	for i, pc := range c.Providers {
+		key := fmt.Sprintf("providers[%d]", i)
+		errs = append(errs, pc.validate(key, true, getenv)...)
+		if names[pc.Name] {
+			add(key+".name", "%q is already used by another provider", pc.Name)
+		}
+		names[pc.Name] = true
+	}
+	for i, sc := range c.Sessions {
+		key := fmt.Sprintf("sessions[%d]", i)
+		if sc.Country != "" {
+			if _, err := clientinfo.ParseCountry(sc.Country); err != nil {
+				errs = append(errs, fmt.Errorf("%s.country: %w", key, err))
+			}
+		}
+		if sc.City != "" {
+			if _, err := clientinfo.ParseCity(sc.City); err != nil {
+				errs = append(errs, fmt.Errorf("%s.city: %w", key, err))
+			}
+		}
+		if sc.Provider != "" && !names[sc.Provider] {
+			add(key+".provider", "%q is not the name of an entry of providers", sc.Provider)
+		}
 	}
 
 	if c.Health.URL != "" {
@@ -368,6 +469,9 @@ func (c Config) Validate(getenv func(string) string) error {
 	default:
 		add("when_exhausted", "must be %q or %q, got %q", ExhaustedFail, ExhaustedDirect, c.WhenExhausted)
 	}
+	if err := validFingerprint(c.Fingerprint); err != nil {
+		add("fingerprint", "%v", err)
+	}
 
 	for i, r := range c.Rules {
 		key := fmt.Sprintf("rules[%d]", i)
@@ -390,8 +494,103 @@ func (c Config) Validate(getenv func(string) string) error {
 			}
 		}
 		errs = append(errs, validateMethods(key+".retry_methods", r.RetryMethods)...)
+		if r.Fingerprint != "" {
+			if err := validFingerprint(r.Fingerprint); err != nil {
+				add(key+".fingerprint", "%v", err)
+			}
+		}
+		if r.Country != "" {
+			if _, err := clientinfo.ParseCountry(r.Country); err != nil {
+				errs = append(errs, fmt.Errorf("%s.country: %w", key, err))
+			}
+		}
 	}
 	return errors.Join(errs...)
+}
+
+func validFingerprint(mode string) error {
+	switch mode {
+	case FingerprintMirror, FingerprintGo:
+		return nil
+	}
+	return fmt.Errorf("must be %q or %q, got %q", FingerprintMirror, FingerprintGo, mode)
+}
+
+// validate checks one provider under key ("provider", "providers[1]");
+// listed: an entry of providers, which needs a name and an API.
+func (p ProviderConfig) validate(key string, listed bool, getenv func(string) string) []error {
+	var errs []error
+	add := func(k string, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s.%s: %s", key, k, fmt.Sprintf(format, args...)))
+	}
+	if listed {
+		if err := validateProviderName(p.Name); err != nil {
+			errs = append(errs, fmt.Errorf("%s.name: %w", key, err))
+		}
+		if p.API == "" {
+			add("api", "required")
+		}
+	}
+	if p.Refresh < 0 {
+		add("refresh", "must not be negative, got %s", p.Refresh)
+	}
+	if p.Timeout < 0 {
+		add("timeout", "must not be negative, got %s", p.Timeout)
+	}
+	if p.API != "" {
+		if u, err := url.Parse(p.API); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
+			add("api", "must be an http(s) URL with a host and no credentials, got %q", redact(p.API))
+		}
+		switch {
+		case p.APIKey != "" && p.APIKeyEnv != "":
+			add("api_key", "set api_key or api_key_env, not both")
+		case p.APIKey == "" && p.APIKeyEnv == "":
+			add("api_key", "required when %s.api is set (or name a variable in %s.api_key_env)", key, key)
+		case p.APIKeyEnv != "" && getenv(p.APIKeyEnv) == "":
+			add("api_key_env", "environment variable %s is unset or empty", p.APIKeyEnv)
+		}
+		if p.Refresh == 0 {
+			add("refresh", "must be positive")
+		}
+		if p.Timeout == 0 {
+			add("timeout", "must be positive")
+		}
+	}
+	if p.Protocol != "http" && p.Protocol != "socks5" {
+		add("protocol", "must be http or socks5, got %q", p.Protocol)
+	}
+	for _, pr := range []struct {
+		k string
+		v *float64
+	}{{"price_per_gb", p.PricePerGB}, {"price_per_1000_requests", p.PricePer1000Requests}} {
+		if pr.v != nil && (*pr.v < 0 || math.IsNaN(*pr.v) || math.IsInf(*pr.v, 0)) {
+			add(pr.k, "must be a price of 0 or more, got %v", *pr.v)
+		}
+	}
+	for i, c := range p.Countries {
+		if _, err := clientinfo.ParseCountry(c); err != nil {
+			errs = append(errs, fmt.Errorf("%s.countries[%d]: %w", key, i, err))
+		}
+	}
+	return errs
+}
+
+// validateProviderName: a provider's name starts its sessions' ids, so it
+// is a short session-id-safe word without '.' (which ends it).
+func validateProviderName(name string) error {
+	if name == "" {
+		return errors.New("required")
+	}
+	if len(name) > 32 {
+		return fmt.Errorf("%.16q... is longer than 32 bytes", name)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '_' || c == '-') {
+			return fmt.Errorf("%q: %q is not allowed (letters, digits, '_' and '-' only)", name, c)
+		}
+	}
+	return nil
 }
 
 func validateRotation(key, rotation string, interval time.Duration) []error {

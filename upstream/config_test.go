@@ -91,12 +91,14 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 			Health:        upstream.HealthConfig{URL: "/relative", Timeout: -1},
 			Retry:         upstream.RetryConfig{MaxAttempts: 11, Methods: []string{"get", ""}},
 			WhenExhausted: "panic",
+			Fingerprint:   "chrome",
 		}, []string{"health.url: must be an absolute", "health.timeout: must not be negative", "retry.max_attempts: must be 1-10",
-			`retry.methods[0]: "get" is not an upper-case HTTP method`, "retry.methods[1]:", `when_exhausted: must be "fail" or "direct"`}},
+			`retry.methods[0]: "get" is not an upper-case HTTP method`, "retry.methods[1]:", `when_exhausted: must be "fail" or "direct"`,
+			`fingerprint: must be "mirror" or "go", got "chrome"`}},
 		{"rules", upstream.Config{Rules: []upstream.RuleConfig{
-			{Host: "*.shop.*", PathPrefix: "api", Sticky: "forever", BanStatuses: []int{99, 700}, RetryMethods: []string{"post"}},
+			{Host: "*.shop.*", PathPrefix: "api", Sticky: "forever", BanStatuses: []int{99, 700}, RetryMethods: []string{"post"}, Fingerprint: "Mirror"},
 		}}, []string{`rules[0].host: "*.shop.*" is not a host name`, "rules[0].path_prefix: must start with '/'", "rules[0].sticky: must be none, host, account or account_rule",
-			"rules[0].ban_statuses[0]: 99", "rules[0].ban_statuses[1]: 700", "rules[0].retry_methods[0]:"}},
+			"rules[0].ban_statuses[0]: 99", "rules[0].ban_statuses[1]: 700", "rules[0].retry_methods[0]:", `rules[0].fingerprint: must be "mirror" or "go", got "Mirror"`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate(getenv)
@@ -151,7 +153,7 @@ func TestRunAndCloseLeaveNoGoroutine(t *testing.T) {
 		}
 	}
 	testkit.Eventually(t, testkit.Patience, func() bool {
-		return p.ProviderStatus().Refreshes >= 3 && statusOf(t, p, "pr").Requests >= 3
+		return upstream.RefreshOf(p).Refreshes >= 3 && statusOf(t, p, "pr").Requests >= 3
 	}, "refreshes and probes")
 	cancel()
 	if err := <-done; err != nil {

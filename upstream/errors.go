@@ -23,7 +23,8 @@ func (e *DialError) Unwrap() error { return e.Err }
 var ErrExhausted = errors.New("upstream: no session available")
 
 // ExhaustedError is returned when no session can take a request: every
-// session is cooling down, or there are none yet (the provider API has not
+// session (of the country asked for) is cooling down, there is none in
+// that country, or there are none yet (the provider API has not
 // answered). The proxy answers it with 503 and the message.
 type ExhaustedError struct {
 	// Sessions is how many sessions the pool has (all of them cooling).
@@ -36,6 +37,8 @@ type ExhaustedError struct {
 	// Cause is the failure that put the last session into cooldown, when
 	// this request saw it happen.
 	Cause error
+	// Country is the exit country the request asked for ("" for any).
+	Country string
 }
 
 func (e *ExhaustedError) Error() string {

@@ -183,18 +183,18 @@ const rotationQuiet = 5 * time.Second
 // rotation generation gen. It reports whether this instance should call
 // the rotate API; when it should not, rotated says whether the session
 // got a new exit IP meanwhile (another instance's rotation, heard as news).
-func (p *Pool) claimRotation(ctx context.Context, s *session, gen uint64) (proceed bool, release func(), rotated bool) {
+func (p *Pool) claimRotation(ctx context.Context, s *session, gen uint64, pv *provider) (proceed bool, release func(), rotated bool) {
 	c, ok := p.bus.(Claimer)
 	if !ok {
 		return true, func() {}, false
 	}
-	release, ok = c.Claim(ctx, "rotate:"+s.id, rotationQuiet+p.cfg.Provider.Timeout)
+	release, ok = c.Claim(ctx, "rotate:"+s.id, rotationQuiet+pv.cfg.Timeout)
 	if ok {
 		return true, release, false
 	}
 	// Another instance is rotating: wait for its news, as long as a
 	// rotation may take.
-	wait, cancel := context.WithTimeout(ctx, p.cfg.Provider.Timeout)
+	wait, cancel := context.WithTimeout(ctx, pv.cfg.Timeout)
 	defer cancel()
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
@@ -212,6 +212,28 @@ func (p *Pool) claimRotation(ctx context.Context, s *session, gen uint64) (proce
 func (p *Pool) mark(s *session, o outcome, retryAfter time.Duration, msg string) {
 	if d := s.h.mark(o, p.now(), retryAfter, msg); d > 0 {
 		p.publish(SessionEvent{Session: s.id, Kind: EventCooldown, For: d, Reason: o.String()})
+		p.checkProviders()
+	}
+}
+
+// gatewayOutcome records what an attempt says about s's gateway (s itself
+// is marked as usual). A gateway that could not be reached is benched with
+// every session behind it: the others are not tried one by one while
+// another provider can serve. Any answer from the gateway ends that.
+func (p *Pool) gatewayOutcome(s *session, v verdict, err error) {
+	switch {
+	case v.kind == outcomeNone:
+	case v.gateway:
+		if s.gw.refused(p.now()) {
+			p.log.Warn("upstream gateway refuses connections: its sessions sit out", "provider", s.prov.Load().name,
+				"gateway", s.gw.addr, "until", time.Unix(0, s.gw.downUntil.Load()).Format(time.TimeOnly), "err", s.scrub(err.Error()))
+			p.checkProviders()
+		}
+	default:
+		if s.gw.answered() {
+			p.log.Info("upstream gateway answering again", "provider", s.prov.Load().name, "gateway", s.gw.addr)
+			p.checkProviders()
+		}
 	}
 }
 

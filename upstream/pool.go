@@ -4,12 +4,25 @@
 // configured. It exposes the standard seams: an http.RoundTripper for
 // requests and a DialContext for blind tunnels.
 //
-// The pool chooses a session per request (client hint, a rule's sticky
-// bucket, the request's own binding, else weighted random; see select.go),
-// marks every outcome against the session (health.go), rotates a session's
-// exit IP through the provider API after a 429 or a ban, and retries the
-// request on a new exit IP, all inside one RoundTrip: behind the dedup
-// engine, every waiter of a flight sees only the final answer.
+// Sessions come from providers (each with its own API, priority, prices
+// and countries; see providers.go) and from the configuration. The pool
+// chooses a session per request: the highest-priority provider that can
+// take it, in the country the request asks for (geo.go), then the client
+// hint, a rule's sticky bucket (bound fleet-wide through the shared store,
+// bindings.go), the request's own binding, else weighted random
+// (select.go). It marks every outcome against the session (health.go) and
+// its gateway, rotates a session's exit IP through the provider API after
+// a 429 or a ban, and retries the request on a new exit IP or the next
+// provider, all inside one RoundTrip: behind the dedup engine, every
+// waiter of a flight sees only the final answer. Reconfigure (setup.go)
+// applies a new configuration while it serves.
+//
+// A request that carries its client's fingerprint (the proxy's MITM puts
+// it in the context) goes out looking like that client: over a connection
+// opened with its ClientHello, HTTP version and HTTP/2 preface, with its
+// header order (mirrored.go, package mirror), pooled per session and
+// fingerprint. Requests without one, protocol switches and fingerprint: go
+// use net/http's transports.
 //
 // The outgoing side never reads the process's own HTTP_PROXY / HTTPS_PROXY
 // variables: a proxy that chains through whatever its environment says is a
@@ -32,6 +45,8 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/upstream/mirror"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
 const (
@@ -41,6 +56,7 @@ const (
 	// headerSession is the client's session hint. The front door consumes
 	// it; the pool strips it again so it can never reach an origin.
 	headerSession = "X-Onceproxy-Session"
+	headerCountry = "X-Onceproxy-Country"
 	// directName is the X-Onceproxy-Upstream value of direct requests.
 	directName = "direct"
 )
@@ -49,25 +65,31 @@ const (
 // upstream sessions, or directly when it has none configured. Create it
 // with New, run its background loops with Run, release it with Close.
 type Pool struct {
-	cfg     Config
-	log     *slog.Logger
-	kit     *connKit
-	direct  *http.Transport
-	rules   []*rule
-	defRule *rule
+	log    *slog.Logger
+	kit    *connKit
+	direct *http.Transport
+	getenv func(string) string
+	// defPrice prices sessions whose provider sets no prices (savings.*).
+	defPrice dedup.Price
+	// directMirror carries direct requests with the client's fingerprint.
+	directMirror *mirroredTransport
 	// now is the clock of marks and cooldowns; tests replace it.
 	now func() time.Time
 
-	isDirect bool // nothing configured: every request goes direct
-	static   []*session
-	provider *providerClient // nil without provider.api
-
+	st       atomic.Pointer[setup] // the configuration's part; Reconfigure swaps it
 	sessions atomic.Pointer[sessionSet]
-	bindings bindings
+	bindings bindings       // logical requests' sessions, this instance's
+	fleet    *fleetBindings // sticky keys' sessions, the fleet's; nil without a store for them
 
-	refreshMu sync.Mutex // serializes refreshes; guards retired and prov
-	retired   []*session // replaced by a refresh; idle connections closed again later
-	prov      ProviderStatus
+	reconfMu sync.Mutex // serializes Reconfigure
+	// mu guards the providers' lists and state, retired, and the building
+	// of session sets (refreshes and Reconfigure).
+	mu      sync.Mutex
+	retired []*session // left the set; idle connections closed again later
+	checkMu sync.Mutex // one checkProviders at a time
+
+	reconf     chan struct{} // tells Run's refresh supervisor the providers changed
+	healthKick chan struct{}
 
 	exhausted atomic.Bool // inside an "every session is cooling" episode (logged once)
 
@@ -83,6 +105,7 @@ type options struct {
 	lookup  LookupFunc
 	bus     Bus
 	getenv  func(string) string
+	price   dedup.Price
 }
 
 // WithDialControl sets the net.Dialer ControlContext of connections the
@@ -108,11 +131,17 @@ func WithGetenv(getenv func(string) string) Option {
 	return func(o *options) { o.getenv = getenv }
 }
 
+// WithPrices sets what a request costs through a provider that sets no
+// prices of its own, and directly: the savings section. Default nothing.
+func WithPrices(c dedup.SavingsConfig) Option {
+	return func(o *options) { o.price = c.PriceOf(directName) }
+}
+
 // New builds a Pool from cfg (defaults applied here). It starts no
-// goroutine. With a provider configured it fetches the session list once,
-// bounded by provider.timeout; if that fails the failure is logged and the
-// pool serves its static sessions (or answers 503 "no upstream sessions
-// yet") until a refresh by Run succeeds.
+// goroutine. With providers configured it fetches their session lists once,
+// in parallel, bounded by each one's timeout; a provider whose fetch fails
+// is logged and serves nothing until a refresh by Run succeeds (the others
+// serve meanwhile, or the pool answers 503 "no upstream sessions yet").
 func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	o := options{getenv: os.Getenv}
 	for _, opt := range opts {
@@ -130,64 +159,68 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 		dialer: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
 		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
 		lookup: o.lookup,
+		log:    logger,
 	}
 	if kit.lookup == nil {
 		kit.lookup = net.DefaultResolver.LookupNetIP
 	}
 	p := &Pool{
-		cfg: cfg,
-		log: logger,
-		kit: kit,
-		now: time.Now,
-		bus: o.bus,
+		log:        logger,
+		kit:        kit,
+		getenv:     o.getenv,
+		defPrice:   o.price,
+		now:        time.Now,
+		bus:        o.bus,
+		reconf:     make(chan struct{}, 1),
+		healthKick: make(chan struct{}, 1),
 	}
-	p.rules, p.defRule = compileRules(cfg)
+	if b, ok := o.bus.(Bindings); ok {
+		p.fleet = &fleetBindings{store: b, local: &bindings{ttl: fleetLocalTTL}}
+	}
 	p.direct = kit.transport(kit.dialDirect, nil, true, cfg.IdleConnTimeout)
-
-	var specs []sessionSpec
-	if cfg.URL != "" {
-		u, _ := parseProxyURL(cfg.URL) // validated above
-		specs = append(specs, sessionSpec{id: defaultSessionID, source: sourceConfig, proxyURL: u,
-			rotation: RotationSticky, weight: defaultWeight})
+	p.directMirror = kit.mirroredTransport(kit.dialDirect, true, true, cfg.IdleConnTimeout)
+	st, fresh, err := p.build(cfg, nil)
+	if err != nil {
+		return nil, err
 	}
-	for _, sc := range cfg.Sessions {
-		u, _ := parseProxyURL(sc.URL)
-		specs = append(specs, sessionSpec{id: sc.ID, source: sourceConfig, proxyURL: u,
-			rotation: sc.Rotation, interval: sc.Interval, weight: sc.Weight})
+	p.st.Store(st)
+	lists := make([]fetched, len(fresh))
+	var wg sync.WaitGroup
+	for i, pv := range fresh {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), pv.cfg.Timeout)
+			defer cancel()
+			lists[i] = p.fetchList(ctx, pv)
+		})
 	}
-	for _, spec := range specs {
-		s, err := kit.newSession(spec)
-		if err != nil {
-			return nil, fmt.Errorf("upstream: %w", err)
-		}
-		p.static = append(p.static, s)
+	wg.Wait()
+	p.mu.Lock()
+	for i, pv := range fresh {
+		p.applyList(pv, lists[i], st)
 	}
-	sortSessions(p.static)
-	p.sessions.Store(newSessionSet(p.static))
-
-	if cfg.Provider.API != "" {
-		p.provider = newProviderClient(cfg.Provider, cfg.Provider.apiKey(o.getenv), tlsConf, kit.dialer)
-		p.prov.API = p.provider.base
-		ctx, cancel := context.WithTimeout(context.Background(), cfg.Provider.Timeout)
-		err := p.refresh(ctx)
-		cancel()
-		if err != nil {
-			if len(p.static) > 0 {
-				logger.Error("upstream provider API failed at start-up; serving the configured sessions until a refresh succeeds",
-					"static_sessions", len(p.static), "err", err, "next_try", p.retryDelay(1))
-			} else {
+	p.rebuild(st)
+	p.mu.Unlock()
+	for i, pv := range fresh {
+		if err := lists[i].err; err != nil {
+			if len(p.sessions.Load().list) == 0 {
 				logger.Error("upstream provider API failed at start-up and it is the only source of sessions: "+
-					"requests get 503 until a refresh succeeds", "err", err, "next_try", p.retryDelay(1))
+					"requests get 503 until a refresh succeeds", "provider", pv.name, "err", err, "next_try", retryDelay(pv, 1))
+			} else {
+				logger.Error("upstream provider API failed at start-up; serving the other sessions until a refresh succeeds",
+					"provider", pv.name, "sessions", len(p.sessions.Load().list), "err", err, "next_try", retryDelay(pv, 1))
 			}
 		}
 	}
-	p.isDirect = cfg.URL == "" && len(cfg.Sessions) == 0 && cfg.Provider.API == ""
-	if !p.isDirect && cfg.WhenExhausted == ExhaustedDirect {
+	p.initProviders()
+	if !st.isDirect && cfg.WhenExhausted == ExhaustedDirect {
 		logger.Warn("upstream.when_exhausted=direct: when every session is cooling down, requests leave from this host's own IP")
 	}
-	if p.bus != nil && !p.isDirect {
+	if p.bus != nil {
 		// Last: the recalled cooldowns apply to the sessions known by now.
 		p.bus.Subscribe(sessionTopic, p.hear)
+		if p.fleet != nil {
+			p.bus.Subscribe(bindingTopic, p.hearMove)
+		}
 	}
 	return p, nil
 }
@@ -197,14 +230,15 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 // retry methods) on a new exit IP before anything is returned. It
 // implements http.RoundTripper.
 func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
-	if p.isDirect {
-		return p.sendDirect(req)
+	st := p.st.Load()
+	host := req.URL.Hostname()
+	r := st.match(host, req.URL.Path)
+	if st.isDirect {
+		return p.sendDirect(req, r)
 	}
 	ctx := req.Context()
 	info := clientinfo.From(ctx)
-	host := req.URL.Hostname()
-	r := p.match(host, req.URL.Path)
-	pr := r.pickRequest(info.Account, info.Session, host, info.Key)
+	pr := r.pickRequest(info, host)
 	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
 	var (
 		tried   []*session
@@ -213,7 +247,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 	for attempt := 1; ; attempt++ {
 		now := p.now()
 		set := p.sessions.Load()
-		s := p.pick(set, &pr, now, tried)
+		s := p.pick(ctx, set, &pr, now, tried)
 		if s == nil && rotated != nil {
 			// Nothing else is available, but this session has a new exit
 			// IP that has not been rate-limited: its cooldown was for the
@@ -223,7 +257,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 		if s == nil {
 			// Later attempts get here only if the session seen available
 			// a moment ago went into cooldown meanwhile.
-			return p.whenExhausted(req, set, now)
+			return p.whenExhausted(req, st, r, set, &pr, now)
 		}
 		p.endExhaustion()
 		out, err := outgoing(req, attempt)
@@ -231,8 +265,9 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, fmt.Errorf("upstream: replay request body: %w", err)
 		}
 		gen := s.gen.Load()
-		resp, err := s.transportFor(out).RoundTrip(out)
+		resp, err := s.transportFor(out, r.mirror).RoundTrip(out)
 		v := p.classify(ctx, r, out, resp, err)
+		p.gatewayOutcome(s, v, err)
 		p.mark(s, v.kind, v.retryAfter, s.scrub(v.msg))
 		if v.kind == outcomeOK || v.kind == outcomeNone {
 			if v.kind == outcomeOK && pr.key != 0 {
@@ -240,19 +275,20 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			return p.answer(s, resp, err)
 		}
-		retry := attempt < p.cfg.Retry.MaxAttempts && replayable && (r.retries(req.Method) || v.neverSent)
+		retry := attempt < st.cfg.Retry.MaxAttempts && replayable && (r.retries(req.Method) || v.neverSent)
 		next := "another session"
 		if retry && (v.kind == outcomeRateLimited || v.kind == outcomeBanned) && p.rotateAfterFailure(ctx, s, gen) {
 			rotated = s
 			next = "another session or its new exit IP"
 		}
 		tried = append(tried, s)
-		if retry && rotated == nil && p.pick(p.sessions.Load(), &pr, p.now(), tried) == nil {
+		if retry && rotated == nil && !anyUsable(p.sessions.Load(), &pr, p.now(), tried) {
 			// Nowhere else to go: the answer we have is the final one.
 			// Without an answer (every session failed to connect), say
 			// why no session can take the request.
 			if err != nil {
-				if ex := p.exhaustedError(p.sessions.Load(), p.now()); ex.Sessions > 0 && allCooling(p.sessions.Load(), p.now()) {
+				set := p.sessions.Load()
+				if ex := p.exhaustedError(set, &pr, p.now()); ex.Sessions > 0 && !anyUsable(set, &pr, p.now(), nil) {
 					ex.Cause = fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
 					return nil, ex
 				}
@@ -295,13 +331,16 @@ func setUpstreamHeader(resp *http.Response, name string) {
 	resp.Header.Set(HeaderUpstream, name)
 }
 
-// outgoing is the request of one attempt: without the session hint header,
-// and with a fresh body for a retry.
+// outgoing is the request of one attempt: without the session and
+// country hint headers, and with a fresh body for a retry.
 func outgoing(req *http.Request, attempt int) (*http.Request, error) {
 	out := req
-	if _, ok := req.Header[headerSession]; ok {
+	_, hasSession := req.Header[headerSession]
+	_, hasCountry := req.Header[headerCountry]
+	if hasSession || hasCountry {
 		out = req.Clone(req.Context())
 		out.Header.Del(headerSession)
+		out.Header.Del(headerCountry)
 	}
 	if attempt > 1 && req.Body != nil && req.Body != http.NoBody {
 		if out == req {
@@ -326,12 +365,17 @@ func discard(resp *http.Response) {
 	resp.Body.Close()
 }
 
-func (p *Pool) sendDirect(req *http.Request) (*http.Response, error) {
+// sendDirect sends req from this host under rule r.
+func (p *Pool) sendDirect(req *http.Request, r *rule) (*http.Response, error) {
 	out, err := outgoing(req, 1)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := p.direct.RoundTrip(out)
+	var tr http.RoundTripper = p.direct
+	if r.mirror && p.directMirror.takes(out) {
+		tr = p.directMirror
+	}
+	resp, err := tr.RoundTrip(out)
 	if err != nil {
 		return nil, err
 	}
@@ -340,30 +384,23 @@ func (p *Pool) sendDirect(req *http.Request) (*http.Response, error) {
 }
 
 // whenExhausted answers a request no session can take.
-func (p *Pool) whenExhausted(req *http.Request, set *sessionSet, now time.Time) (*http.Response, error) {
-	err := p.exhaustedError(set, now)
-	if p.cfg.WhenExhausted == ExhaustedDirect {
+func (p *Pool) whenExhausted(req *http.Request, st *setup, r *rule, set *sessionSet, pr *pickReq, now time.Time) (*http.Response, error) {
+	err := p.exhaustedError(set, pr, now)
+	if st.cfg.WhenExhausted == ExhaustedDirect && pr.country == "" {
 		if !p.exhausted.Swap(true) {
 			p.log.Error("ALL upstream sessions unavailable: sending requests DIRECT from this host's own IP "+
 				"(upstream.when_exhausted=direct)", "reason", err.Reason)
 		}
-		return p.sendDirect(req)
+		return p.sendDirect(req, r)
+	}
+	if pr.country != "" {
+		// One country's sessions being out is no episode of the pool's.
+		return nil, err
 	}
 	if !p.exhausted.Swap(true) {
 		p.log.Warn("all upstream sessions unavailable: answering 503 until one is ready", "reason", err.Reason)
 	}
 	return nil, err
-}
-
-// allCooling reports whether every session of set is in cooldown at now.
-func allCooling(set *sessionSet, now time.Time) bool {
-	n := now.UnixNano()
-	for _, s := range set.list {
-		if s.h.available(n) {
-			return false
-		}
-	}
-	return true
 }
 
 func (p *Pool) endExhaustion() {
@@ -372,69 +409,44 @@ func (p *Pool) endExhaustion() {
 	}
 }
 
-func (p *Pool) exhaustedError(set *sessionSet, now time.Time) *ExhaustedError {
-	if len(set.list) == 0 {
-		p.refreshMu.Lock()
-		last := p.prov.LastError
-		p.refreshMu.Unlock()
-		if last == "" {
-			last = "provider API has not answered yet"
-		}
-		return &ExhaustedError{Reason: "no upstream sessions yet: " + last}
-	}
-	var next time.Duration
-	for _, s := range set.list {
-		if u := s.h.aCoolUntil.Load(); u != 0 {
-			if d := time.Duration(u - now.UnixNano()); d > 0 && (next == 0 || d < next) {
-				next = d
-			}
-		}
-	}
-	next = next.Round(time.Second)
-	n := len(set.list)
-	reason := fmt.Sprintf("all %d upstream sessions are cooling down (next ready in %s)", n, next)
-	if n == 1 {
-		reason = fmt.Sprintf("the only upstream session (%s) is cooling down (ready in %s)", set.list[0].id, next)
-	}
-	return &ExhaustedError{Sessions: n, NextReady: next, Reason: reason}
-}
-
 // DialContext opens a byte tunnel to addr ("host:port") through a session,
 // for traffic the proxy does not interpret (bypass hosts, non-HTTP
 // protocols). A session that cannot open it is marked and the next one is
 // tried: nothing was sent yet.
 func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	if p.isDirect {
+	st := p.st.Load()
+	if st.isDirect {
 		return p.kit.dialDirect(ctx, network, addr)
 	}
 	info := clientinfo.From(ctx)
 	host, _, _ := net.SplitHostPort(addr)
-	r := p.match(host, "")
-	pr := r.pickRequest(info.Account, info.Session, host, info.Key)
+	r := st.match(host, "")
+	pr := r.pickRequest(info, host)
 	var (
 		tried   []*session
 		lastErr error
 	)
-	for attempt := 1; attempt <= p.cfg.Retry.MaxAttempts; attempt++ {
+	for attempt := 1; attempt <= st.cfg.Retry.MaxAttempts; attempt++ {
 		now := p.now()
 		set := p.sessions.Load()
-		s := p.pick(set, &pr, now, tried)
+		s := p.pick(ctx, set, &pr, now, tried)
 		if s == nil {
 			if lastErr != nil {
 				return nil, lastErr
 			}
-			if p.cfg.WhenExhausted == ExhaustedDirect {
+			if st.cfg.WhenExhausted == ExhaustedDirect && pr.country == "" {
 				if !p.exhausted.Swap(true) {
 					p.log.Error("ALL upstream sessions unavailable: opening tunnels DIRECT from this host's own IP "+
-						"(upstream.when_exhausted=direct)", "reason", p.exhaustedError(set, now).Reason)
+						"(upstream.when_exhausted=direct)", "reason", p.exhaustedError(set, &pr, now).Reason)
 				}
 				return p.kit.dialDirect(ctx, network, addr)
 			}
-			return nil, p.exhaustedError(set, now)
+			return nil, p.exhaustedError(set, &pr, now)
 		}
 		p.endExhaustion()
 		c, err := s.tunnel(ctx, addr)
 		if err == nil {
+			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil)
 			p.mark(s, outcomeOK, 0, "")
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("tunnel through upstream session", "session", s.id, "target", addr)
@@ -442,6 +454,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 			return c, nil
 		}
 		v := classifyErr(ctx, err)
+		p.gatewayOutcome(s, v, err)
 		p.mark(s, v.kind, 0, s.scrub(v.msg))
 		lastErr = fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
 		if v.kind == outcomeNone {
@@ -454,7 +467,8 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 
 // Describe names the egress for logs, without credentials.
 func (p *Pool) Describe() string {
-	if p.isDirect {
+	st := p.st.Load()
+	if st.isDirect {
 		return directName
 	}
 	set := p.sessions.Load()
@@ -466,27 +480,41 @@ func (p *Pool) Describe() string {
 		ids = append(ids[:8], "…")
 	}
 	d := fmt.Sprintf("%d upstream sessions [%s]", len(set.list), strings.Join(ids, " "))
-	if len(set.list) == 1 && len(p.static) == 1 && p.provider == nil {
+	apis := st.apiGroups()
+	if len(set.list) == 1 && len(st.static) == 1 && len(apis) == 0 {
 		d = "upstream session " + set.list[0].id + " via " + set.list[0].proxyURL.Redacted()
 	}
-	if p.provider != nil {
-		d += ", provider " + p.provider.base
+	for _, pv := range apis {
+		d += fmt.Sprintf(", provider %s %s (priority %d)", pv.name, pv.client.base, pv.priority)
 	}
-	return d + ", when_exhausted=" + p.cfg.WhenExhausted
+	return d + ", when_exhausted=" + st.cfg.WhenExhausted
 }
 
 // Close drops pooled idle connections. Call it after Run has returned.
 func (p *Pool) Close() {
 	p.direct.CloseIdleConnections()
+	p.directMirror.close()
 	for _, s := range p.sessions.Load().list {
-		s.closeIdle()
+		s.close()
 	}
-	p.refreshMu.Lock()
+	p.mu.Lock()
 	for _, s := range p.retired {
-		s.closeIdle()
+		s.close()
 	}
 	p.retired = nil
-	p.refreshMu.Unlock()
+	p.mu.Unlock()
+}
+
+// HelloCounts returns how many origin connections were opened with each
+// kind of TLS hello: "mirrored" (the client's), "closest" (the client's
+// minus what the TLS library cannot complete), "go" (Go's own: net/http's
+// transports, and the mirror's last resort).
+func (p *Pool) HelloCounts() map[string]int64 {
+	out := make(map[string]int64, 3)
+	for _, m := range []mirror.Mode{mirror.Mirrored, mirror.Closest, mirror.Go} {
+		out[m.String()] = p.kit.hellos[m].Load()
+	}
+	return out
 }
 
 // TimedRotationMin returns the shortest rotation interval of the current
@@ -502,20 +530,16 @@ func (p *Pool) TimedRotationMin() (time.Duration, bool) {
 	return m, m > 0
 }
 
-// Run runs the background work until ctx ends: the provider refresh loop,
-// the active health checks and the recycling of timed sessions'
-// connections. It returns nil once every goroutine it started has ended.
+// Run runs the background work until ctx ends: the providers' refresh
+// loops, the active health checks, the recycling of timed sessions'
+// connections and the providers' failover watch. It returns nil once every
+// goroutine it started has ended.
 func (p *Pool) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	if p.provider != nil {
-		wg.Go(func() { p.refreshLoop(ctx) })
-	}
-	if p.cfg.Health.URL != "" && !p.isDirect {
-		wg.Go(func() { p.healthLoop(ctx) })
-	}
-	if !p.isDirect {
-		wg.Go(func() { p.recycleLoop(ctx) })
-	}
+	wg.Go(func() { p.superviseRefresh(ctx) })
+	wg.Go(func() { p.healthLoop(ctx) })
+	wg.Go(func() { p.recycleLoop(ctx) })
+	wg.Go(func() { p.watchProviders(ctx) })
 	<-ctx.Done()
 	wg.Wait()
 	return nil
@@ -530,7 +554,8 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 		// Its next connection leaves from a new IP anyway.
 		return true
 	}
-	if p.provider == nil || s.notAtProvider.Load() {
+	pv := p.rotatorOf(s)
+	if pv == nil || s.notAtProvider.Load() {
 		return false
 	}
 	select {
@@ -542,14 +567,14 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 	if s.gen.Load() != gen {
 		return true // rotated since this attempt started
 	}
-	proceed, release, rotated := p.claimRotation(ctx, s, gen)
+	proceed, release, rotated := p.claimRotation(ctx, s, gen, pv)
 	if !proceed {
 		return rotated
 	}
 	if s.gen.Load() != gen {
 		return true // rotated (here, or by news) while we claimed it
 	}
-	if err := p.rotateLocked(ctx, s, "after a 429 or ban"); err != nil {
+	if err := p.rotateLocked(ctx, s, pv, "after a 429 or ban"); err != nil {
 		release()
 		if errors.Is(err, errProviderNotFound) && s.source == sourceConfig {
 			// A configured plain proxy next to a provider: stop asking.
@@ -561,11 +586,21 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 	return true
 }
 
-// rotateLocked calls the provider's rotate API for s. Caller holds s.rotateSem.
-func (p *Pool) rotateLocked(ctx context.Context, s *session, why string) error {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.Provider.Timeout)
+// rotatorOf is the provider whose API rotates s: its own, or for a
+// hand-listed session of no provider the only provider there is; nil when
+// none can.
+func (p *Pool) rotatorOf(s *session) *provider {
+	if pv := s.prov.Load(); pv != nil && pv.client != nil {
+		return pv
+	}
+	return p.st.Load().rotator
+}
+
+// rotateLocked calls pv's rotate API for s. Caller holds s.rotateSem.
+func (p *Pool) rotateLocked(ctx context.Context, s *session, pv *provider, why string) error {
+	ctx, cancel := context.WithTimeout(ctx, pv.cfg.Timeout)
 	defer cancel()
-	ip, err := p.provider.rotate(ctx, s.id)
+	ip, err := pv.client.rotate(ctx, s.apiID)
 	if err != nil {
 		return err
 	}
@@ -584,8 +619,9 @@ func (p *Pool) Rotate(ctx context.Context, id string) error {
 	if s == nil {
 		return &StatusError{Status: http.StatusNotFound, Err: fmt.Errorf("upstream: no session %q", id)}
 	}
-	if p.provider == nil {
-		return &StatusError{Status: http.StatusConflict, Err: fmt.Errorf("upstream: session %q cannot be rotated: no provider API configured (upstream.provider.api)", id)}
+	pv := p.rotatorOf(s)
+	if pv == nil {
+		return &StatusError{Status: http.StatusConflict, Err: fmt.Errorf("upstream: session %q cannot be rotated: no provider API for it (upstream.provider.api, or the session's provider)", id)}
 	}
 	select {
 	case s.rotateSem <- struct{}{}:
@@ -593,7 +629,7 @@ func (p *Pool) Rotate(ctx context.Context, id string) error {
 		return ctx.Err()
 	}
 	defer func() { <-s.rotateSem }()
-	if err := p.rotateLocked(ctx, s, "admin request"); err != nil {
+	if err := p.rotateLocked(ctx, s, pv, "admin request"); err != nil {
 		st := http.StatusBadGateway
 		if errors.Is(err, errProviderNotFound) {
 			st = http.StatusNotFound

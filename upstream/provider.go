@@ -26,13 +26,13 @@ import (
 //	  {"id": "s1", "username": "USER", "password": "PASS",
 //	   "gateway_host": "gw.example", "http_port": 8000, "socks5_port": 1080,
 //	   "rotation": "sticky", "interval_seconds": 0, "exit_ip": "203.0.113.7",
-//	   "weight": 5}
+//	   "weight": 5, "country": "us", "city": "newyork"}
 //	]}
 //
 // id, username, gateway_host and the port of the configured protocol are
 // required; rotation is sticky, timed (interval_seconds > 0) or
-// per_request (default sticky); exit_ip and weight (1-10, default 5) are
-// optional. Unknown fields are ignored. A list that does not parse, has an
+// per_request (default sticky); exit_ip, weight (1-10, default 5),
+// country (ISO 3166-1 alpha-2, either case) and city are optional. Unknown fields are ignored. A list that does not parse, has an
 // invalid entry or no session at all is rejected whole: the pool keeps the
 // list it had.
 //
@@ -52,6 +52,8 @@ type wireSession struct {
 	IntervalSeconds float64 `json:"interval_seconds"`
 	ExitIP          string  `json:"exit_ip"`
 	Weight          int     `json:"weight"`
+	Country         string  `json:"country"`
+	City            string  `json:"city"`
 }
 
 type wireList struct {
@@ -197,9 +199,27 @@ func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
 	if weight < minWeight || weight > maxWeight {
 		return sessionSpec{}, fmt.Errorf("session %s: weight must be %d-%d, got %d", ws.ID, minWeight, maxWeight, weight)
 	}
+	var country, city string
+	if ws.Country != "" {
+		c, err := clientinfo.ParseCountry(ws.Country)
+		if err != nil {
+			return sessionSpec{}, fmt.Errorf("session %s: %w", ws.ID, err)
+		}
+		country = c
+	}
+	if ws.City != "" {
+		c, err := clientinfo.ParseCity(ws.City)
+		if err != nil {
+			return sessionSpec{}, fmt.Errorf("session %s: %w", ws.ID, err)
+		}
+		city = c
+	}
 	return sessionSpec{
-		id:     ws.ID,
-		source: sourceProvider,
+		id:      ws.ID,
+		apiID:   ws.ID,
+		country: country,
+		city:    city,
+		source:  sourceProvider,
 		proxyURL: &url.URL{
 			Scheme: c.protocol,
 			User:   url.UserPassword(ws.Username, ws.Password),

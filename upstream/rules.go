@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/contentcoding"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
@@ -29,6 +30,8 @@ type rule struct {
 	banStatuses  []int
 	banBody      []byte
 	retryMethods []string
+	mirror       bool // fingerprint: mirror (the rule's, else the pool's)
+	country      string // exit country of requests that ask for none; "" any
 }
 
 func compileRules(cfg Config) (rules []*rule, def *rule) {
@@ -52,12 +55,20 @@ func compileRules(cfg Config) (rules []*rule, def *rule) {
 		if rc.BanBody != "" {
 			r.banBody = []byte(rc.BanBody)
 		}
+		if rc.Country != "" {
+			r.country, _ = clientinfo.ParseCountry(rc.Country) // validated
+		}
 		if r.retryMethods == nil {
 			r.retryMethods = cfg.Retry.Methods
 		}
+		r.mirror = cfg.Fingerprint == FingerprintMirror
+		if rc.Fingerprint != "" {
+			r.mirror = rc.Fingerprint == FingerprintMirror
+		}
 		rules = append(rules, r)
 	}
-	return rules, &rule{name: "default", sticky: StickyNone, retryMethods: cfg.Retry.Methods}
+	return rules, &rule{name: "default", sticky: StickyNone, retryMethods: cfg.Retry.Methods,
+		mirror: cfg.Fingerprint == FingerprintMirror}
 }
 
 func (r *rule) matches(host, urlPath string) bool {
@@ -67,40 +78,44 @@ func (r *rule) matches(host, urlPath string) bool {
 	return r.anyHost || r.host.Match(host)
 }
 
-// match returns the first rule matching host (no port) and path.
-func (p *Pool) match(host, urlPath string) *rule {
-	if len(p.rules) == 0 {
-		return p.defRule
-	}
-	for _, r := range p.rules {
-		if r.matches(host, urlPath) {
-			return r
-		}
-	}
-	return p.defRule
-}
-
 func (r *rule) retries(method string) bool { return slices.Contains(r.retryMethods, method) }
 
 // pickRequest prepares selection for a request of the client described by
-// hint/account to host under rule r.
-func (r *rule) pickRequest(account, hint, host, key string) pickReq {
-	var pr pickReq
+// info (account, hint, country, city, logical request key) to host under
+// rule r.
+func (r *rule) pickRequest(info clientinfo.Info, host string) pickReq {
+	account, hint, key := info.Account, info.Session, info.Key
+	pr := pickReq{country: info.Country, city: info.City}
+	if pr.country == "" {
+		pr.country, pr.city = r.country, ""
+	}
+	// A sticky key is per exit location: one client's session name in two
+	// countries is two sessions. Without one the hashes are as they were.
+	geo := func(h uint64) uint64 {
+		if pr.country == "" && pr.city == "" {
+			return h
+		}
+		return fnvAdd(fnvAdd(h, pr.country), pr.city)
+	}
 	if hint != "" {
 		pr.hint = hint
-		pr.hintHash = hashStrings("hint", account, hint)
+		pr.hintHash = geo(hashStrings("hint", account, hint))
+		pr.sticky = pr.hintHash
 	}
 	switch r.sticky {
 	case StickyHost:
-		pr.bucket, pr.bucketH = true, hashStrings("host", strings.ToLower(host))
+		pr.bucket, pr.bucketH = true, geo(hashStrings("host", strings.ToLower(host)))
 	case StickyAccount:
 		if account != "" {
-			pr.bucket, pr.bucketH = true, hashStrings("account", account)
+			pr.bucket, pr.bucketH = true, geo(hashStrings("account", account))
 		}
 	case StickyAccountRule:
 		if account != "" {
-			pr.bucket, pr.bucketH = true, hashStrings("account_rule", account, r.name)
+			pr.bucket, pr.bucketH = true, geo(hashStrings("account_rule", account, r.name))
 		}
+	}
+	if pr.sticky == 0 && pr.bucket {
+		pr.sticky = pr.bucketH
 	}
 	if key != "" {
 		pr.key = hashStrings("key", key) | 1 // never 0: 0 means "no key"
@@ -116,6 +131,8 @@ type verdict struct {
 	// gateway refused or the tunnel failed), so any method may be retried.
 	neverSent bool
 	msg       string
+	// gateway: the session's gateway could not be reached at all.
+	gateway bool
 }
 
 // banScanLimit bounds how much of a body is read to look for a ban_body
@@ -179,7 +196,7 @@ func classifyErr(ctx context.Context, err error) verdict {
 	case errors.As(err, &gs) && gs.StatusCode == http.StatusTooManyRequests:
 		return verdict{kind: outcomeRateLimited, neverSent: true, msg: err.Error()}
 	case errors.As(err, &de):
-		return verdict{kind: outcomeConnError, neverSent: true, msg: err.Error()}
+		return verdict{kind: outcomeConnError, neverSent: true, msg: err.Error(), gateway: gatewayUnreachable(err)}
 	default:
 		return verdict{kind: outcomeConnError, msg: err.Error()}
 	}

@@ -1,23 +1,32 @@
 package upstream
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"sync"
 	"time"
 )
 
-// Choosing a session, in order (see pick):
+// Choosing a session (see pick): the client's hint (clientinfo.Session)
+// when it names a session that can take the request; else, tier by tier
+// from the highest provider priority down (see provider), the first
+// session the tier yields for
 //
-//  1. the client's hint (clientinfo.Session): the session with that id if
-//     there is one, otherwise the hint is a sticky key;
-//  2. the sticky bucket of the matching rule (host, account, account+rule);
-//  3. the binding of the logical request (clientinfo.Key): the session it
+//  1. a sticky key: the client's hint when it names no session, else the
+//     sticky bucket of the matching rule (host, account, account+rule);
+//  2. the binding of the logical request (clientinfo.Key): the session it
 //     last succeeded on, so a retried or re-queued request keeps its session;
-//  4. otherwise weighted random over the available sessions, by health
+//  3. otherwise weighted random over the available sessions, by health
 //     weight.
 //
-// Sticky keys (1 and 2) map to sessions by weighted rendezvous hashing
+// A session takes a request only when it is not cooling down and is in the
+// country (and city) the request asks for, at a provider that serves that
+// country. A first round leaves out the providers that cannot take
+// requests (API failing, gateway refusing); a second round takes them
+// after all, when nothing else could.
+//
+// Sticky keys map to sessions by weighted rendezvous hashing
 // (HRW, "highest random weight"): every session gets the score
 // -w / ln(u), u = hash(key, session id) mapped into (0,1), and the highest
 // score wins. Each session wins a share of the keys proportional to w, and
@@ -28,7 +37,9 @@ import (
 // some other session had a good minute. Health still matters: a session in
 // cooldown is skipped. The hash is deterministic (FNV-1a + a splitmix64
 // finalizer, no per-process seed), so every instance of a fleet maps a key
-// to the same session.
+// to the same session while their session lists agree; with a fleet store
+// the key's binding there decides (see bindings.go), which holds while
+// they do not.
 //
 // Sticky keys prefer sessions whose exit IP is stable (sticky, timed): a
 // per_request session changes IP on every connection, so it can honour a
@@ -38,10 +49,14 @@ import (
 // so picking allocates nothing.
 type pickReq struct {
 	hint     string // client hint, "" if none
-	hintHash uint64 // hash of (account, hint)
+	hintHash uint64 // hash of (account, hint[, country, city])
 	bucket   bool   // the rule has a sticky bucket for this request
 	bucketH  uint64
 	key      uint64 // hash of the dedup key; 0 = no binding
+	// sticky is the request's sticky key (hintHash or bucketH); 0 none.
+	sticky uint64
+	// country and city the request must exit from; "" any.
+	country, city string
 }
 
 // FNV-1a, 64 bit.
@@ -138,38 +153,74 @@ func weightedRandom(list []*session, usable func(*session) bool) *session {
 	return last
 }
 
-// pick chooses a session for one attempt. skip lists sessions already
-// tried by this request. It returns nil when no session is available.
-func (p *Pool) pick(set *sessionSet, pr *pickReq, now time.Time, skip []*session) *session {
-	nowN := now.UnixNano()
-	usable := func(s *session) bool {
-		if !s.h.available(nowN) {
+// usable reports whether s may take an attempt of pr at now (unix nanos):
+// not cooling, in the request's country and city, not among skip (the
+// sessions this request tried). strict also leaves out the sessions of a
+// provider whose API keeps failing or whose gateway refuses connections.
+func usable(s *session, pr *pickReq, now int64, skip []*session, strict bool) bool {
+	if !s.h.available(now) || !inPlace(s, pr) {
+		return false
+	}
+	for _, t := range skip {
+		if t == s {
 			return false
 		}
-		for _, t := range skip {
-			if t == s {
-				return false
-			}
-		}
-		return true
 	}
-	if pr.hint != "" {
-		if s := set.byID[pr.hint]; s != nil && usable(s) {
-			return s
-		}
-		return hrw(set.list, pr.hintHash, usable)
+	return !strict || !(s.prov.Load().apiDown.Load() || s.gw.down(now))
+}
+
+// inPlace reports whether s exits where pr asks: in its country (at a
+// provider that serves it) and city.
+func inPlace(s *session, pr *pickReq) bool {
+	if pr.country != "" && (s.country != pr.country || !s.prov.Load().serves(pr.country)) {
+		return false
 	}
-	if pr.bucket {
-		return hrw(set.list, pr.bucketH, usable)
-	}
-	if pr.key != 0 {
-		if id, ok := p.bindings.get(pr.key, nowN); ok {
-			if s := set.byID[id]; s != nil && usable(s) {
+	return pr.city == "" || s.city == pr.city
+}
+
+// pick chooses a session for one attempt. skip lists sessions already
+// tried by this request. It returns nil when no session is available.
+func (p *Pool) pick(ctx context.Context, set *sessionSet, pr *pickReq, now time.Time, skip []*session) *session {
+	nowN := now.UnixNano()
+	for _, strict := range [...]bool{true, false} {
+		ok := func(s *session) bool { return usable(s, pr, nowN, skip, strict) }
+		if pr.hint != "" {
+			if s := set.byID[pr.hint]; s != nil && ok(s) {
 				return s
 			}
 		}
+		for _, tier := range set.tiers {
+			s := p.pickIn(tier, pr, nowN, ok)
+			if s == nil {
+				continue
+			}
+			if pr.sticky != 0 && p.fleet != nil {
+				return p.agree(ctx, pr, s, ok)
+			}
+			return s
+		}
 	}
-	return weightedRandom(set.list, usable)
+	return nil
+}
+
+// pickIn chooses among the sessions of one tier.
+func (p *Pool) pickIn(tier []*session, pr *pickReq, now int64, ok func(*session) bool) *session {
+	if pr.sticky != 0 {
+		return hrw(tier, pr.sticky, ok)
+	}
+	if pr.key != 0 {
+		if id, found := p.bindings.get(pr.key, now); found {
+			for _, s := range tier {
+				if s.id == id {
+					if ok(s) {
+						return s
+					}
+					break
+				}
+			}
+		}
+	}
+	return weightedRandom(tier, ok)
 }
 
 // bindings remembers which session each logical request (dedup key) last
@@ -180,7 +231,15 @@ func (p *Pool) pick(set *sessionSet, pr *pickReq, now time.Time, skip []*session
 // after bindingTTL. Keys are 64-bit hashes: a collision only means one
 // request starts on another request's session.
 type bindings struct {
+	ttl    time.Duration // how long an entry holds; 0 means bindingTTL
 	shards [bindingShards]bindShard
+}
+
+func (b *bindings) life() time.Duration {
+	if b.ttl == 0 {
+		return bindingTTL
+	}
+	return b.ttl
 }
 
 const (
@@ -217,11 +276,22 @@ func (b *bindings) get(key uint64, now int64) (string, bool) {
 	return e.id, true
 }
 
+// clear forgets every binding (the sessions changed under them).
+func (b *bindings) clear() {
+	for i := range b.shards {
+		sh := &b.shards[i]
+		sh.mu.Lock()
+		sh.cur, sh.old = nil, nil
+		sh.mu.Unlock()
+	}
+}
+
 func (b *bindings) put(key uint64, id string, now int64) {
 	sh := b.shard(key)
 	sh.mu.Lock()
-	if e, ok := sh.cur[key]; !ok || e.id != id || e.exp-now < int64(bindingTTL/2) {
-		sh.putLocked(key, binding{id: id, exp: now + int64(bindingTTL)})
+	ttl := b.life()
+	if e, ok := sh.cur[key]; !ok || e.id != id || e.exp-now < int64(ttl/2) {
+		sh.putLocked(key, binding{id: id, exp: now + int64(ttl)})
 	}
 	sh.mu.Unlock()
 }

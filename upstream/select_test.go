@@ -1,37 +1,64 @@
 package upstream
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
-// testSessions builds bare sessions for selection tests (no transports).
+// testGroup is the provider of testSessions.
+var testGroup = newProvider(ProviderConfig{Name: "test"}, false, dedupPrice0)
+
+// testSessions builds bare sessions for selection tests (no transports),
+// all in testGroup.
 func testSessions(weights ...int) []*session {
 	var list []*session
 	for i, w := range weights {
 		id := fmt.Sprintf("s%02d", i)
-		s := &session{id: id, idHash: mix64(hashStrings(id)), baseWeight: w, rotation: RotationSticky}
+		s := &session{id: id, idHash: mix64(hashStrings(id)), baseWeight: w, rotation: RotationSticky, gw: &gateway{}}
+		s.prov.Store(testGroup)
 		s.h.init(w)
 		list = append(list, s)
 	}
 	return list
 }
 
+// testSet indexes sessions whose groups are among groups (testGroup when
+// none are given).
+func testSet(list []*session, groups ...*provider) *sessionSet {
+	if len(groups) == 0 {
+		groups = []*provider{testGroup}
+	}
+	sortGroups(groups)
+	return newSessionSet(list, groups)
+}
+
+// req is the selection input of a request of account with hint (host, key).
+func req(r *rule, account, hint, host, key string) pickReq {
+	return r.pickRequest(clientinfo.Info{Account: account, Session: hint, Key: key}, host)
+}
+
 func owners(p *Pool, set *sessionSet, keys int, now time.Time) []*session {
 	out := make([]*session, keys)
 	for k := range keys {
-		pr := p.defRule.pickRequest("acct", "", "", "")
+		pr := req(p.st.Load().defRule, "acct", "", "", "")
 		pr.bucket, pr.bucketH = true, hashStrings("key", fmt.Sprint(k))
-		out[k] = p.pick(set, &pr, now, nil)
+		pr.sticky = pr.bucketH
+		out[k] = p.pick(context.Background(), set, &pr, now, nil)
 	}
 	return out
 }
 
 func newTestPool() *Pool {
 	p := &Pool{now: time.Now}
-	p.rules, p.defRule = compileRules(Config{}.WithDefaults())
+	st := &setup{cfg: Config{}.WithDefaults()}
+	st.rules, st.defRule = compileRules(st.cfg)
+	p.st.Store(st)
 	return p
 }
 
@@ -42,7 +69,7 @@ func newTestPool() *Pool {
 func TestRendezvousMovesOnlyTheCoolingSessionsKeys(t *testing.T) {
 	p := newTestPool()
 	list := testSessions(5, 5, 3, 8, 5, 1, 10, 5)
-	set := newSessionSet(list)
+	set := testSet(list)
 	t0 := time.Unix(1_000_000, 0)
 	const keys = 1000
 	before := owners(p, set, keys, t0)
@@ -81,7 +108,7 @@ func TestRendezvousMovesOnlyTheCoolingSessionsKeys(t *testing.T) {
 func TestRendezvousFollowsWeights(t *testing.T) {
 	p := newTestPool()
 	list := testSessions(1, 2, 3, 4)
-	set := newSessionSet(list)
+	set := testSet(list)
 	const keys = 20000
 	count := map[*session]int{}
 	for _, s := range owners(p, set, keys, time.Now()) {
@@ -101,7 +128,7 @@ func TestStickyPrefersStableIPs(t *testing.T) {
 	p := newTestPool()
 	list := testSessions(10, 1)
 	list[0].perRequest = true
-	set := newSessionSet(list)
+	set := testSet(list)
 	t0 := time.Unix(1_000_000, 0)
 	for _, s := range owners(p, set, 200, t0) {
 		if s != list[1] {
@@ -121,12 +148,12 @@ func TestWeightedRandomFollowsHealthWeights(t *testing.T) {
 	list := testSessions(5, 5)
 	list[0].h.init(1)
 	list[1].h.init(9)
-	set := newSessionSet(list)
-	pr := p.defRule.pickRequest("", "", "", "")
+	set := testSet(list)
+	pr := req(p.st.Load().defRule, "", "", "", "")
 	n0 := 0
 	const n = 20000
 	for range n {
-		if p.pick(set, &pr, time.Now(), nil) == list[0] {
+		if p.pick(context.Background(), set, &pr, time.Now(), nil) == list[0] {
 			n0++
 		}
 	}
@@ -135,12 +162,12 @@ func TestWeightedRandomFollowsHealthWeights(t *testing.T) {
 	}
 	// Skipped and cooling sessions are never picked.
 	for range 100 {
-		if s := p.pick(set, &pr, time.Now(), []*session{list[1]}); s != list[0] {
+		if s := p.pick(context.Background(), set, &pr, time.Now(), []*session{list[1]}); s != list[0] {
 			t.Fatal("picked a skipped session")
 		}
 	}
 	list[0].h.mark(outcomeRateLimited, time.Now(), 0, "")
-	if s := p.pick(set, &pr, time.Now(), []*session{list[1]}); s != nil {
+	if s := p.pick(context.Background(), set, &pr, time.Now(), []*session{list[1]}); s != nil {
 		t.Fatalf("picked %s although everything is cooling or skipped", s.id)
 	}
 }
@@ -148,17 +175,17 @@ func TestWeightedRandomFollowsHealthWeights(t *testing.T) {
 func TestHintNamesASessionOrIsAStickyKey(t *testing.T) {
 	p := newTestPool()
 	list := testSessions(5, 5, 5)
-	set := newSessionSet(list)
+	set := testSet(list)
 	now := time.Now()
-	pr := p.defRule.pickRequest("acct", "s02", "", "")
-	if s := p.pick(set, &pr, now, nil); s != list[2] {
+	pr := req(p.st.Load().defRule, "acct", "s02", "", "")
+	if s := p.pick(context.Background(), set, &pr, now, nil); s != list[2] {
 		t.Fatalf("hint naming s02 picked %s", s.id)
 	}
 	// Any other hint is a sticky key: stable, scoped by account.
-	pr = p.defRule.pickRequest("acct", "my_crawl_17", "", "")
-	first := p.pick(set, &pr, now, nil)
+	pr = req(p.st.Load().defRule, "acct", "my_crawl_17", "", "")
+	first := p.pick(context.Background(), set, &pr, now, nil)
 	for range 20 {
-		if p.pick(set, &pr, now, nil) != first {
+		if p.pick(context.Background(), set, &pr, now, nil) != first {
 			t.Fatal("hint is not sticky")
 		}
 	}
@@ -199,7 +226,7 @@ func BenchmarkSelect(b *testing.B) {
 		weights[i] = 1 + i%10
 	}
 	list := testSessions(weights...)
-	set := newSessionSet(list)
+	set := testSet(list)
 	now := time.Now()
 	for i := 0; i < 50; i += 7 {
 		list[i].h.mark(outcomeRateLimited, now, 0, "")
@@ -209,21 +236,21 @@ func BenchmarkSelect(b *testing.B) {
 		account, hint, host, k string
 		rule                   *rule
 	}{
-		{"hint", "acct", "crawl_17", "", "", p.defRule},
+		{"hint", "acct", "crawl_17", "", "", p.st.Load().defRule},
 		{"rule_host", "acct", "", "shop.example", "", &rule{name: "r", sticky: StickyHost}},
-		{"binding", "acct", "", "", "v1:0123456789abcdef", p.defRule},
-		{"weighted_random", "acct", "", "", "", p.defRule},
+		{"binding", "acct", "", "", "v1:0123456789abcdef", p.st.Load().defRule},
+		{"weighted_random", "acct", "", "", "", p.st.Load().defRule},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			if bc.k != "" {
-				pr := bc.rule.pickRequest(bc.account, bc.hint, bc.host, bc.k)
+				pr := req(bc.rule, bc.account, bc.hint, bc.host, bc.k)
 				p.bindings.put(pr.key, list[3].id, now.UnixNano())
 			}
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					pr := bc.rule.pickRequest(bc.account, bc.hint, bc.host, bc.k)
-					if p.pick(set, &pr, now, nil) == nil {
+					pr := req(bc.rule, bc.account, bc.hint, bc.host, bc.k)
+					if p.pick(context.Background(), set, &pr, now, nil) == nil {
 						b.Fatal("no session")
 					}
 				}
@@ -231,3 +258,5 @@ func BenchmarkSelect(b *testing.B) {
 		})
 	}
 }
+
+var dedupPrice0 = dedup.Price{}

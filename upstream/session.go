@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -27,26 +28,33 @@ const (
 // config or from one entry of the provider's list.
 type sessionSpec struct {
 	id       string
+	apiID    string // the id the provider's API knows it by (id without "NAME.")
 	source   string
 	proxyURL *url.URL // with credentials
 	rotation string
 	interval time.Duration
 	weight   int
 	exitIP   string // as the provider reported it; "" unknown
+	country  string // ISO 3166-1 alpha-2, upper-case; "" unknown
+	city     string // lower-case; "" unknown
+	prov     *provider
+	gw       *gateway // the health of its gateway address, shared
 }
 
 // same reports whether a refresh can keep the existing session for spec.
 func (s *session) same(spec sessionSpec) bool {
 	return s.proxyURL.String() == spec.proxyURL.String() && s.rotation == spec.rotation &&
-		s.interval == spec.interval && s.baseWeight == spec.weight
+		s.interval == spec.interval && s.baseWeight == spec.weight && s.country == spec.country && s.city == spec.city &&
+		s.apiID == spec.apiID
 }
 
 // session is one upstream proxy session: a gateway URL with its own
 // credentials and its own connections. Sessions never share a connection:
-// each has its own http.Transports, so the idle pool of one can never hand
-// a connection (an exit IP) to another.
+// each has its own transports (net/http's and the mirrored one), so the
+// idle pool of one can never hand a connection (an exit IP) to another.
 type session struct {
 	id         string
+	apiID      string
 	source     string
 	proxyURL   *url.URL
 	rotation   string
@@ -54,6 +62,12 @@ type session struct {
 	baseWeight int
 	perRequest bool
 	idHash     uint64
+	country    string
+	city       string
+	// prov is the session's group; a reconfiguration that keeps the
+	// session may give it a new one.
+	prov atomic.Pointer[provider]
+	gw   *gateway
 
 	// tlsTr carries https requests; its DialContext opens a tunnel to the
 	// origin through the gateway (CONNECT or SOCKS5) with our own deadline
@@ -61,6 +75,10 @@ type session struct {
 	// absolute form (what gateways expect for plain HTTP), through a SOCKS5
 	// gateway the same tunnel as tlsTr (plainTr == tlsTr).
 	tlsTr, plainTr *http.Transport
+	// mirror carries the requests of intercepted clients with their own
+	// fingerprint, over the same tunnels as tlsTr (plain http too, through
+	// a SOCKS5 gateway).
+	mirror *mirroredTransport
 	// tunnel opens a byte tunnel to addr through the gateway.
 	tunnel func(ctx context.Context, addr string) (net.Conn, error)
 
@@ -75,8 +93,13 @@ type session struct {
 	recycleAt     atomic.Int64 // timed: unix nanos of the next idle-connection recycle
 }
 
-// transportFor picks the transport for req's scheme.
-func (s *session) transportFor(req *http.Request) *http.Transport {
+// transportFor picks the transport for req: the mirrored one for a
+// client's fingerprint when the rule mirrors, else net/http's for req's
+// scheme.
+func (s *session) transportFor(req *http.Request, mirror bool) http.RoundTripper {
+	if mirror && s.mirror.takes(req) {
+		return s.mirror
+	}
 	if req.URL.Scheme == "http" {
 		return s.plainTr
 	}
@@ -106,12 +129,21 @@ func (s *session) rotatedTo(ip string) {
 }
 
 // closeIdle drops the session's pooled connections: after a rotation they
-// lead to the old exit IP.
+// lead to the old exit IP. Mirrored connections still busy are retired
+// too: they close when done and take no new request.
 func (s *session) closeIdle() {
 	s.tlsTr.CloseIdleConnections()
 	if s.plainTr != s.tlsTr {
 		s.plainTr.CloseIdleConnections()
 	}
+	s.mirror.closeIdle()
+}
+
+// close drops the session's pooled connections for good: its mirrored
+// transport takes no new request (busy connections close when done).
+func (s *session) close() {
+	s.closeIdle()
+	s.mirror.close()
 }
 
 // scrub removes the session's password from a message: errors of net/http
@@ -141,6 +173,9 @@ type connKit struct {
 	direct *net.Dialer
 	// lookup resolves the names of origins dialled directly (dialDirect).
 	lookup LookupFunc
+	// hellos counts origin connections by how their hello was made.
+	hellos helloCounts
+	log    *slog.Logger
 }
 
 func (k *connKit) idle(c net.Conn) net.Conn { return idleconn.Wrap(c, k.cfg.IdleTimeout) }
@@ -153,9 +188,9 @@ func (k *connKit) transport(dial func(ctx context.Context, network, addr string)
 		// ProxyFromEnvironment.
 		Proxy:       nil,
 		DialContext: dial,
-		// A clone each: net/http writes the HTTP/2 ALPN settings into
+		// A copy each: net/http writes the HTTP/2 ALPN settings into
 		// the config of the transport that first uses it.
-		TLSClientConfig:       k.tls.Clone(),
+		TLSClientConfig:       countGoHellos(k.tls, &k.hellos),
 		ForceAttemptHTTP2:     true,
 		TLSHandshakeTimeout:   k.cfg.TLSHandshakeTimeout,
 		ResponseHeaderTimeout: k.cfg.ResponseHeaderTimeout,
@@ -179,6 +214,7 @@ func (k *connKit) transport(dial func(ctx context.Context, network, addr string)
 func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 	s := &session{
 		id:         spec.id,
+		apiID:      spec.apiID,
 		source:     spec.source,
 		proxyURL:   spec.proxyURL,
 		rotation:   spec.rotation,
@@ -187,7 +223,14 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 		perRequest: spec.rotation == RotationPerRequest,
 		idHash:     mix64(hashStrings(spec.id)),
 		rotateSem:  make(chan struct{}, 1),
+		country:    spec.country,
+		city:       spec.city,
+		gw:         spec.gw,
 	}
+	if s.gw == nil {
+		s.gw = &gateway{addr: spec.proxyURL.Host}
+	}
+	s.prov.Store(spec.prov)
 	s.h.init(spec.weight)
 	s.setExitIP(spec.exitIP)
 	keepAlive := !s.perRequest
@@ -210,6 +253,11 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
 			return s.tunnel(ctx, addr)
 		}, nil, keepAlive, idleTimeout)
+		// Plain http stays with plainTr: the gateway wants it in absolute
+		// form.
+		s.mirror = k.mirroredTransport(func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return s.tunnel(ctx, addr)
+		}, false, keepAlive, idleTimeout)
 		// Absolute-form requests: the transport dials the gateway itself
 		// and sends the credentials as Proxy-Authorization.
 		s.plainTr = k.transport(func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -246,6 +294,9 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			return s.tunnel(ctx, addr)
 		}, nil, keepAlive, idleTimeout)
 		s.plainTr = s.tlsTr
+		s.mirror = k.mirroredTransport(func(ctx context.Context, _, addr string) (net.Conn, error) {
+			return s.tunnel(ctx, addr)
+		}, true, keepAlive, idleTimeout)
 	default:
 		return nil, fmt.Errorf("session %s: unsupported scheme %q", spec.id, pu.Scheme)
 	}
@@ -253,16 +304,36 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 }
 
 // sessionSet is an immutable snapshot of the pool's sessions, replaced
-// whole when the provider's list changes: selection reads it without locks.
+// whole when a provider's list or the configuration changes: selection
+// reads it without locks.
 type sessionSet struct {
 	list []*session // sorted by id
 	byID map[string]*session
+	// tiers are the sessions by their group's priority, highest first
+	// (each sorted by id); byProvider each group's sessions.
+	tiers      [][]*session
+	byProvider map[*provider][]*session
 }
 
-func newSessionSet(list []*session) *sessionSet {
-	set := &sessionSet{list: list, byID: make(map[string]*session, len(list))}
+// newSessionSet indexes list, whose sessions' groups are groups (sorted
+// by priority, highest first).
+func newSessionSet(list []*session, groups []*provider) *sessionSet {
+	set := &sessionSet{list: list, byID: make(map[string]*session, len(list)), byProvider: map[*provider][]*session{}}
 	for _, s := range list {
 		set.byID[s.id] = s
+		pv := s.prov.Load()
+		set.byProvider[pv] = append(set.byProvider[pv], s)
+	}
+	for i := 0; i < len(groups); {
+		j, tier := i, []*session(nil)
+		for ; j < len(groups) && groups[j].priority == groups[i].priority; j++ {
+			tier = append(tier, set.byProvider[groups[j]]...)
+		}
+		if len(tier) > 0 {
+			sortSessions(tier)
+			set.tiers = append(set.tiers, tier)
+		}
+		i = j
 	}
 	return set
 }

@@ -10,8 +10,15 @@ import (
 // (GET /upstream/sessions). It never carries a password or the API key.
 type SessionStatus struct {
 	ID string `json:"id"`
-	// Source is "config" or "provider".
-	Source string `json:"source"`
+	// Source is "config" or "provider"; Provider names its group (a
+	// provider's name, or "sessions" for hand-listed ones of none) and
+	// Priority the group's.
+	Source   string `json:"source"`
+	Provider string `json:"provider"`
+	Priority int    `json:"priority"`
+	// Country and City are where its exit IP is, when known.
+	Country string `json:"country,omitempty"`
+	City    string `json:"city,omitempty"`
 	// Proxy is the gateway URL with the password masked.
 	Proxy    string `json:"proxy"`
 	Rotation string `json:"rotation"`
@@ -48,9 +55,14 @@ func (p *Pool) Sessions() []SessionStatus {
 	out := make([]SessionStatus, 0, len(list))
 	for _, s := range list {
 		h := s.h.snapshot()
+		pv := s.prov.Load()
 		st := SessionStatus{
 			ID:                  s.id,
 			Source:              s.source,
+			Provider:            pv.name,
+			Priority:            pv.priority,
+			Country:             s.country,
+			City:                s.city,
 			Proxy:               s.proxyURL.Redacted(),
 			Rotation:            s.rotation,
 			BaseWeight:          s.baseWeight,
@@ -78,27 +90,6 @@ func (p *Pool) Sessions() []SessionStatus {
 		out = append(out, st)
 	}
 	return out
-}
-
-// ProviderStatus is the state of the provider API client.
-type ProviderStatus struct {
-	// API is the base URL ("" without a provider).
-	API string `json:"api,omitempty"`
-	// Sessions is how many sessions the last good list had.
-	Sessions    int       `json:"sessions"`
-	LastRefresh time.Time `json:"last_refresh,omitzero"`
-	// LastError is the last refresh's failure; "" once one succeeds.
-	LastError   string    `json:"last_error,omitempty"`
-	LastErrorAt time.Time `json:"last_error_at,omitzero"`
-	Refreshes   int64     `json:"refreshes"`
-	Failures    int64     `json:"failures"`
-}
-
-// ProviderStatus reports how the provider API has been answering.
-func (p *Pool) ProviderStatus() ProviderStatus {
-	p.refreshMu.Lock()
-	defer p.refreshMu.Unlock()
-	return p.prov
 }
 
 func sortSessions(list []*session) {

@@ -141,6 +141,10 @@ func get(t *testing.T, rt http.RoundTripper, u string) (*http.Response, string, 
 }
 
 func TestDirectVerifiesOrigins(t *testing.T) {
+	bothWays(t, testDirectVerifiesOrigins)
+}
+
+func testDirectVerifiesOrigins(t *testing.T, c client) {
 	origin := httptest.NewTLSServer(http.HandlerFunc(echo))
 	defer origin.Close()
 
@@ -149,7 +153,9 @@ func TestDirectVerifiesOrigins(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, _, err := get(t, f, origin.URL+"/a"); err == nil || !strings.Contains(err.Error(), "certificate") {
+	_, _, err = c.get(t, f, origin.URL+"/a")
+	var cert *tls.CertificateVerificationError
+	if err == nil || !strings.Contains(err.Error(), "certificate") || !errors.As(err, &cert) {
 		t.Fatalf("untrusted origin: err = %v, want a certificate error", err)
 	}
 
@@ -158,13 +164,18 @@ func TestDirectVerifiesOrigins(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f2.Close()
-	resp, body, err := get(t, f2, origin.URL+"/a")
+	resp, body, err := c.get(t, f2, origin.URL+"/a")
 	if err != nil || resp.StatusCode != 200 || body != "ok /a" {
 		t.Fatalf("trusted origin: %v %v %q", err, resp, body)
 	}
+	c.mirrored(t, f2)
 }
 
 func TestInsecureSkipVerifyOnlyForListedHosts(t *testing.T) {
+	bothWays(t, testInsecureSkipVerifyOnlyForListedHosts)
+}
+
+func testInsecureSkipVerifyOnlyForListedHosts(t *testing.T, c client) {
 	origin := httptest.NewTLSServer(http.HandlerFunc(echo))
 	defer origin.Close()
 	_, port, _ := net.SplitHostPort(origin.Listener.Addr().String())
@@ -177,12 +188,13 @@ func TestInsecureSkipVerifyOnlyForListedHosts(t *testing.T) {
 	// The httptest certificate names 127.0.0.1 and example.com: reaching
 	// it as "localhost" is skipped (listed), as 127.0.0.1 it is verified
 	// (and fails: its CA is not trusted).
-	if _, _, err := get(t, f, "https://localhost:"+port+"/skip"); err != nil {
+	if _, _, err := c.get(t, f, "https://localhost:"+port+"/skip"); err != nil {
 		t.Fatalf("listed host: %v", err)
 	}
-	if _, _, err := get(t, f, "https://127.0.0.1:"+port+"/verify"); err == nil {
+	if _, _, err := c.get(t, f, "https://127.0.0.1:"+port+"/verify"); err == nil {
 		t.Fatal("unlisted host: verification was skipped")
 	}
+	c.mirrored(t, f)
 }
 
 func TestThroughHTTPUpstream(t *testing.T) {
@@ -349,6 +361,10 @@ func TestConfigValidate(t *testing.T) {
 // TestStalledBodyIsCut: an origin that sends headers and then goes silent
 // mid-body is cut after the idle timeout.
 func TestStalledBodyIsCut(t *testing.T) {
+	bothWays(t, testStalledBodyIsCut)
+}
+
+func testStalledBodyIsCut(t *testing.T, c client) {
 	hang := make(chan struct{})
 	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Length", "100")
@@ -365,7 +381,7 @@ func TestStalledBodyIsCut(t *testing.T) {
 	}
 	defer f.Close()
 	req, _ := http.NewRequest(http.MethodGet, origin.URL, nil)
-	resp, err := f.RoundTrip(req)
+	resp, err := f.RoundTrip(c.request(req))
 	if err != nil {
 		t.Fatal(err)
 	}

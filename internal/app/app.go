@@ -132,10 +132,11 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		a.closers = append(a.closers, func() { _ = a.shared.life.Close() })
 	}
 
-	upOpts := append([]upstream.Option{upstream.WithDialControl(a.lns.guardControl(&a.live)), upstream.WithGetenv(getenv)},
-		o.UpstreamOptions...)
+	upOpts := append([]upstream.Option{upstream.WithDialControl(a.lns.guardControl(&a.live)), upstream.WithGetenv(getenv),
+		upstream.WithPrices(cfg.Savings)}, o.UpstreamOptions...)
 	if a.shared != nil {
-		// Session cooldowns and rotations are fleet news.
+		// Session cooldowns and rotations are fleet news; sticky keys'
+		// sessions are the fleet's.
 		upOpts = append(upOpts, upstream.WithBus(a.shared.bus))
 	}
 	if a.Upstream, err = upstream.New(cfg.Upstream, logger, upOpts...); err != nil {
@@ -148,7 +149,9 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	a.polite = ratelimit.NewPolite(cfg.RateLimit, a.Upstream)
 	a.closers = append(a.closers, a.polite.Close)
 
-	dopts := dedup.Options{Store: local, Next: a.polite, Logger: logger, Savings: cfg.Savings}
+	// Savings are priced per upstream: a session's provider's prices,
+	// else the savings section's.
+	dopts := dedup.Options{Store: local, Next: a.polite, Logger: logger, Savings: cfg.Savings, Prices: a.Upstream}
 	var counter ratelimit.Counter
 	if a.shared != nil {
 		dopts.Store, dopts.Fleet, dopts.Recorder = a.shared.cache, a.shared.cache, a.shared.bus
@@ -215,14 +218,16 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 
 	if a.lns.admin != nil {
 		ao := admin.Options{
-			CAPEM:     a.CA.CertPEM(),
-			Proxy:     a.Proxy,
-			Cache:     a.Engine,
-			Sessions:  a.Upstream,
-			Metrics:   a.Metrics.Handler(),
-			Token:     adminToken(cfg.Admin, getenv),
-			Reloader:  a,
-			ProxyAddr: a.lns.proxy.Addr().String(),
+			CAPEM:        a.CA.CertPEM(),
+			Proxy:        a.Proxy,
+			Cache:        a.Engine,
+			Sessions:     a.Upstream,
+			Fingerprints: a.Proxy,
+			Metrics:      a.Metrics.Handler(),
+			Token:        adminToken(cfg.Admin, getenv),
+			Reloader:     a,
+			Pprof:        cfg.Admin.Pprof,
+			ProxyAddr:    a.lns.proxy.Addr().String(),
 		}
 		if a.shared != nil {
 			ao.Fleet = a.shared

@@ -70,6 +70,9 @@ type AdminConfig struct {
 	// TokenEnv names an environment variable holding a bearer token that
 	// every admin endpoint but /health and /ca.pem then requires.
 	TokenEnv string `yaml:"token_env"`
+	// Pprof serves net/http/pprof under /debug/pprof/ on the admin port
+	// (never on the proxy port).
+	Pprof bool `yaml:"pprof"`
 }
 
 // LoadConfig reads the configuration: shipped (config.yaml as shipped: the

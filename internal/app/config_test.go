@@ -173,22 +173,25 @@ func TestConfigExamplesAreValid(t *testing.T) {
 	block := ""
 	for _, l := range lines {
 		switch {
-		case strings.HasPrefix(l, "  # rules:"), strings.HasPrefix(l, "  # sessions:"):
+		case strings.HasPrefix(l, "  # rules:"), strings.HasPrefix(l, "  # sessions:"), strings.HasPrefix(l, "  # providers:"):
 			block = strings.TrimSuffix(strings.TrimPrefix(l, "  # "), ":")
 			out = append(out, "  "+block+":")
 		case block != "" && strings.HasPrefix(l, "  #   "):
 			out = append(out, "  "+strings.TrimPrefix(l, "  # "))
 		default:
 			block = ""
-			if l == "  rules: []" || l == "  sessions: []" {
+			if l == "  rules: []" || l == "  sessions: []" || l == "  providers: []" {
 				continue
 			}
 			out = append(out, l)
 		}
 	}
-	cfg, err := LoadConfig(shippedConfig, writeConfig(t, strings.Join(out, "\n")), nil)
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, strings.Join(out, "\n")), []string{"PRIMARY_API_KEY=k1", "BACKUP_API_KEY=k2"})
 	if err != nil {
 		t.Fatalf("uncommented examples do not load: %v", err)
+	}
+	if len(cfg.Upstream.Providers) != 2 || cfg.Upstream.Providers[1].Countries[1] != "de" {
+		t.Fatalf("provider examples not found: %+v", cfg.Upstream.Providers)
 	}
 	if len(cfg.Dedup.Rules) < 5 || cfg.Dedup.Rules[0].Name != "captcha-submit" {
 		t.Fatalf("dedup examples not found: %+v", cfg.Dedup.Rules)

@@ -25,11 +25,12 @@ type shared struct {
 		// flights it leads.
 		AdvertisePeer(addr string)
 	}
-	// bus carries session news, claims, rate-limit counters and the
-	// per-day statistics.
+	// bus carries session news, claims, sticky bindings, rate-limit
+	// counters and the per-day statistics.
 	bus interface {
 		upstream.Bus
 		upstream.Claimer
+		upstream.Bindings
 		ratelimit.Counter
 		dedup.Recorder
 		FleetStats(ctx context.Context) (dedup.FleetStats, error)

@@ -63,12 +63,61 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 		{"upstream_session_available", "1 when the session is usable, 0 while it cools down.", false,
 			func(s upstream.SessionStatus) float64 { return boolValue(s.Available) }},
 	} {
-		m.Register(metrics.NewVec(v.name, v.help, v.counter, []string{"session"}, func(emit func(float64, ...string)) {
+		m.Register(metrics.NewVec(v.name, v.help, v.counter, []string{"session", "provider"}, func(emit func(float64, ...string)) {
 			for _, s := range up.Sessions() {
-				emit(v.value(s), s.ID)
+				emit(v.value(s), s.ID, s.Provider)
 			}
 		}))
 	}
+	m.Register(metrics.NewVec("upstream_connections_total", "Origin connections opened, by how their TLS hello was made: mirrored (the client's own), closest (the client's minus what the TLS library cannot complete), go (Go's: requests without a client fingerprint, fingerprint: go, protocol switches).",
+		true, []string{"hello"}, func(emit func(float64, ...string)) {
+			for _, mode := range []string{"mirrored", "closest", "go"} {
+				emit(float64(up.HelloCounts()[mode]), mode)
+			}
+		}))
+	for _, v := range []struct {
+		name, help string
+		counter    bool
+		value      func(upstream.ProviderStatus) float64
+	}{
+		{"upstream_provider_available", "1 when the provider can take requests, 0 while it cannot (API failing, gateway refusing, every session cooling).", false,
+			func(p upstream.ProviderStatus) float64 { return boolValue(p.Available) }},
+		{"upstream_provider_sessions", "Sessions each provider has now.", false,
+			func(p upstream.ProviderStatus) float64 { return float64(p.Sessions) }},
+		{"upstream_provider_ready_sessions", "Sessions of each provider that can take a request now.", false,
+			func(p upstream.ProviderStatus) float64 { return float64(p.Ready) }},
+		{"upstream_provider_failovers_total", "Times each provider became unavailable and its traffic failed over to the next priority.", true,
+			func(p upstream.ProviderStatus) float64 { return float64(p.Failovers) }},
+		{"upstream_provider_failbacks_total", "Times each provider became available again and took its traffic back.", true,
+			func(p upstream.ProviderStatus) float64 { return float64(p.Failbacks) }},
+		{"upstream_provider_refresh_failures_total", "Failed session list refreshes per provider.", true,
+			func(p upstream.ProviderStatus) float64 {
+				if p.Refresh == nil {
+					return 0
+				}
+				return float64(p.Refresh.Failures)
+			}},
+	} {
+		m.Register(metrics.NewVec(v.name, v.help, v.counter, []string{"provider"}, func(emit func(float64, ...string)) {
+			for _, p := range up.Providers() {
+				if p.API == "" && p.Sessions == 0 {
+					continue // no hand-listed sessions
+				}
+				emit(v.value(p), p.Name)
+			}
+		}))
+	}
+	bind := func(f func(upstream.BindingStats) int64) func() float64 {
+		return func() float64 { return float64(f(up.BindingStats())) }
+	}
+	m.Counter("upstream_bindings_lookups_total", "Round trips to the fleet store for sticky keys' sessions (bind, or move after a cooldown).",
+		bind(func(s upstream.BindingStats) int64 { return s.Lookups }))
+	m.Counter("upstream_bindings_moves_total", "Sticky keys this instance moved to another session (the bound one cooled down, left, or a provider came back).",
+		bind(func(s upstream.BindingStats) int64 { return s.Moves }))
+	m.Counter("upstream_bindings_rejected_total", "Bindings read back from the fleet store that named no session this instance has (ignored).",
+		bind(func(s upstream.BindingStats) int64 { return s.Rejected }))
+	m.Counter("upstream_bindings_errors_total", "Sticky key lookups that failed (the store away): the instance chose alone.",
+		bind(func(s upstream.BindingStats) int64 { return s.Errors }))
 	m.Gauge("upstream_sessions_cooling_ratio", "Share of the upstream sessions cooling down now (0 with no sessions).",
 		func() float64 {
 			list := up.Sessions()

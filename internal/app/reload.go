@@ -16,6 +16,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
 	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // A reload (SIGHUP, or POST /config/reload on the admin port) reads the
@@ -51,10 +52,18 @@ func (l *live) Control(ctx context.Context, network, address string, c syscall.R
 func (l *live) Verify(user, password string) bool { return l.users.Load().Verify(user, password) }
 
 // liveKeys are the configuration keys a reload applies, by prefix; every
-// other key needs a restart.
-var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard."}
+// other key needs a restart, and so do the upstream keys that shape the
+// connections every session holds (upstream.RestartKeys).
+var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard.", "upstream.",
+	"dedup.enabled", "dedup.ttl", "dedup.key_headers", "dedup.ignore_params", "dedup.cacheable_statuses", "dedup.rules",
+	"savings."}
 
 func isLive(key string) bool {
+	for _, k := range upstream.RestartKeys {
+		if key == "upstream."+k {
+			return false
+		}
+	}
 	for _, p := range liveKeys {
 		if key == p || strings.HasPrefix(key, p) || strings.HasPrefix(key, p+"[") {
 			return true
@@ -98,6 +107,12 @@ func (a *App) Reload() (admin.Reload, error) {
 	merged.Auth.Users = next.Auth.Users
 	merged.RateLimit = next.RateLimit
 	merged.Guard = next.Guard
+	merged.Dedup.Enabled, merged.Dedup.TTL = next.Dedup.Enabled, next.Dedup.TTL
+	merged.Dedup.KeyHeaders, merged.Dedup.IgnoreParams = next.Dedup.KeyHeaders, next.Dedup.IgnoreParams
+	merged.Dedup.CacheableStatuses, merged.Dedup.Rules = next.Dedup.CacheableStatuses, next.Dedup.Rules
+	merged.Savings = next.Savings
+	// Reconfigure keeps the running values of upstream.RestartKeys itself.
+	merged.Upstream = next.Upstream
 
 	// Prepare every new part first: nothing is swapped unless all of them
 	// can be built.
@@ -118,15 +133,33 @@ func (a *App) Reload() (admin.Reload, error) {
 		res.Changed = slices.DeleteFunc(res.Changed, func(k string) bool { return strings.HasPrefix(k, "auth.users") })
 		res.Restart = append(res.Restart, "auth.users (turning authentication on or off)")
 	}
-	if err := a.Limiter.Reconfigure(merged.RateLimit); err != nil {
+	if err := merged.Dedup.Validate(); err != nil {
 		if users != nil {
 			users.Close()
 		}
-		return admin.Reload{}, fmt.Errorf("reload: %w", err)
+		return admin.Reload{}, fmt.Errorf("reload: dedup: %w", err)
+	}
+	// The upstream is the one part whose new setup is checked as it is
+	// swapped in: a failure there changes nothing, so it goes first, and
+	// nothing after it may fail.
+	if !reflect.DeepEqual(a.cfg.Upstream, next.Upstream) {
+		if err := a.Upstream.Reconfigure(merged.Upstream); err != nil {
+			if users != nil {
+				users.Close()
+			}
+			return admin.Reload{}, fmt.Errorf("reload: %w", err)
+		}
 	}
 
-	// Commit.
+	// Commit. The configuration passed LoadConfig's checks, so none of
+	// these can fail; were one to, it is logged and the rest applied.
+	if err := a.Limiter.Reconfigure(merged.RateLimit); err != nil {
+		a.log.Error("configuration reload: rate_limit not applied", "err", err)
+	}
 	a.polite.Reconfigure(merged.RateLimit)
+	if err := a.Engine.Reconfigure(merged.Dedup, merged.Savings); err != nil {
+		a.log.Error("configuration reload: dedup not applied", "err", err)
+	}
 	a.live.guard.Store(guard)
 	if users != nil {
 		// Requests being verified by the old store finish with it; its

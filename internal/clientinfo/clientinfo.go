@@ -19,11 +19,20 @@
 //	alice-session-eu-1         account alice, session eu-1
 //	acme-cc-DE-sessid-crawl.7  account acme-cc-DE, session crawl.7
 //
-// Other provider-style "-key-value" pairs (country, zone) stay part of the
-// account for now; they go before the session marker. A session id that
-// breaks ValidateSessionID's rule (an empty one included) is an error,
-// never ignored: a client that asked for a session and silently got a
-// random one would not know.
+// Before the session marker, "-country-XX" asks for an exit IP in country
+// XX (an ISO 3166-1 alpha-2 code, either case) and "-city-NAME" for one in
+// that city; the account is what comes before the first of them:
+//
+//	alice-country-de                       account alice, country DE
+//	alice-country-us-city-newyork-session-7  account alice, US, newyork, session 7
+//
+// Once a country or city part has started, only those two may follow (each
+// once) until the session marker. Other provider-style "-key-value" pairs
+// (zone, cc) stay part of the account; they go before the first country or
+// city part. A session id, country or city that breaks its rule
+// (ValidateSessionID, ParseCountry, ParseCity; an empty one included) is an
+// error, never ignored: a client that asked for a session or a country and
+// silently got a random one would not know.
 package clientinfo
 
 import (
@@ -48,6 +57,10 @@ type Info struct {
 	// user-session-ID / user-sessid-ID username or the X-Onceproxy-Session
 	// header; "" lets the upstream pool choose.
 	Session string
+	// Country is the exit country the client asked for ("DE"), from a
+	// user-country-XX user name or the X-Onceproxy-Country header; "" for
+	// any. City ("berlin") narrows it, from user-city-NAME.
+	Country, City string
 	// Key is the dedup key of the logical request, when it has one: a
 	// retried or re-queued request keeps its upstream session.
 	Key string
@@ -100,35 +113,89 @@ type User struct {
 	Account string
 	// Session is the sticky session asked for ("eu-1"); "" for none.
 	Session string
-	// More provider-style parameters (country, session time) will join
-	// here as the pool learns to honour them.
+	// Country ("DE", upper-case) and City ("berlin", lower-case) are the
+	// exit location asked for; "" for any.
+	Country, City string
 }
 
 // sessionMarkers introduce the session id in a user name.
 var sessionMarkers = []string{"-session-", "-sessid-"}
 
-// ParseUser splits a proxy user name into its account and session hint
-// (see the package doc). A name with a session marker but no usable id
-// ("alice-session-", "alice-session-a/b") is an error saying why; the
-// returned User still carries the Account, so that a user store can check
-// the credentials first and the client learns about its hint only once it
-// is known.
+// geoMarkers introduce the exit location in a user name.
+var geoMarkers = []string{"-country-", "-city-"}
+
+// ErrBadSession and ErrBadLocation are wrapped by ParseUser's errors: a
+// session hint, or a country or city, the proxy cannot honour.
+var (
+	ErrBadSession  = errors.New("bad session hint")
+	ErrBadLocation = errors.New("bad exit location")
+)
+
+// ParseUser splits a proxy user name into its account, exit location and
+// session hint (see the package doc). A name with a hint it cannot honour
+// ("alice-session-", "alice-session-a/b", "alice-country-xx") is an error
+// saying why; the returned User still carries the Account, so that a user
+// store can check the credentials first and the client learns about its
+// hint only once it is known.
 func ParseUser(name string) (User, error) {
+	head, session, marker := name, "", ""
+	if at, m := firstMarker(name, sessionMarkers); at > 0 {
+		head, session, marker = name[:at], name[at+len(m):], m
+	}
+	u := User{Account: head}
+	if at, _ := firstMarker(head, geoMarkers); at > 0 {
+		u.Account = head[:at]
+		if err := u.parseGeo(head[at+1:]); err != nil {
+			return User{Account: u.Account}, fmt.Errorf("proxy user %q: %w (%w)", name, err, ErrBadLocation)
+		}
+	}
+	if marker == "" {
+		return u, nil
+	}
+	if err := ValidateSessionID(session); err != nil {
+		return User{Account: u.Account}, fmt.Errorf("proxy user %q names a bad session after %q: %w (%w)", name, marker, err, ErrBadSession)
+	}
+	u.Session = session
+	return u, nil
+}
+
+// firstMarker returns where the earliest of markers starts in name, and
+// which one; -1 when none does. An account cannot be empty: a marker at
+// the very start ("session-abc") is part of a name, not a hint.
+func firstMarker(name string, markers []string) (int, string) {
 	at, marker := -1, ""
-	for _, m := range sessionMarkers {
-		// An account cannot be empty: "session-abc" is a name, not a hint.
+	for _, m := range markers {
 		if i := strings.Index(name, m); i > 0 && (at < 0 || i < at) {
 			at, marker = i, m
 		}
 	}
-	if at < 0 {
-		return User{Account: name}, nil
+	return at, marker
+}
+
+// parseGeo reads "country-XX", "city-NAME" or both, '-'-separated, into u.
+func (u *User) parseGeo(s string) error {
+	parts := strings.Split(s, "-")
+	for i := 0; i < len(parts); i += 2 {
+		key, val := parts[i], ""
+		if i+1 < len(parts) {
+			val = parts[i+1]
+		}
+		var err error
+		switch {
+		case key == "country" && u.Country == "":
+			u.Country, err = ParseCountry(val)
+		case key == "city" && u.City == "":
+			u.City, err = ParseCity(val)
+		case key == "country" || key == "city":
+			return fmt.Errorf("-%s- is given twice", key)
+		default:
+			return fmt.Errorf("after -country- or -city-, only -country-XX, -city-NAME and last -session-ID may follow, not -%s-", key)
+		}
+		if err != nil {
+			return err
+		}
 	}
-	u := User{Account: name[:at], Session: name[at+len(marker):]}
-	if err := ValidateSessionID(u.Session); err != nil {
-		return User{Account: u.Account}, fmt.Errorf("proxy user %q names a bad session after %q: %w", name, marker, err)
-	}
-	return u, nil
+	return nil
 }
 
 // ClientOf names a client for fairness limits: its account when it has

@@ -16,7 +16,8 @@ func TestParseUser(t *testing.T) {
 		{"alice-sessid-crawl.7", "alice", "crawl.7"},
 		// The id is everything after the first marker.
 		{"customer-acme-cc-DE-sessid-s_1-sesstime-10", "customer-acme-cc-DE", "s_1-sesstime-10"},
-		{"brd-customer-c1-zone-z1-country-us-session-xyz", "brd-customer-c1-zone-z1-country-us", "xyz"},
+		{"brd-customer-c1-zone-z1-session-xyz", "brd-customer-c1-zone-z1", "xyz"},
+		{"alice-session-x-country-de", "alice", "x-country-de"}, // the session comes last
 		{"alice-session-a-session-b", "alice", "a-session-b"},
 		{"alice-sessid-a-session-b", "alice", "a-session-b"},
 		{"session-abc", "session-abc", ""}, // no account part: not a hint
@@ -47,6 +48,67 @@ func TestParseUserRefusesBadSessions(t *testing.T) {
 		if u.Account != tc.account || u.Session != "" {
 			t.Errorf("ParseUser(%q) = %+v: want the account %q and no session", tc.in, u, tc.account)
 		}
+	}
+}
+
+func TestParseUserLocation(t *testing.T) {
+	for _, tc := range []struct{ in, account, country, city, session string }{
+		{"alice-country-de", "alice", "DE", "", ""},
+		{"alice-country-US-session-abc", "alice", "US", "", "abc"},
+		{"alice-country-us-city-newyork-session-eu-1", "alice", "US", "newyork", "eu-1"},
+		{"alice-city-Berlin-country-de", "alice", "DE", "berlin", ""},
+		{"alice-city-new_york", "alice", "", "new_york", ""},
+		{"brd-customer-c1-zone-z1-country-gb-session-xyz", "brd-customer-c1-zone-z1", "GB", "", "xyz"},
+		{"country-de", "country-de", "", "", ""}, // no account part: a name
+	} {
+		u, err := ParseUser(tc.in)
+		if err != nil || u.Account != tc.account || u.Country != tc.country || u.City != tc.city || u.Session != tc.session {
+			t.Errorf("ParseUser(%q) = %+v, %v; want %q %q %q %q", tc.in, u, err, tc.account, tc.country, tc.city, tc.session)
+		}
+	}
+}
+
+func TestParseUserRefusesBadLocations(t *testing.T) {
+	for _, tc := range []struct{ in, reason string }{
+		{"alice-country-", "ISO 3166-1"},
+		{"alice-country-xx", "ISO 3166-1"},
+		{"alice-country-uk", "use GB"},
+		{"alice-country-deu-session-a", "ISO 3166-1"},
+		{"alice-country-de-zone-z1", "not -zone-"},
+		{"alice-country-de-country-fr", "twice"},
+		{"alice-city-", "empty"},
+		{"alice-city-new.york", "not allowed"},
+		{"alice-country", ""}, // no marker: an account name
+	} {
+		u, err := ParseUser(tc.in)
+		if tc.reason == "" {
+			if err != nil || u.Account != tc.in {
+				t.Errorf("ParseUser(%q) = %+v, %v; want the whole name as the account", tc.in, u, err)
+			}
+			continue
+		}
+		if err == nil || !strings.Contains(err.Error(), tc.reason) {
+			t.Errorf("ParseUser(%q): err = %v, want one saying %q", tc.in, err, tc.reason)
+		}
+		if u.Account != "alice" || u.Country != "" || u.City != "" || u.Session != "" {
+			t.Errorf("ParseUser(%q) = %+v: want the account alone", tc.in, u)
+		}
+	}
+}
+
+func TestParseCountry(t *testing.T) {
+	for in, want := range map[string]string{"de": "DE", "US": "US", "gB": "GB", "zw": "ZW", "ad": "AD"} {
+		if got, err := ParseCountry(in); err != nil || got != want {
+			t.Errorf("ParseCountry(%q) = %q, %v; want %q", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "d", "deu", "XX", "EU", "A1", "1a", "dé"} {
+		if got, err := ParseCountry(in); err == nil {
+			t.Errorf("ParseCountry(%q) = %q, want an error", in, got)
+		}
+	}
+	if n := strings.Count(iso3166, " ") + 1; n != 249 {
+		t.Errorf("%d codes in the list, ISO 3166-1 assigns 249", n)
 	}
 }
 

@@ -23,6 +23,10 @@
 //	 "gateway_host": "127.0.0.1", "http_port": 40001, "socks5_port": 40002,
 //	 "rotation": "sticky", "interval_seconds": 0, "exit_ip": "127.0.0.2"}
 //
+// Options.Countries (or SetCountry) gives sessions a "country" in their
+// API objects; two providers in one test are two Start calls (their
+// sessions are both s1, s2, …: upstream.providers names them NAME.s1).
+//
 // Typical use:
 //
 //	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 3})
@@ -106,6 +110,14 @@ type Options struct {
 	APIKey string
 	// Now is the clock of timed rotation. Default time.Now.
 	Now func() time.Time
+	// ExitIPs are the last bytes of the exit IPs handed out,
+	// 127.0.0.ExitIPs[0] … 127.0.0.ExitIPs[1], so that two providers in one
+	// test exit from addresses of their own. Default [2, 50].
+	ExitIPs [2]byte
+	// Countries are the countries of the sessions made at start, in turn
+	// (s1 gets Countries[0], s2 Countries[1], …, wrapping around), sent as
+	// each session object's "country". Default none.
+	Countries []string
 }
 
 // Session is a snapshot of one session.
@@ -118,6 +130,8 @@ type Session struct {
 	// ExitIP is the current source address ("127.0.0.2"); for per_request
 	// sessions the one the last connection got.
 	ExitIP string
+	// Country is what the API says of the session ("" nothing).
+	Country string
 }
 
 // Wire is a session as the API sends it. upstream's provider client parses
@@ -132,6 +146,7 @@ type Wire struct {
 	Rotation        string  `json:"rotation"`
 	IntervalSeconds float64 `json:"interval_seconds"`
 	ExitIP          string  `json:"exit_ip"`
+	Country         string  `json:"country,omitempty"`
 }
 
 // exit IPs are 127.0.0.firstIP … 127.0.0.lastIP.
@@ -193,6 +208,12 @@ func New(o Options) (*Provider, error) {
 	if o.Now == nil {
 		o.Now = time.Now
 	}
+	if o.ExitIPs == [2]byte{} {
+		o.ExitIPs = [2]byte{firstIP, lastIP}
+	}
+	if o.ExitIPs[0] < 2 || o.ExitIPs[1] < o.ExitIPs[0] || o.ExitIPs[1] == 255 {
+		return nil, fmt.Errorf("fakeprovider: bad exit IP range %v", o.ExitIPs)
+	}
 	switch o.Rotation {
 	case Sticky, Timed, PerRequest:
 	default:
@@ -202,14 +223,17 @@ func New(o Options) (*Provider, error) {
 		opts:       o,
 		sessions:   map[string]*session{},
 		byUser:     map[string]*session{},
-		cursor:     firstIP,
+		cursor:     int(o.ExitIPs[0]),
 		apiUnh:     make(chan struct{}),
 		socksConns: map[net.Conn]struct{}{},
 		closing:    make(chan struct{}),
 	}
 	close(p.apiUnh)
-	for range o.Sessions {
-		p.AddSession(o.Rotation, o.Interval)
+	for i := range o.Sessions {
+		s := p.AddSession(o.Rotation, o.Interval)
+		if len(o.Countries) > 0 {
+			p.SetCountry(s.ID, o.Countries[i%len(o.Countries)])
+		}
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -400,6 +424,15 @@ func cutLocked(set map[net.Conn]struct{}, c net.Conn) {
 	delete(set, c)
 }
 
+// SetCountry sets what the API says session id's country is.
+func (p *Provider) SetCountry(id, country string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if s := p.sessions[id]; s != nil {
+		s.Country = country
+	}
+}
+
 // SetMode switches how the gateways treat session id.
 func (p *Provider) SetMode(id string, m Mode) {
 	p.mu.Lock()
@@ -486,6 +519,7 @@ func (p *Provider) wire(s *session) Wire {
 		Rotation:        s.Rotation,
 		IntervalSeconds: s.Interval.Seconds(),
 		ExitIP:          s.ip.String(),
+		Country:         s.Country,
 	}
 }
 
@@ -498,11 +532,12 @@ func (p *Provider) allocIPLocked(s *session) netip.Addr {
 			held[o.ip] = true
 		}
 	}
-	for range lastIP - firstIP + 1 {
+	first, last := int(p.opts.ExitIPs[0]), int(p.opts.ExitIPs[1])
+	for range last - first + 1 {
 		a := netip.AddrFrom4([4]byte{127, 0, 0, byte(p.cursor)})
 		p.cursor++
-		if p.cursor > lastIP {
-			p.cursor = firstIP
+		if p.cursor > last {
+			p.cursor = first
 		}
 		if !held[a] && a != s.ip {
 			return a

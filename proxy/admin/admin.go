@@ -13,8 +13,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"strings"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
@@ -40,7 +42,7 @@ type Fleet interface {
 // Sessions is what the admin API needs from the upstream pool.
 type Sessions interface {
 	Sessions() []upstream.SessionStatus
-	ProviderStatus() upstream.ProviderStatus
+	Providers() []upstream.ProviderStatus
 	Describe() string
 	Rotate(ctx context.Context, id string) error
 }
@@ -58,6 +60,12 @@ type Reload struct {
 	// Restart are the changed keys that need a restart: their running
 	// values stay until then.
 	Restart []string `json:"restart_needed,omitempty"`
+}
+
+// Fingerprints lists the fingerprints of recent client connections (the
+// proxy server).
+type Fingerprints interface {
+	ClientFingerprints() []fingerprint.Seen
 }
 
 // Inflight counts the requests being served (the proxy server).
@@ -80,6 +88,9 @@ type Options struct {
 	// Sessions serves /upstream/sessions and the rotate endpoint, and the
 	// status page's sessions table.
 	Sessions Sessions
+	// Fingerprints adds the clients' most frequent TLS fingerprints (JA4)
+	// to the status page.
+	Fingerprints Fingerprints
 	// Metrics serves GET /metrics (Prometheus).
 	Metrics http.Handler
 	// Token, when set, is required as "Authorization: Bearer <token>" on
@@ -90,6 +101,10 @@ type Options struct {
 	ProxyAddr string
 	// Reloader serves POST /config/reload.
 	Reloader Reloader
+	// Pprof serves net/http/pprof under /debug/pprof/ (admin.pprof), so
+	// operators can profile their own traffic. Off by default: a profile
+	// costs CPU while it runs, and reveals the program's internals.
+	Pprof bool
 }
 
 // New returns the admin API handler.
@@ -117,6 +132,13 @@ func New(o Options) http.Handler {
 	}
 	if o.Sessions != nil {
 		sessionRoutes(mux, o.Sessions)
+	}
+	if o.Pprof {
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	}
 	if o.Reloader != nil {
 		mux.HandleFunc("POST /config/reload", func(w http.ResponseWriter, r *http.Request) {
@@ -158,10 +180,27 @@ func New(o Options) http.Handler {
 // sessionRoutes serves the upstream sessions API.
 func sessionRoutes(mux *http.ServeMux, up Sessions) {
 	mux.HandleFunc("GET /upstream/sessions", func(w http.ResponseWriter, r *http.Request) {
+		// providers: highest priority first, each with its sessions' ids
+		// (the sessions themselves, with their provider, are in sessions).
+		type provider struct {
+			upstream.ProviderStatus
+			SessionIDs []string `json:"session_ids"`
+		}
+		sessions := up.Sessions()
+		var providers []provider
+		for _, ps := range up.Providers() {
+			pv := provider{ProviderStatus: ps, SessionIDs: []string{}}
+			for _, s := range sessions {
+				if s.Provider == ps.Name {
+					pv.SessionIDs = append(pv.SessionIDs, s.ID)
+				}
+			}
+			providers = append(providers, pv)
+		}
 		WriteJSON(w, http.StatusOK, map[string]any{
-			"egress":   up.Describe(),
-			"sessions": up.Sessions(),
-			"provider": up.ProviderStatus(),
+			"egress":    up.Describe(),
+			"sessions":  sessions,
+			"providers": providers,
 		})
 	})
 	mux.HandleFunc("POST /upstream/sessions/{id}/rotate", func(w http.ResponseWriter, r *http.Request) {

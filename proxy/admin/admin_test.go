@@ -2,6 +2,7 @@ package admin_test
 
 import (
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"html"
 	"io"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
@@ -100,7 +103,12 @@ func TestStatusPage(t *testing.T) {
 		t.Fatal("a request through a dead gateway succeeded")
 	}
 
-	srv := httptest.NewServer(admin.New(admin.Options{CAPEM: ca.CertPEM(), Cache: engine, Sessions: pool}))
+	tally := fingerprint.NewTally(8)
+	hello := goHello(t)
+	for range 3 {
+		tally.Add(fingerprint.New(hello, nil), time.Now())
+	}
+	srv := httptest.NewServer(admin.New(admin.Options{CAPEM: ca.CertPEM(), Cache: engine, Sessions: pool, Fingerprints: tallySource{tally}}))
 	defer srv.Close()
 	resp, err := http.Get(srv.URL + "/")
 	if err != nil {
@@ -113,7 +121,9 @@ func TestStatusPage(t *testing.T) {
 	sum := sha256.Sum256(ca.Certificate().RawSubjectPublicKeyInfo)
 	for _, want := range []string{
 		`<b id="savings">50%</b>`, `<b id="hit">1</b>`, `<b id="miss">1</b>`, "<td>s1</td>", "cooling 5m",
+		`<h3 id="provider-sessions">sessions`, "unavailable: ", "0/1 ready",
 		base64.StdEncoding.EncodeToString(sum[:]), `href="/ca.pem"`,
+		"<td><code>" + hello.JA4() + "</code></td><td>h1</td><td><code></code></td><td>3</td>",
 	} {
 		if !strings.Contains(page, want) {
 			t.Errorf("status page lacks %q", want)
@@ -130,6 +140,27 @@ func TestStatusPage(t *testing.T) {
 	}
 }
 
+// tallySource shows a tally's fingerprints, as the proxy server does.
+type tallySource struct{ t *fingerprint.Tally }
+
+func (s tallySource) ClientFingerprints() []fingerprint.Seen { return s.t.Top(20) }
+
+// goHello is the ClientHello of Go's TLS client, as the proxy captures it.
+func goHello(t *testing.T) *fingerprint.ClientHello {
+	t.Helper()
+	cli, srv := net.Pipe()
+	go func() {
+		tls.Client(cli, &tls.Config{ServerName: "example.com"}).Handshake() // fails once srv closes
+		cli.Close()
+	}()
+	_, h, err := capture.PeekClientHello(srv)
+	srv.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
 // deadAddr is a loopback address nothing listens on.
 func deadAddr(t *testing.T) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -139,4 +170,34 @@ func deadAddr(t *testing.T) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// TestPprofOnlyWhenAsked: /debug/pprof/ is served with Options.Pprof, and
+// behind the token like every private endpoint; without it, 404.
+func TestPprofOnlyWhenAsked(t *testing.T) {
+	off := httptest.NewServer(admin.New(admin.Options{}))
+	defer off.Close()
+	on := httptest.NewServer(admin.New(admin.Options{Pprof: true, Token: "tok"}))
+	defer on.Close()
+	get := func(base, auth string) int {
+		req, _ := http.NewRequest(http.MethodGet, base+"/debug/pprof/", nil)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if c := get(off.URL, ""); c != 404 {
+		t.Errorf("pprof off: %d, want 404", c)
+	}
+	if c := get(on.URL, ""); c != 401 {
+		t.Errorf("pprof on, no token: %d, want 401", c)
+	}
+	if c := get(on.URL, "Bearer tok"); c != 200 {
+		t.Errorf("pprof on, with the token: %d, want 200", c)
+	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
@@ -20,11 +21,42 @@ type statusData struct {
 	Stats    dedup.Stats
 	Fleet    *dedup.FleetStats
 	Sessions []upstream.SessionStatus
-	Egress   string
-	CAPEM    string
-	SPKI     string // base64 SHA-256 of the CA's public key, for Chromium
-	Cache    bool
-	Proxy    string // the proxy port's address, for the recipes
+	// Providers with their sessions, highest priority first.
+	Providers []providerRows
+	Egress    string
+	CAPEM     string
+	SPKI      string // base64 SHA-256 of the CA's public key, for Chromium
+	Cache     bool
+	Proxy     string // the proxy port's address, for the recipes
+	// Clients are the most frequent fingerprints of recent client
+	// connections; ShowClients is false without a source.
+	Clients     []fingerprint.Seen
+	ShowClients bool
+}
+
+// providerRows is one provider and its sessions on the status page.
+type providerRows struct {
+	upstream.ProviderStatus
+	Rows []upstream.SessionStatus
+}
+
+// byProvider groups sessions under their providers; a provider without
+// sessions still shows (why it has none is the point).
+func byProvider(providers []upstream.ProviderStatus, sessions []upstream.SessionStatus) []providerRows {
+	out := make([]providerRows, 0, len(providers))
+	for _, ps := range providers {
+		rows := providerRows{ProviderStatus: ps}
+		for _, s := range sessions {
+			if s.Provider == ps.Name {
+				rows.Rows = append(rows.Rows, s)
+			}
+		}
+		if ps.API == "" && len(rows.Rows) == 0 {
+			continue // no hand-listed sessions: nothing to show
+		}
+		out = append(out, rows)
+	}
+	return out
 }
 
 // spkiHash is what Chromium's --ignore-certificate-errors-spki-list wants:
@@ -60,6 +92,10 @@ func statusPage(o Options) http.HandlerFunc {
 		}
 		if o.Sessions != nil {
 			d.Sessions, d.Egress = o.Sessions.Sessions(), o.Sessions.Describe()
+			d.Providers = byProvider(o.Sessions.Providers(), d.Sessions)
+		}
+		if o.Fingerprints != nil {
+			d.Clients, d.ShowClients = o.Fingerprints.ClientFingerprints(), true
 		}
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		w.Header().Set("Cache-Control", "no-store")
@@ -94,7 +130,7 @@ var statusTmpl = template.Must(template.New("status").Funcs(template.FuncMap{
 <title>onceproxy</title>
 <style>
 body{font:15px/1.45 system-ui,sans-serif;margin:2rem auto;max-width:62rem;padding:0 1rem;color:#1d232a}
-h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}
+h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.15rem;margin-top:2rem;border-bottom:1px solid #ddd}h3{font-size:1rem;margin:1.2rem 0 .4rem}
 .sub{color:#666}.big{font-size:2.4rem;font-weight:700}.cards{display:flex;gap:1rem;flex-wrap:wrap}
 .card{border:1px solid #ddd;border-radius:6px;padding:.7rem 1rem;min-width:9rem}
 .card b{display:block;font-size:1.4rem}table{border-collapse:collapse;width:100%}
@@ -121,11 +157,20 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 {{end}}{{end}}
 {{with .Fleet}}<p>Fleet-wide statistics (all instances sharing {{.Store}}) are at <a href="/cache/stats">/cache/stats</a>.</p>{{end}}
 <h2>Upstream sessions</h2>
-{{if .Sessions}}<table><tr><th>session</th><th>gateway</th><th>rotation</th><th>exit IP</th><th>weight</th><th>state</th><th>requests</th><th>failures</th><th>rotations</th><th>last</th></tr>
-{{range .Sessions}}<tr><td>{{.ID}}</td><td><code>{{.Proxy}}</code></td><td>{{.Rotation}}</td><td>{{.ExitIP}}</td><td>{{.Weight}}/{{.BaseWeight}}</td>
+{{if .Sessions}}{{range .Providers}}
+<h3 id="provider-{{.Name}}">{{.Name}} <span class="sub">priority {{.Priority}}{{with .API}} · {{.}}{{end}}{{with .Countries}} · countries {{range $i, $c := .}}{{if $i}}, {{end}}{{$c}}{{end}}{{end}}</span>
+{{if .Available}}<span class="ok">serving</span>{{else}}<span class="bad">unavailable: {{.Reason}}</span>{{end}}
+<span class="sub">· {{.Ready}}/{{.Sessions}} ready · failovers {{.Failovers}} · failbacks {{.Failbacks}}{{with .Refresh}}{{with .LastError}} · API: {{.}}{{end}}{{end}}</span></h3>
+{{if .Rows}}<table><tr><th>session</th><th>gateway</th><th>country</th><th>rotation</th><th>exit IP</th><th>weight</th><th>state</th><th>requests</th><th>failures</th><th>rotations</th><th>last</th></tr>
+{{range .Rows}}<tr><td>{{.ID}}</td><td><code>{{.Proxy}}</code></td><td>{{.Country}}{{with .City}} {{.}}{{end}}</td><td>{{.Rotation}}</td><td>{{.ExitIP}}</td><td>{{.Weight}}/{{.BaseWeight}}</td>
 <td>{{if .Available}}<span class="ok">ready</span>{{else}}<span class="bad">cooling {{.CooldownRemaining}}</span>{{end}}</td>
 <td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Rotations}}</td><td>{{.LastOutcome}}</td></tr>
-{{end}}</table>{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}
+{{end}}</table>{{end}}{{end}}{{else}}{{if .Providers}}{{range .Providers}}<p>Provider <b>{{.Name}}</b>: no sessions{{if not .Available}} ({{.Reason}}){{end}}.</p>{{end}}{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}{{end}}
+{{if .ShowClients}}<h2>Client fingerprints</h2>
+<p>What the origins see of the intercepted clients (each connection opens its origin connections with its client's TLS hello and HTTP/2 settings): the most frequent recent TLS fingerprints. A JA4 names a TLS stack, not a person.</p>
+{{if .Clients}}<table id="fingerprints"><tr><th>JA4</th><th>HTTP</th><th>HTTP/2 (Akamai)</th><th>connections</th><th>last seen</th></tr>
+{{range .Clients}}<tr><td><code>{{.JA4}}</code></td><td>{{.HTTP}}</td><td><code>{{.Akamai}}</code></td><td>{{.Count}}</td><td>{{.Last.UTC.Format "15:04:05"}}</td></tr>
+{{end}}</table>{{else}}<p>No intercepted TLS client yet.</p>{{end}}{{end}}
 <h2>Trust the CA</h2>
 <p>Download <a href="/ca.pem">ca.pem</a> and trust it in every client (never share <code>ca-key.pem</code>):</p>
 <pre>curl -x http://{{.Proxy}} --cacert ca.pem https://example.com/

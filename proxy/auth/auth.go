@@ -67,7 +67,7 @@ func (c Config) Validate(getenv func(string) string) error {
 			errs = append(errs, fmt.Errorf("%s.name: %q listed twice", key, u.Name))
 		default:
 			if parsed, err := clientinfo.ParseUser(u.Name); err != nil || parsed.Account != u.Name {
-				errs = append(errs, fmt.Errorf("%s.name: %q contains a session hint (-session-/-sessid-); name the account only", key, u.Name))
+				errs = append(errs, fmt.Errorf("%s.name: %q contains a hint (-session-, -sessid-, -country-, -city-); name the account only", key, u.Name))
 			}
 			for _, r := range u.Name {
 				if r == ':' || r <= ' ' || r == 0x7f {

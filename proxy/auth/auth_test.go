@@ -62,11 +62,13 @@ func TestValidate(t *testing.T) {
 		{Name: "b-session-x", PasswordEnv: "SET"},
 		{Name: "c:d", PasswordEnv: "UNSET"},
 		{Name: "e-sessid-", PasswordEnv: "SET"},
+		{Name: "f-country-de", PasswordEnv: "SET"},
 	}}.Validate(env(map[string]string{"SET": "1", "X": "1"}))
 	for _, want := range []string{
 		"users[0].name: empty", "users[1]: set exactly one", `users[2].name: "a" listed twice`,
 		"users[2].password_bcrypt: not a bcrypt hash", "users[3].name:", "users[4].name:", "users[4].password_env: UNSET is unset",
-		`users[5].name: "e-sessid-" contains a session hint`,
+		`users[5].name: "e-sessid-" contains a hint`,
+		`users[6].name: "f-country-de" contains a hint`,
 	} {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("missing %q in %v", want, err)

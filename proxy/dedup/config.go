@@ -129,6 +129,10 @@ type RuleConfig struct {
 	// ShareCredentials lets requests with different Authorization, Cookie
 	// or proxy user share responses. Only for public data.
 	ShareCredentials bool `yaml:"share_credentials"`
+	// ShareCountries lets requests that ask for different exit countries
+	// (user-country-XX, X-Onceproxy-Country) share responses. Only for
+	// origins that serve every country the same content.
+	ShareCountries bool `yaml:"share_countries"`
 	// CacheableStatuses overrides dedup.cacheable_statuses.
 	CacheableStatuses []int `yaml:"cacheable_statuses"`
 	// CacheSetCookie allows caching responses that set cookies.

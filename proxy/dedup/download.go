@@ -10,6 +10,8 @@ import (
 	"runtime/debug"
 	"strconv"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/bufpool"
 )
 
 // download is the second half of a flight: it copies the origin's body
@@ -151,7 +153,11 @@ func (d *download) copy(f *flight) error {
 	// a write waits for the readers (relay mode).
 	stall := time.AfterFunc(idle, func() { d.cancel(stallError{idle}) })
 	defer stall.Stop()
-	buf := make([]byte, 32<<10)
+	// The spool copies what it is given (write), so the buffer goes back
+	// to the pool when the copy ends.
+	bp := bufpool.Get()
+	defer bufpool.Put(bp)
+	buf := *bp
 	limit := int64(d.e.cfg.MaxObjectBytes)
 	var n int64
 	for {

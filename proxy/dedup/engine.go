@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
@@ -54,7 +55,7 @@ type Options struct {
 // bigger ones, up to max_object_bytes, in the engine's own disk tier.
 type Engine struct {
 	cfg   Config
-	rules *rules
+	rules atomic.Pointer[rules] // replaced whole by Reconfigure
 	store Store
 	// peek reads the cache before a flight: the whole store, or with a
 	// Fleet and a TieredStore only this process's tier (Join reads the
@@ -65,13 +66,12 @@ type Engine struct {
 	log   *slog.Logger
 	fleet Fleet
 	rec   Recorder
-	// prices and currency price the savings report.
-	prices   Prices
-	currency string
-	flights  flights
-	spools   *spools
-	disk     *diskTier // nil: disk.max_bytes is 0
-	st       counters
+	// pricing prices the savings report; replaced whole by Reconfigure.
+	pricing atomic.Pointer[pricing]
+	flights flights
+	spools  *spools
+	disk    *diskTier // nil: disk.max_bytes is 0
+	st      counters
 
 	// base is canceled by Close: flights run detached from their clients
 	// but not from the engine's lifetime.
@@ -83,6 +83,11 @@ type Engine struct {
 	// perClient counts the flights each client leads (entries at zero are
 	// removed, so the map holds only clients with a flight running).
 	perClient map[string]int
+	// workers run the flights.
+	workers workers
+	// perUpstream prices each upstream on its own (Options.Prices); nil:
+	// the savings section prices them all.
+	perUpstream Prices
 }
 
 // New returns an Engine; cfg gets its defaults applied. It creates this
@@ -99,11 +104,11 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if err := savings.Validate(); err != nil {
 		return nil, fmt.Errorf("dedup: savings: %w", err)
 	}
-	e := &Engine{cfg: cfg, rules: compileRules(cfg), store: o.Store, next: o.Next, peers: o.Peers, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
-		prices: o.Prices, currency: savings.Currency, perClient: map[string]int{}}
-	if e.prices == nil {
-		e.prices = savings
-	}
+	e := &Engine{cfg: cfg, store: o.Store, next: o.Next, peers: o.Peers, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
+		perClient: map[string]int{}, perUpstream: o.Prices}
+	e.rules.Store(compileRules(cfg))
+	e.workers.maxIdle = maxIdleWorkers
+	e.pricing.Store(e.newPricing(savings))
 	e.peek = o.Store.Get
 	if t, ok := o.Store.(TieredStore); ok && o.Fleet != nil {
 		e.peek = t.GetLocal
@@ -140,18 +145,22 @@ func (e *Engine) Close() {
 	if already {
 		return
 	}
+	e.workers.close()
 	if e.disk != nil {
 		e.disk.close()
 	}
 	e.spools.dir.remove()
 }
 
-// principalOf is the identity a request's responses are scoped to: the
-// proxy account from clientinfo (session hints aside: two sticky sessions
-// of one account are one set of credentials). Unless a rule shares
-// credentials, requests of different accounts never share a response.
-func principalOf(ctx context.Context) string {
-	return clientinfo.From(ctx).Account
+// principalOf is who a request's responses are scoped to: the proxy
+// account from clientinfo (session hints aside: two sticky sessions of one
+// account are one set of credentials) and the exit country and city it
+// asked for (geo content differs). Unless a rule shares credentials
+// (countries), requests of different accounts (countries) never share a
+// response.
+func principalOf(ctx context.Context) Requester {
+	info := clientinfo.From(ctx)
+	return Requester{Account: info.Account, Country: info.Country, City: info.City}
 }
 
 // Error is a failed request, labelled with the X-Cache outcome it would
@@ -202,7 +211,7 @@ func (timeoutError) Temporary() bool { return true }
 
 // RoundTrip implements http.RoundTripper.
 func (e *Engine) RoundTrip(req *http.Request) (*http.Response, error) {
-	rule := e.rules.match(req)
+	rule := e.rules.Load().match(req)
 	if !rule.dedups(req.Method) {
 		return e.bypass(req, e.bodilessKey(rule, req))
 	}
@@ -398,6 +407,10 @@ func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte
 
 var errShuttingDown = errors.New("dedup: shutting down")
 
+// maxIdleWorkers bounds the flight workers kept waiting: enough for the
+// misses a loaded instance starts at once.
+const maxIdleWorkers = 256
+
 // start runs f's fetch in a goroutine of the engine's: the leader's
 // request only describes it. false: the engine is closed.
 func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, body []byte) bool {
@@ -407,7 +420,7 @@ func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, bod
 		return false
 	}
 	e.wg.Add(1)
-	go e.fly(f, req, rule, key, body)
+	e.workers.run(func() { e.fly(f, req, rule, key, body) })
 	return true
 }
 
@@ -493,7 +506,7 @@ func (e *Engine) moneySaved(meta *Entry, xcache string, avoided int) int64 {
 	if xcache != CacheHit && xcache != CacheCoalesced {
 		return 0
 	}
-	return nano(e.prices.PriceOf(meta.Header.Get(headerUpstream)).saved(avoided))
+	return nano(e.pricing.Load().prices.PriceOf(meta.Header.Get(headerUpstream)).saved(avoided))
 }
 
 func age(ent *Entry) string {
@@ -877,7 +890,7 @@ func varyValues(resp, req http.Header) (vals []HeaderValue, all bool) {
 // Stats returns what deduplication saved so far.
 func (e *Engine) Stats() Stats {
 	s := e.st.snapshot()
-	s.Currency = e.currency
+	s.Currency = e.pricing.Load().currency
 	s.Store = e.store.Stats()
 	if e.disk != nil {
 		d := e.disk.stats()
@@ -915,7 +928,7 @@ func (e *Engine) InvalidateURL(ctx context.Context, rawURL string) (int, error) 
 	}
 	seen := map[string]bool{}
 	total := 0
-	for _, k := range e.rules.keyers() {
+	for _, k := range e.rules.Load().keyers() {
 		uk, err := k.URLKey(u)
 		if err != nil {
 			return total, fmt.Errorf("dedup: invalidate %q: %w", rawURL, err)

@@ -85,6 +85,12 @@ type KeySpec struct {
 	// do not depend on who asks.
 	ShareCredentials bool
 
+	// ShareCountries, when true, leaves the exit country and city the
+	// client asked for out of the key, so that clients asking from
+	// different countries share responses. Only for origins that serve
+	// every country the same content.
+	ShareCountries bool
+
 	// Body, when true, puts the request body into the key, together with its
 	// Content-Type and Content-Encoding. Set it for the methods a rule opts in
 	// (POST, say); when false, the body is ignored.
@@ -100,12 +106,20 @@ type KeySpec struct {
 	BodyFields []string
 }
 
+// Requester is who asks, as far as the key goes: the proxy account its
+// responses are scoped to (unless ShareCredentials) and the exit country
+// and city it asked for (unless ShareCountries), "" for none.
+type Requester struct {
+	Account, Country, City string
+}
+
 // A Keyer is a compiled [KeySpec]. It is immutable and safe for concurrent
 // use; build one per rule with [NewKeyer] and reuse it for every request.
 type Keyer struct {
 	headers          []string // canonical, sorted, unique, without Accept-Encoding
 	ignoreParams     []string
 	shareCredentials bool
+	shareCountries   bool
 	body             bool
 	bodyFields       []string // sorted, unique; nil unless body
 }
@@ -119,6 +133,7 @@ func NewKeyer(spec *KeySpec) *Keyer {
 	}
 	k := &Keyer{
 		shareCredentials: spec.ShareCredentials,
+		shareCountries:   spec.ShareCountries,
 		body:             spec.Body,
 	}
 
@@ -190,18 +205,22 @@ func (k *Keyer) canonicalURL(b []byte, u *url.URL) ([]byte, error) {
 //     If-Unmodified-Since, the same way, whatever the spec says;
 //   - unless ShareCredentials: the Authorization values; the cookies (from all
 //     Cookie headers, sorted stably by name, so their order does not matter);
-//     the URL userinfo (net/http clients send it as Authorization); and user,
-//     the authenticated proxy user ("" for none);
+//     the URL userinfo (net/http clients send it as Authorization); and
+//     who.Account, the authenticated proxy account ("" for none);
 //   - if Body: Content-Type, Content-Encoding and either the selected
 //     BodyFields (form: every value of each field; JSON: each field's value
 //     made compact with object members sorted by name, a missing field
-//     differing from null) or the SHA-256 of the whole body.
+//     differing from null) or the SHA-256 of the whole body;
+//   - unless ShareCountries, and only when the client asked for one:
+//     who.Country and who.City, tagged, last (keys of requests that ask for
+//     no country are the same bytes as before countries were keyed).
 //
-// h is the request header, with canonical keys as net/http builds it. body is
+// h is the request header, with canonical keys as net/http builds it. who is
+// the client (see [Requester]). body is
 // the request body, already buffered by the caller; it is ignored unless the
 // spec has Body set, and nil is the same as empty. The only errors are for a
 // URL without a canonical form; they wrap [ErrInvalidURL].
-func (k *Keyer) Key(method string, u *url.URL, h http.Header, user string, body []byte) (string, error) {
+func (k *Keyer) Key(method string, u *url.URL, h http.Header, who Requester, body []byte) (string, error) {
 	var ubuf [256]byte
 	cu, err := k.canonicalURL(ubuf[:0], u)
 	if err != nil {
@@ -232,7 +251,7 @@ func (k *Keyer) Key(method string, u *url.URL, h http.Header, user string, body 
 		b = appendValues(b, h["Authorization"])
 		b = appendCookies(b, h["Cookie"])
 		b = appendUserinfo(b, u.User)
-		b = appendString(b, user)
+		b = appendString(b, who.Account)
 	}
 
 	if k.body {
@@ -240,6 +259,13 @@ func (k *Keyer) Key(method string, u *url.URL, h http.Header, user string, body 
 		b = k.appendBody(b, h, body)
 	} else {
 		b = append(b, 0)
+	}
+	if !k.shareCountries && (who.Country != "" || who.City != "") {
+		// Every component before is self-delimiting, so these trailing
+		// bytes cannot make a key equal to one without them.
+		b = append(b, 'g')
+		b = appendString(b, who.Country)
+		b = appendString(b, who.City)
 	}
 	return hexKey(keyVersion+":", sha256.Sum256(b)), nil
 }

@@ -84,7 +84,7 @@ func TestKeyGolden(t *testing.T) {
 			if tt.body != "" {
 				body = []byte(tt.body)
 			}
-			got, err := NewKeyer(tt.spec).Key(tt.method, mustParse(t, tt.url), tt.header, tt.user, body)
+			got, err := NewKeyer(tt.spec).Key(tt.method, mustParse(t, tt.url), tt.header, Requester{Account: tt.user}, body)
 			if err != nil {
 				t.Fatalf("Key: %v", err)
 			}

@@ -34,7 +34,7 @@ func TestKeyInvalidURL(t *testing.T) {
 		mustParse(t, "http://example.com:0/"),
 		{Scheme: "http", Host: "[::1"},
 	} {
-		if got, err := k.Key("GET", u, nil, "", nil); got != "" || !errors.Is(err, ErrInvalidURL) || !errors.Is(err, urlcanon.ErrInvalid) {
+		if got, err := k.Key("GET", u, nil, Requester{}, nil); got != "" || !errors.Is(err, ErrInvalidURL) || !errors.Is(err, urlcanon.ErrInvalid) {
 			t.Errorf("Key(%v) = %q, %v; want ErrInvalidURL wrapping urlcanon.ErrInvalid", u, got, err)
 		}
 		if got, err := k.URLKey(u); got != "" || !errors.Is(err, ErrInvalidURL) || !errors.Is(err, urlcanon.ErrInvalid) {
@@ -47,18 +47,18 @@ func TestKeyInvalidURL(t *testing.T) {
 // tracking parameter, and only those.
 func TestDefaultIgnoreParams(t *testing.T) {
 	k := NewKeyer(nil)
-	base, err := k.Key("GET", mustParse(t, "https://e.com/p?a=1"), nil, "", nil)
+	base, err := k.Key("GET", mustParse(t, "https://e.com/p?a=1"), nil, Requester{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range DefaultIgnoreParams {
 		name := strings.Replace(p, "*", "source", 1)
-		got, err := k.Key("GET", mustParse(t, "https://e.com/p?"+name+"=x&a=1"), nil, "", nil)
+		got, err := k.Key("GET", mustParse(t, "https://e.com/p?"+name+"=x&a=1"), nil, Requester{}, nil)
 		if err != nil || got != base {
 			t.Errorf("%s=x changed the key (%v)", name, err)
 		}
 	}
-	if got, _ := k.Key("GET", mustParse(t, "https://e.com/p?a=1&ref=x"), nil, "", nil); got == base {
+	if got, _ := k.Key("GET", mustParse(t, "https://e.com/p?a=1&ref=x"), nil, Requester{}, nil); got == base {
 		t.Errorf("ref=x, not a listed parameter, was dropped")
 	}
 }
@@ -67,7 +67,7 @@ var keyPattern = regexp.MustCompile(`^v1:[0-9a-f]{64}$`)
 
 func TestKeyFormat(t *testing.T) {
 	keyer := NewKeyer(nil)
-	k, err := keyer.Key("GET", mustParse(t, "https://example.com/"), nil, "", nil)
+	k, err := keyer.Key("GET", mustParse(t, "https://example.com/"), nil, Requester{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,11 +89,12 @@ func TestKeyFormat(t *testing.T) {
 
 // req describes one request for the key tests.
 type req struct {
-	method string
-	url    string
-	header http.Header
-	user   string
-	body   string
+	method  string
+	url     string
+	header  http.Header
+	user    string
+	country string
+	body    string
 }
 
 func (r req) key(t *testing.T, spec *KeySpec) string {
@@ -106,7 +107,7 @@ func (r req) key(t *testing.T, spec *KeySpec) string {
 	if r.body != "" {
 		body = []byte(r.body)
 	}
-	k, err := NewKeyer(spec).Key(method, mustParse(t, r.url), r.header, r.user, body)
+	k, err := NewKeyer(spec).Key(method, mustParse(t, r.url), r.header, Requester{Account: r.user, Country: r.country}, body)
 	if err != nil {
 		t.Fatalf("Key(%+v): %v", r, err)
 	}
@@ -153,6 +154,12 @@ func TestKeyEquality(t *testing.T) {
 		{"proxy user differs", req{url: u, user: "alice"}, req{url: u, user: "bob"}, nil, false},
 		{"proxy user vs none", req{url: u, user: "alice"}, req{url: u}, nil, false},
 		{"proxy user shared", req{url: u, user: "alice"}, req{url: u, user: "bob"}, &KeySpec{ShareCredentials: true}, true},
+		{"country differs", req{url: u, country: "DE"}, req{url: u, country: "US"}, nil, false},
+		{"country vs none", req{url: u, country: "DE"}, req{url: u}, nil, false},
+		{"country kept with credentials shared", req{url: u, user: "a", country: "DE"}, req{url: u, user: "b", country: "US"}, &KeySpec{ShareCredentials: true}, false},
+		{"country shared", req{url: u, country: "DE"}, req{url: u, country: "US"}, &KeySpec{ShareCountries: true}, true},
+		{"country shared, credentials not", req{url: u, user: "a", country: "DE"}, req{url: u, user: "b", country: "DE"}, &KeySpec{ShareCountries: true}, false},
+		{"country does not slide into the account", req{url: u, user: "aDE"}, req{url: u, user: "a", country: "DE"}, nil, false},
 		{"url userinfo differs", req{url: "https://a:1@e.com/"}, req{url: "https://a:2@e.com/"}, nil, false},
 		{"url userinfo vs none", req{url: "https://a:1@e.com/"}, req{url: "https://e.com/"}, nil, false},
 		{"url userinfo shared", req{url: "https://a:1@e.com/"}, req{url: "https://e.com/"}, &KeySpec{ShareCredentials: true}, true},
@@ -267,7 +274,7 @@ func TestKeyURLKeyShared(t *testing.T) {
 		t.Errorf("URLKey differs for variants of one URL: %s vs %s", a, b)
 	}
 	// URLKey and Key never collide: different prefixes.
-	kk, _ := k.Key("GET", mustParse(t, "https://e.com/p?a=2&b=1"), nil, "", nil)
+	kk, _ := k.Key("GET", mustParse(t, "https://e.com/p?a=2&b=1"), nil, Requester{}, nil)
 	if kk[3:] == a[3:] {
 		t.Errorf("Key and URLKey share a hash")
 	}
@@ -278,12 +285,12 @@ func TestNewKeyerCopiesSpec(t *testing.T) {
 	k := NewKeyer(spec)
 	u := mustParse(t, "https://e.com/?x=1")
 	h := http.Header{"Accept": {"a"}, "X-B": {"b"}, "Content-Type": {"application/x-www-form-urlencoded"}}
-	before, _ := k.Key("POST", u, h, "", []byte("f=1&g=2"))
+	before, _ := k.Key("POST", u, h, Requester{}, []byte("f=1&g=2"))
 	spec.Headers[0] = "X-B"
 	spec.IgnoreParams[0] = "y"
 	spec.BodyFields[0] = "g"
 	spec.ShareCredentials = true
-	after, _ := k.Key("POST", u, h, "", []byte("f=1&g=2"))
+	after, _ := k.Key("POST", u, h, Requester{}, []byte("f=1&g=2"))
 	if before != after {
 		t.Errorf("mutating the spec changed the compiled Keyer")
 	}
@@ -294,7 +301,7 @@ func TestKeyerConcurrent(t *testing.T) {
 	u := mustParse(t, "https://e.com/p?b=2&a=1")
 	h := http.Header{"Cookie": {"b=1; a=2"}, "Content-Type": {"application/json"}}
 	body := []byte(`{"a":{"y":1,"x":2}}`)
-	want, err := k.Key("POST", u, h, "u", body)
+	want, err := k.Key("POST", u, h, Requester{Account: "u"}, body)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -302,7 +309,7 @@ func TestKeyerConcurrent(t *testing.T) {
 	for range 8 {
 		wg.Go(func() {
 			for range 100 {
-				if got, _ := k.Key("POST", u, h, "u", body); got != want {
+				if got, _ := k.Key("POST", u, h, Requester{Account: "u"}, body); got != want {
 					t.Errorf("concurrent Key = %s, want %s", got, want)
 					return
 				}
@@ -320,7 +327,7 @@ func TestKeyStable(t *testing.T) {
 		"Accept-Language": {"en-US,en;q=0.9"},
 		"Cookie":          {"b=2; a=1"},
 	}
-	got, err := NewKeyer(nil).Key("GET", mustParse(t, "https://Example.com/p?b=2&a=1&utm_source=x"), h, "alice", nil)
+	got, err := NewKeyer(nil).Key("GET", mustParse(t, "https://Example.com/p?b=2&a=1&utm_source=x"), h, Requester{Account: "alice"}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,7 +352,7 @@ func BenchmarkKey(b *testing.B) {
 	}
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := k.Key("GET", u, h, "scraper-1", nil); err != nil {
+		if _, err := k.Key("GET", u, h, Requester{Account: "scraper-1"}, nil); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -361,7 +368,7 @@ func BenchmarkKeyJSONFields(b *testing.B) {
 	body := []byte(`{"key":"SECRET","method":"userrecaptcha","googlekey":"6Le-wvkSAAAAAPBMRTvw0Q4Muexq9bi0DJwx_mJ-","pageurl":"https://www.google.com/recaptcha/api2/demo","json":1}`)
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := k.Key("POST", u, h, "", body); err != nil {
+		if _, err := k.Key("POST", u, h, Requester{}, body); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -111,6 +111,7 @@ func compileRules(c Config) *rules {
 			Headers:          headers,
 			IgnoreParams:     ignore,
 			ShareCredentials: rc.ShareCredentials,
+			ShareCountries:   rc.ShareCountries,
 			Body:             true,
 			BodyFields:       rc.BodyFields,
 		})

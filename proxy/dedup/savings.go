@@ -70,3 +70,16 @@ func (p Price) saved(bytes int) float64 {
 
 // nano turns money into whole billionths, for counting with atomics.
 func nano(v float64) int64 { return int64(math.Round(v * 1e9)) }
+
+// pricing is one configuration's way to price savings.
+type pricing struct {
+	prices   Prices
+	currency string
+}
+
+func (e *Engine) newPricing(c SavingsConfig) *pricing {
+	if e.perUpstream != nil {
+		return &pricing{prices: e.perUpstream, currency: c.Currency}
+	}
+	return &pricing{prices: c, currency: c.Currency}
+}

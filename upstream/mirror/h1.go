@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
@@ -55,6 +56,13 @@ func (o Options) writeTimeout() time.Duration {
 // process (the connection was gone, or refused the stream): it is safe to
 // send it again on another connection, whatever its method.
 var ErrUnprocessed = errors.New("mirror: request not processed")
+
+// ErrNoResponse wraps the error of a request whose connection ended
+// before a single byte of the response: on a reused connection, the origin
+// most likely closed it while it was idle, before the request arrived (a
+// caller may send a request that can be repeated again on a new
+// connection, as net/http does).
+var ErrNoResponse = errors.New("mirror: connection closed before any response")
 
 // errBusy means a caller sent a second request on an HTTP/1.1 connection
 // before the first one's response was read: a pool bug.
@@ -255,17 +263,44 @@ func (cc *H1Conn) write(w *h1Write, head []byte, body *h1Request, trailer http.H
 		}
 	}
 	w.wrote = true
+	src := &bodyReader{r: body.rc}
 	var err error
 	if body.chunked {
-		err = writeChunked(cc.bw, cc.conn, body.rc, trailer, cc.opts.writeTimeout())
+		err = writeChunked(cc.bw, cc.conn, src, trailer, cc.opts.writeTimeout())
 	} else {
-		err = writeFixed(cc.bw, cc.conn, body.rc, body.length, cc.opts.writeTimeout())
+		err = writeFixed(cc.bw, cc.conn, src, body.length, cc.opts.writeTimeout())
 	}
 	if err == nil {
 		err = cc.bw.Flush()
 	}
 	w.err = err
+	if src.err != nil || errors.Is(err, errBodyLength) {
+		// The client's body broke off or lied about its length: the
+		// request on the wire can never be completed, and the origin
+		// would wait for the rest of it. Closing the connection ends the
+		// exchange, as net/http does.
+		abort(cc.conn)
+	}
 }
+
+// bodyReader remembers the first error, EOF aside, of reading a request
+// body.
+type bodyReader struct {
+	r   io.Reader
+	err error
+}
+
+func (b *bodyReader) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	if err != nil && err != io.EOF && b.err == nil {
+		b.err = err
+	}
+	return n, err
+}
+
+// errBodyLength marks a request body shorter or longer than its
+// Content-Length.
+var errBodyLength = errors.New("mirror: request body length")
 
 // readResponse reads the final response head, passing 1xx responses by
 // (a 100 lets an Expect body go), bounded by MaxResponseHeaderBytes.
@@ -276,14 +311,19 @@ func (cc *H1Conn) readResponse(req *http.Request, w *h1Write, expect bool) (*htt
 		t := time.AfterFunc(cc.opts.expectTimeout(), func() { w.decide(true) })
 		defer t.Stop()
 	}
-	for {
+	for first := true; ; first = false {
 		cc.lr.n = cc.opts.maxHeaderBytes()
+		buffered := cc.br.Buffered()
 		resp, err := http.ReadResponse(cc.br, req)
 		limitHit := cc.lr.n == 0
+		silent := first && buffered == 0 && cc.lr.n == cc.opts.maxHeaderBytes()
 		cc.lr.n = -1
 		if err != nil {
 			if limitHit {
 				return nil, fmt.Errorf("mirror: response header over %d bytes", cc.opts.maxHeaderBytes())
+			}
+			if silent && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
+				return nil, fmt.Errorf("mirror: read response: %w: %w", ErrNoResponse, err)
 			}
 			return nil, fmt.Errorf("mirror: read response: %w", err)
 		}
@@ -516,13 +556,13 @@ func writeFixed(bw *bufio.Writer, conn net.Conn, body io.Reader, n int64, timeou
 	got, err := io.CopyN(dw, body, n)
 	if err != nil {
 		if err == io.EOF {
-			return fmt.Errorf("mirror: request body of %d bytes, Content-Length %d", got, n)
+			return fmt.Errorf("%w: %d bytes, Content-Length %d", errBodyLength, got, n)
 		}
 		return err
 	}
 	var one [1]byte
 	if k, _ := body.Read(one[:]); k > 0 {
-		return fmt.Errorf("mirror: request body longer than its Content-Length %d", n)
+		return fmt.Errorf("%w: longer than its Content-Length %d", errBodyLength, n)
 	}
 	return nil
 }

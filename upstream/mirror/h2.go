@@ -292,6 +292,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	wake()
 	cs.id = cc.nextID
 	cc.nextID += 2
+	prio = cc.streamPriority(prio, cs.id)
 	cs.sendWindow = cc.peerInitWindow
 	cs.recvWindow = cc.ourStreamWindow
 	cs.sendEnded = body == nil // END_STREAM rides on the HEADERS
@@ -335,6 +336,36 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
+}
+
+// streamPriority is the HEADERS priority of stream id for the client's
+// priority p. The client's dependency names a stream of its own connection
+// to the proxy, numbered apart from the streams here (a browser chains each
+// request to the one before it, exclusively). Kept as it was, it may name
+// stream id itself, which an origin answers with PROTOCOL_ERROR. So a
+// dependency on one of the preface's PRIORITY streams (which exist here
+// too: the preface sent them) stays, and any other becomes the stream
+// opened before this one on this connection: the client's tree, in this
+// connection's numbers.
+func (cc *H2Conn) streamPriority(p *fingerprint.Priority, id uint32) *fingerprint.Priority {
+	if p == nil || p.StreamDep == 0 {
+		return p
+	}
+	for _, q := range cc.pre.Priorities {
+		if q.StreamID == p.StreamDep {
+			return p
+		}
+	}
+	first := uint32(1)
+	if cc.pre.FirstStreamID%2 == 1 {
+		first = cc.pre.FirstStreamID
+	}
+	out := *p
+	out.StreamDep = 0
+	if id >= first+2 {
+		out.StreamDep = id - 2
+	}
+	return &out
 }
 
 var errHeaderListSize = errors.New("mirror: request header list larger than the origin's SETTINGS_MAX_HEADER_LIST_SIZE")

@@ -1,6 +1,7 @@
 package mirror
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"slices"
 	"strconv"
@@ -178,6 +180,42 @@ func TestH2ShapeOnTheWire(t *testing.T) {
 	resp.Body.Close()
 	if p := o.Records()[1].Shape.Priority; p == nil || *p != *chromeH2.HeaderPriority {
 		t.Errorf("priority without a shape %+v", p)
+	}
+}
+
+// TestH2StreamDependenciesRenumbered: a browser's HEADERS depend on its
+// previous stream on its own connection to the proxy; those numbers mean
+// nothing here, and one may even be the new stream's own id here, which an
+// origin answers with PROTOCOL_ERROR. The dependency becomes the stream
+// opened before on this connection (none for the first); one on a stream
+// of the preface's PRIORITY frames stays.
+func TestH2StreamDependenciesRenumbered(t *testing.T) {
+	o := startOrigin(t, fporigin.Options{Handler: testHandler()})
+	pre := *chromeH2
+	pre.Priorities = []fingerprint.Priority{{StreamID: 11, StreamDep: 0, Weight: 100}}
+	pre.FirstStreamID = 13
+	cc, _ := openConn(t, o, goHello(t, "h2"), &pre, Options{})
+	for i, tc := range []struct{ dep, want uint32 }{
+		{15, 0},  // the first stream (13) has none before it
+		{15, 13}, // a client's dependency that is this stream's own id here
+		{11, 11}, // a stream of the preface's PRIORITY frames
+		{0, 0},
+	} {
+		shape := &fingerprint.Shape{
+			PseudoOrder: []string{":method", ":authority", ":scheme", ":path"},
+			HeaderOrder: []string{"user-agent"},
+			Priority:    &fingerprint.Priority{Exclusive: true, StreamDep: tc.dep, Weight: 219},
+		}
+		req := newRequest(t, ctxTimeout(t, 10*time.Second), "GET", fmt.Sprintf("%s/dep-%d", o.URL(), i), shape)
+		resp, err := cc.RoundTrip(req)
+		if err != nil {
+			t.Fatalf("request %d (dependency %d): %v", i, tc.dep, err)
+		}
+		resp.Body.Close()
+		rec := o.Records()[i]
+		if p := rec.Shape.Priority; p == nil || p.StreamDep != tc.want || !p.Exclusive || p.Weight != 219 {
+			t.Errorf("request %d: priority %+v, want exclusive dependency %d weight 219", i, p, tc.want)
+		}
 	}
 }
 
@@ -418,5 +456,62 @@ func TestH1Limits(t *testing.T) {
 	resp.Body.Close()
 	if _, err := cc.RoundTrip(newRequest(t, context.Background(), "GET", o.URL()+"/", nil)); !errors.Is(err, ErrUnprocessed) {
 		t.Errorf("request on a closed connection: %v", err)
+	}
+}
+
+// TestH1NoResponse: a connection that ends before any byte of the
+// response (an origin that closed it while idle, as it read the request)
+// fails the request with ErrNoResponse: a caller may send a repeatable
+// request again on a new connection. One that breaks off in the middle of a
+// response head is an error of its own.
+func TestH1NoResponse(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		second   string // what the origin writes for the second request before closing
+		noAnswer bool
+	}{
+		{"closed before an answer", "", true},
+		{"cut in the response head", "HTTP/1.1 20", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				br := bufio.NewReader(c)
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				if _, err := http.ReadRequest(br); err != nil {
+					return
+				}
+				io.WriteString(c, tc.second)
+			}()
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cc := NewH1Conn(c, Options{})
+			defer cc.Close()
+			ctx := ctxTimeout(t, 10*time.Second)
+			resp, err := cc.RoundTrip(newRequest(t, ctx, "GET", "http://"+ln.Addr().String()+"/a", nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			_, err = cc.RoundTrip(newRequest(t, ctx, "GET", "http://"+ln.Addr().String()+"/b", nil))
+			if err == nil || errors.Is(err, ErrNoResponse) != tc.noAnswer || errors.Is(err, ErrUnprocessed) {
+				t.Fatalf("second request: %v, want ErrNoResponse: %v", err, tc.noAnswer)
+			}
+		})
 	}
 }

@@ -257,3 +257,34 @@ func (b *Bus) IncrWindow(ctx context.Context, key string, ttl time.Duration) (in
 	})
 	return n, err
 }
+
+// errNotText refuses a binding that PostgreSQL text cannot hold.
+var errNotText = errors.New("postgres: binding is not text")
+
+// Bind returns the session the fleet bound key to, binding it to proposal
+// first when it is bound to none (upstream.Bindings): one statement. It
+// fails fast with dedup.ErrUnavailable while the breaker is open.
+func (b *Bus) Bind(ctx context.Context, key, proposal string, ttl time.Duration) (string, error) {
+	if !storable(key) || !storable(proposal) {
+		return "", errNotText
+	}
+	var id string
+	err := b.exec(ctx, func(ctx context.Context) error {
+		return b.pool.QueryRow(ctx, b.sql.bind, key, proposal, ttl.Milliseconds()).Scan(&id)
+	})
+	return id, err
+}
+
+// Rebind moves key from `from` to `to` unless another instance moved it
+// first, and returns the session it is bound to now (upstream.Bindings):
+// one statement.
+func (b *Bus) Rebind(ctx context.Context, key, from, to string, ttl time.Duration) (string, error) {
+	if !storable(key) || !storable(from) || !storable(to) {
+		return "", errNotText
+	}
+	var id string
+	err := b.exec(ctx, func(ctx context.Context) error {
+		return b.pool.QueryRow(ctx, b.sql.rebind, key, from, to, ttl.Milliseconds()).Scan(&id)
+	})
+	return id, err
+}

@@ -25,7 +25,7 @@ var errSchema = errors.New("pgstore: schema refused")
 // quoted schema name.
 //
 // Unlogged tables skip the write-ahead log: a cache, its flight outcomes,
-// notes, claims and counters are cheap to lose (PostgreSQL empties them
+// notes, claims, sticky bindings and counters are cheap to lose (PostgreSQL empties them
 // after a crash) and cost a fraction of a logged write. The per-day
 // statistics are logged: they are what the fleet reports for a week.
 const ddl = `
@@ -58,6 +58,12 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {s}.notes (
 CREATE UNLOGGED TABLE IF NOT EXISTS {s}.claims (
 	name       text PRIMARY KEY,
 	token      text NOT NULL,
+	expires_at timestamptz NOT NULL
+);
+
+CREATE UNLOGGED TABLE IF NOT EXISTS {s}.bindings (
+	key        text PRIMARY KEY,
+	session    text NOT NULL,
 	expires_at timestamptz NOT NULL
 );
 
@@ -150,6 +156,10 @@ BEGIN
 	expired := expired + n;
 	DELETE FROM {s}.counters WHERE key IN
 		(SELECT key FROM {s}.counters WHERE expires_at <= now() LIMIT p_batch);
+	GET DIAGNOSTICS n = ROW_COUNT;
+	expired := expired + n;
+	DELETE FROM {s}.bindings WHERE key IN
+		(SELECT key FROM {s}.bindings WHERE expires_at <= now() LIMIT p_batch);
 	GET DIAGNOSTICS n = ROW_COUNT;
 	expired := expired + n;
 	DELETE FROM {s}.stats WHERE day < (now() AT TIME ZONE 'UTC')::date - 8;

@@ -16,6 +16,7 @@ type statements struct {
 
 	// The bus.
 	notify, keepNote, recall, claim, unclaim, incr string
+	bind, rebind                                   string
 
 	// Statistics.
 	flushStats, readStats string
@@ -87,6 +88,22 @@ func newStatements(schema string) statements {
 			WHERE c.expires_at <= now()
 			RETURNING true`),
 		unclaim: s(`DELETE FROM {s}.claims WHERE name = $1 AND token = $2`),
+		// A sticky key's session: the row lock of the upsert makes racing
+		// instances agree on whoever came first; either way the binding
+		// holds $3 ms from now. An expired binding counts as none.
+		bind: s(`INSERT INTO {s}.bindings AS b (key, session, expires_at)
+			VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
+			ON CONFLICT (key) DO UPDATE SET
+				session = CASE WHEN b.expires_at <= now() THEN excluded.session ELSE b.session END,
+				expires_at = excluded.expires_at
+			RETURNING session`),
+		// Moves a sticky key from $2 to $3 unless it moved already.
+		rebind: s(`INSERT INTO {s}.bindings AS b (key, session, expires_at)
+			VALUES ($1, $3, now() + $4::bigint * interval '1 millisecond')
+			ON CONFLICT (key) DO UPDATE SET
+				session = CASE WHEN b.expires_at <= now() OR b.session = $2 THEN excluded.session ELSE b.session END,
+				expires_at = excluded.expires_at
+			RETURNING session`),
 		// A fixed window: the first hit (or the first after expiry) starts
 		// it.
 		incr: s(`INSERT INTO {s}.counters AS c (key, n, expires_at)

@@ -285,3 +285,54 @@ func (b *Bus) IncrWindow(ctx context.Context, key string, ttl time.Duration) (in
 	})
 	return n, err
 }
+
+// bindScript returns the session a sticky key is bound to, binding it to
+// the proposal (ARGV[1]) when it is bound to none, and keeps the binding
+// for ARGV[2] ms either way: one round trip, atomic, so racing instances
+// agree on the first proposal.
+var bindScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return ARGV[1]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return cur
+`)
+
+// rebindScript moves a sticky key from ARGV[1] to ARGV[2] (or binds it
+// when it is bound to none) and returns the session it is bound to then:
+// ARGV[2], or the one another instance moved it to first.
+var rebindScript = redis.NewScript(`
+local cur = redis.call('GET', KEYS[1])
+if (not cur) or cur == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
+  return ARGV[2]
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+return cur
+`)
+
+// Bind returns the session the fleet bound key to, binding it to proposal
+// first when it is bound to none (upstream.Bindings): one round trip. It
+// fails fast with dedup.ErrUnavailable while the breaker is open.
+func (b *Bus) Bind(ctx context.Context, key, proposal string, ttl time.Duration) (string, error) {
+	return b.runBinding(ctx, bindScript, key, proposal, ttl.Milliseconds())
+}
+
+// Rebind moves key from `from` to `to` unless another instance moved it
+// first, and returns the session it is bound to now (upstream.Bindings):
+// one round trip.
+func (b *Bus) Rebind(ctx context.Context, key, from, to string, ttl time.Duration) (string, error) {
+	return b.runBinding(ctx, rebindScript, key, from, to, ttl.Milliseconds())
+}
+
+func (b *Bus) runBinding(ctx context.Context, script *redis.Script, key string, args ...any) (string, error) {
+	var id string
+	err := b.exec(ctx, func(ctx context.Context) error {
+		var err error
+		id, err = script.Run(ctx, b.rdb, []string{b.prefix + key}, args...).Text()
+		return err
+	})
+	return id, err
+}

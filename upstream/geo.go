@@ -1,0 +1,115 @@
+package upstream
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Geo targeting: a request that asks for a country (and city) is served
+// only by sessions there (see usable); when none can take it the client
+// hears which country and why, never an answer from elsewhere, and never a
+// direct one (this host is in some country of its own).
+
+// anyUsable reports whether any session could take an attempt of pr,
+// skipping skip, benched providers included. It asks no store: it only
+// tells whether a retry has somewhere to go.
+func anyUsable(set *sessionSet, pr *pickReq, now time.Time, skip []*session) bool {
+	n := now.UnixNano()
+	return slices.ContainsFunc(set.list, func(s *session) bool { return usable(s, pr, n, skip, false) })
+}
+
+// where names the exit location pr asks for ("country DE", "DE, city
+// berlin"); "" for none.
+func (pr *pickReq) where() string {
+	switch {
+	case pr.country != "" && pr.city != "":
+		return "in country " + pr.country + ", city " + pr.city
+	case pr.country != "":
+		return "in country " + pr.country
+	case pr.city != "":
+		return "in city " + pr.city
+	}
+	return ""
+}
+
+// exhaustedError says why no session can take a request of pr.
+func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *ExhaustedError {
+	where := pr.where()
+	if len(set.list) == 0 {
+		reason := "no upstream sessions yet: " + p.lastProviderError()
+		if where != "" {
+			reason = "no upstream session " + where + ": " + strings.TrimPrefix(reason, "no upstream sessions yet: ") + " (no sessions yet)"
+		}
+		return &ExhaustedError{Reason: reason, Country: pr.country}
+	}
+	var matching []*session
+	places := map[string]bool{}
+	for _, s := range set.list {
+		if inPlace(s, pr) {
+			matching = append(matching, s)
+		} else if s.country != "" {
+			places[s.country] = true
+		}
+	}
+	if len(matching) == 0 {
+		have := slices.Sorted(func(yield func(string) bool) {
+			for c := range places {
+				if !yield(c) {
+					return
+				}
+			}
+		})
+		reason := fmt.Sprintf("no upstream session %s: none of the %d sessions is there", where, len(set.list))
+		if len(have) > 0 {
+			reason += " (they are in " + strings.Join(have, ", ") + ")"
+		}
+		return &ExhaustedError{Reason: reason, Country: pr.country}
+	}
+	var next time.Duration
+	for _, s := range matching {
+		if u := s.h.aCoolUntil.Load(); u != 0 {
+			if d := time.Duration(u - now.UnixNano()); d > 0 && (next == 0 || d < next) {
+				next = d
+			}
+		}
+	}
+	next = next.Round(time.Second)
+	n := len(matching)
+	scope := "upstream sessions"
+	if where != "" {
+		scope += " " + where
+	}
+	reason := fmt.Sprintf("all %d %s are cooling down (next ready in %s)", n, scope, next)
+	if n == 1 {
+		one := "upstream session"
+		if where != "" {
+			one += " " + where
+		}
+		reason = fmt.Sprintf("the only %s (%s) is cooling down (ready in %s)", one, matching[0].id, next)
+	}
+	return &ExhaustedError{Sessions: n, NextReady: next, Reason: reason, Country: pr.country}
+}
+
+// lastProviderError is the latest refresh failure of the providers, for a
+// pool that has no sessions.
+func (p *Pool) lastProviderError() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var last string
+	var at time.Time
+	apis := p.st.Load().apiGroups()
+	for _, pv := range apis {
+		if r := pv.refresh; r.LastError != "" && r.LastErrorAt.After(at) {
+			last, at = r.LastError, r.LastErrorAt
+			if len(apis) > 1 {
+				last = pv.name + ": " + last
+			}
+		}
+	}
+	if last == "" {
+		return "provider API has not answered yet"
+	}
+	return last
+}
