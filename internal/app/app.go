@@ -69,6 +69,7 @@ type App struct {
 	polite *ratelimit.Polite
 	shared *shared      // nil: this instance runs alone
 	admin  *http.Server // nil when admin.listen is ""
+	peer   *peerServer  // nil when fleet.peer_listen is ""
 
 	// The parts, for the tests that look inside.
 	CA       *mitm.Authority
@@ -156,11 +157,24 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		dopts.Store, dopts.Fleet, dopts.Recorder = a.shared.cache, a.shared.cache, a.shared.bus
 		counter = a.shared.bus
 	}
+	peerToken := peerToken(cfg.Fleet, getenv)
+	if a.lns.peer != nil {
+		pc := dedup.NewPeerClient(dedup.PeerClientConfig{Token: peerToken, Timeout: cfg.Fleet.PeerTimeout, IdleTimeout: cfg.Fleet.PeerIdleTimeout})
+		a.closers = append(a.closers, pc.Close)
+		dopts.Peers = pc
+	}
 	if a.Engine, err = dedup.New(cfg.Dedup, dopts); err != nil {
 		return nil, err
 	}
 	// Flights still running after the proxy drained are cut here.
 	a.closers = append(a.closers, a.Engine.Close)
+	if a.lns.peer != nil {
+		a.peer = newPeerServer(cfg.Fleet, a.lns.peer, peerToken, a.Engine.PeerHandler(), logger)
+		advertised := peerAdvertised(cfg.Fleet, a.lns.peer)
+		// Validation made sure a shared store is configured.
+		a.shared.cache.AdvertisePeer(advertised)
+		logger.Info("peer listening", "addr", a.lns.peer.Addr().String(), "advertised", advertised, "token", peerToken != "")
+	}
 	warnTTLOverRotation(logger, cfg, a.Upstream)
 
 	if a.Limiter, err = ratelimit.New(cfg.RateLimit, counter); err != nil {
@@ -232,7 +246,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 
 // Addrs are the bound listener addresses ("" for a listener that is off).
 type Addrs struct {
-	Proxy, SOCKS5, Admin string
+	Proxy, SOCKS5, Admin, Peer string
 }
 
 // Addrs returns where the app listens.
@@ -244,6 +258,9 @@ func (a *App) Addrs() Addrs {
 	}
 	if a.lns.admin != nil {
 		out.Admin = a.lns.admin.Addr().String()
+	}
+	if a.lns.peer != nil {
+		out.Peer = a.lns.peer.Addr().String()
 	}
 	return out
 }
@@ -273,6 +290,9 @@ func (a *App) Serve(ctx context.Context) error {
 			return nil
 		})
 	}
+	if a.peer != nil {
+		g.Go(a.peer.serve)
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		a.log.Info("shutting down", "grace", cfg.Proxy.ShutdownGrace)
@@ -281,6 +301,13 @@ func (a *App) Serve(ctx context.Context) error {
 		err := a.Proxy.Shutdown(sctx)
 		if a.admin != nil {
 			_ = a.admin.Shutdown(sctx)
+		}
+		if a.peer != nil {
+			// Bodies other instances still read from here end with the
+			// grace; they finish theirs from the origin.
+			if a.peer.srv.Shutdown(sctx) != nil {
+				a.peer.ln.CloseAll()
+			}
 		}
 		return err
 	})

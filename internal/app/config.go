@@ -45,6 +45,7 @@ type Config struct {
 	Dedup     dedup.Config        `yaml:"dedup"`
 	Redis     rediscache.Config   `yaml:"redis"`
 	Postgres  pgstore.Config      `yaml:"postgres"`
+	Fleet     FleetConfig         `yaml:"fleet"`
 	Auth      auth.Config         `yaml:"auth"`
 	RateLimit ratelimit.Config    `yaml:"rate_limit"`
 	Guard     netguard.Config     `yaml:"guard"`
@@ -135,6 +136,7 @@ func (c *Config) withDefaults() {
 	c.Dedup = c.Dedup.WithDefaults()
 	c.Redis = c.Redis.WithDefaults()
 	c.Postgres = c.Postgres.WithDefaults()
+	c.Fleet = c.Fleet.WithDefaults()
 	c.Auth = c.Auth.WithDefaults()
 	c.RateLimit = c.RateLimit.WithDefaults()
 	c.Savings = c.Savings.WithDefaults()
@@ -183,6 +185,7 @@ func (c *Config) validate(getenv func(string) string) error {
 		}
 		errs = append(errs, fmt.Errorf("postgres.url: set together with %s: a fleet shares one store, Redis or PostgreSQL; configure one of them", redisKey))
 	}
+	errs = append(errs, c.validateFleet(getenv)...)
 	add("auth", c.Auth.Validate(getenv))
 	add("rate_limit", c.RateLimit.Validate())
 	add("guard", c.Guard.Validate())

@@ -21,6 +21,9 @@ type shared struct {
 	cache interface {
 		dedup.Store
 		dedup.Fleet
+		// AdvertisePeer names this instance's peer listener in the
+		// flights it leads.
+		AdvertisePeer(addr string)
 	}
 	// bus carries session news, claims, sticky bindings, rate-limit
 	// counters and the per-day statistics.

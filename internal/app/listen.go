@@ -12,6 +12,7 @@ import (
 // listeners are the sockets onceproxy serves on.
 type listeners struct {
 	proxy, socks, admin net.Listener
+	peer                net.Listener // nil: fleet.peer_listen is ""
 	// self are the endpoints of our own listeners: the proxy must never
 	// connect to itself (a request looping back, or reaching the admin API
 	// through the proxy port).
@@ -38,7 +39,13 @@ func listen(cfg *Config) (*listeners, error) {
 			return nil, fmt.Errorf("admin.listen: %w", err)
 		}
 	}
-	for _, ln := range []net.Listener{l.proxy, l.socks, l.admin} {
+	if cfg.Fleet.PeerListen != "" {
+		if l.peer, err = net.Listen("tcp", cfg.Fleet.PeerListen); err != nil {
+			l.close()
+			return nil, fmt.Errorf("fleet.peer_listen: %w", err)
+		}
+	}
+	for _, ln := range []net.Listener{l.proxy, l.socks, l.admin, l.peer} {
 		if ln == nil {
 			continue
 		}
@@ -53,7 +60,7 @@ func listen(cfg *Config) (*listeners, error) {
 }
 
 func (l *listeners) close() {
-	for _, ln := range []net.Listener{l.proxy, l.socks, l.admin} {
+	for _, ln := range []net.Listener{l.proxy, l.socks, l.admin, l.peer} {
 		if ln != nil {
 			ln.Close()
 		}
@@ -64,7 +71,7 @@ func (l *listeners) close() {
 type selfError struct{ addr netip.AddrPort }
 
 func (e *selfError) Error() string {
-	return "refusing to connect to " + e.addr.String() + ": that is onceproxy's own proxy, SOCKS5 or admin port"
+	return "refusing to connect to " + e.addr.String() + ": that is onceproxy's own proxy, SOCKS5, admin or peer port"
 }
 func (e *selfError) HTTPStatus() int { return http.StatusForbidden }
 

@@ -38,6 +38,13 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 			s := engine.Stats()
 			emit(s.MoneySaved, s.Currency)
 		}))
+	m.Register(metrics.NewVec("peer_fetches_total", "Flights that read a body too big for the shared store from the instance downloading it: whole from it (ok), from the origin after all (fallback: the peer could not be asked, refused the token, or failed mid-body), or neither (failed: cut mid-body, not to be asked again).",
+		true, []string{"result"}, func(emit func(float64, ...string)) {
+			p := engine.Stats().PeerFetches
+			emit(float64(p.OK), "ok")
+			emit(float64(p.Fallback), "fallback")
+			emit(float64(p.Failed), "failed")
+		}))
 	m.Counter("certificates_minted_total", "Leaf certificates signed by the local CA.",
 		func() float64 { return float64(ca.Stats().Mints) })
 	m.Gauge("certificates_cached", "Leaf certificates held in memory.",

@@ -1,6 +1,7 @@
 package dedup
 
 import (
+	"context"
 	"io"
 	"log/slog"
 	"net/http"
@@ -102,6 +103,56 @@ func BenchmarkStreamReaders(b *testing.B) {
 					})
 				}
 				wg.Wait()
+			}
+		})
+	}
+}
+
+// BenchmarkPeerFetch measures one big object (16 MiB, over max_body_bytes:
+// spooled to a file on both sides) read by another instance's flight from
+// the leader's peer listener as the leader downloads it, and from there
+// by 1 or 10 readers: the bytes per second are the follower's readers'.
+func BenchmarkPeerFetch(b *testing.B) {
+	const size = 16 << 20
+	body := pattern(size)
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", strconv.Itoa(size))
+		w.Write(body)
+	}))
+	defer origin.Close()
+	for _, readers := range []int{1, 10} {
+		b.Run(strconv.Itoa(readers), func(b *testing.B) {
+			insts := peerFleet(b, 2, origin, Config{MaxBodyBytes: 1 << 20}, nil)
+			a, f := insts[0], insts[1]
+			b.SetBytes(int64(size * readers))
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				i++
+				url := origin.URL + "/obj?i=" + strconv.Itoa(i)
+				leader, err := a.open(context.Background(), url)
+				if err != nil {
+					b.Fatal(err)
+				}
+				var wg sync.WaitGroup
+				wg.Go(func() { io.Copy(io.Discard, leader.Body); leader.Body.Close() })
+				for range readers {
+					wg.Go(func() {
+						resp, err := f.open(context.Background(), url)
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						if n, err := io.Copy(io.Discard, resp.Body); err != nil || n != size {
+							b.Errorf("read %d bytes, %v", n, err)
+						}
+						resp.Body.Close()
+					})
+				}
+				wg.Wait()
+			}
+			if st := f.eng.Stats().PeerFetches; st.OK == 0 || st.Fallback+st.Failed != 0 {
+				b.Fatalf("follower's peer fetches %+v", st)
 			}
 		})
 	}

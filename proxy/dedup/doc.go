@@ -29,5 +29,8 @@
 // flight.go (the registry of flights and who waits on them), download.go
 // (the flight's second half: the body into the spool, then the cache),
 // spool.go, disk.go (the disk tier), stream.go and ranges.go (responses
-// from spools and files, Range), peer.go (bodies served to the fleet).
+// from spools and files, Range), peer.go (bodies too big for the shared
+// store, served to the fleet's other instances and read from them, and
+// finished from the origin when a peer fails), peerclient.go (the client
+// that reads them).
 package dedup

@@ -30,6 +30,11 @@ type download struct {
 	release func() // ends ctx's timers
 	slots   func() // gives back the flight's max_flights slots
 	lease   Lease  // nil: no fleet, or the fleet was already told
+	// limit is the size past which the body cannot go through the shared
+	// store (see shareLimit); streamed: the lease was kept, and the
+	// fleet's waiters read the body from this instance's peer listener.
+	limit    int64
+	streamed bool
 }
 
 // stallError ends a download whose origin sent nothing for stall_timeout.
@@ -49,14 +54,49 @@ func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl t
 	// (nobody left) while the download still ends its work on the spool.
 	obj.body.hold()
 	obj.keep = ttl > 0 && e.canKeep(size)
-	if lease != nil && (size > int64(e.cfg.MaxBodyBytes) || size > e.storeLimit()) {
-		// It cannot be shared through the store: the fleet's waiters
-		// need not wait for the end of a long download to learn that.
-		e.finishLease(lease, key, Outcome{Err: errTooLarge}, 0)
-		lease = nil
-	}
-	return obj, &download{e: e, key: key, obj: obj, body: resp.Body, ttl: ttl,
+	d := &download{e: e, key: key, obj: obj, body: resp.Body, ttl: ttl,
 		ctx: ctx, cancel: cancel, release: release, slots: slots, lease: lease}
+	d.limit = d.shareLimit()
+	if size > d.limit {
+		// The fleet's waiters need not wait for the end of a long
+		// download to learn that it will not come through the store.
+		d.tooBig()
+	}
+	return obj, d
+}
+
+// shareLimit is the body size past which the lease cannot share the body
+// through the store: max_body_bytes and the Store's own limit, or, for a
+// lease that can send its waiters here instead, the store's value limit.
+func (d *download) shareLimit() int64 {
+	limit := min(int64(d.e.cfg.MaxBodyBytes), d.e.storeLimit())
+	if sl, ok := d.lease.(StreamingLease); ok {
+		if above := sl.StreamAbove(); above > 0 {
+			limit = min(limit, above)
+		}
+	}
+	return limit
+}
+
+// tooBig tells the fleet that the body will not come through the store:
+// its waiters read it from here, keeping the lease until the end of the
+// download (a StreamingLease), or fetch their own.
+func (d *download) tooBig() {
+	if d.lease == nil || d.streamed {
+		return
+	}
+	if sl, ok := d.lease.(StreamingLease); ok && sl.StreamAbove() > 0 {
+		ctx, cancel := context.WithTimeout(d.e.base, 5*time.Second)
+		err := sl.Stream(ctx)
+		cancel()
+		if err == nil {
+			d.streamed = true
+			return
+		}
+		d.e.log.Warn("could not offer a big body to the fleet from this instance; the others fetch their own", "key", d.key, "err", err)
+	}
+	d.e.finishLease(d.lease, d.key, TooLarge(nil), 0)
+	d.lease = nil
 }
 
 // canKeep reports whether a body of this declared size (-1 unknown) could
@@ -77,10 +117,14 @@ func (d *download) run(f *flight) {
 	defer d.obj.body.release()
 	defer func() {
 		if p := recover(); p != nil {
-			// The spool's readers must not wait for ever.
+			// The spool's readers must not wait for ever, nor the
+			// fleet's for the lease.
 			d.e.log.Error("panic in a download; recovered", "key", d.key, "panic", p, "stack", string(debug.Stack()))
 			d.e.flights.unlist(f)
 			d.obj.body.finish(fmt.Errorf("internal error in flight: %v", p))
+			if d.lease != nil {
+				d.lease.Release()
+			}
 		}
 	}()
 	d.obj.body.interest = func() int { return d.e.flights.interestIn(f) }
@@ -136,6 +180,10 @@ func (d *download) copy(f *flight) error {
 			if werr := write(d.ctx, buf[:k]); werr != nil {
 				return d.why(werr)
 			}
+			if n > d.limit && d.lease != nil && !d.streamed {
+				// A body of unknown length just outgrew the store.
+				d.tooBig()
+			}
 		}
 		if rerr == io.EOF {
 			return nil
@@ -176,7 +224,7 @@ func (d *download) keep() {
 		return
 	}
 	if d.lease != nil {
-		e.finishLease(d.lease, d.key, Outcome{Err: errTooLarge}, 0)
+		e.finishLease(d.lease, d.key, TooLarge(nil), 0)
 	}
 	if !d.keeping() || e.disk == nil {
 		return

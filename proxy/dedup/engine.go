@@ -37,6 +37,11 @@ type Options struct {
 	// Prices, when set, prices each upstream on its own (providers with
 	// their own prices); Savings otherwise.
 	Prices Prices
+	// Peers reads bodies from other instances' peer listeners (a
+	// PeerClient): a flight whose leader elsewhere streams a body too big
+	// for the shared store reads it from there. nil: such bodies are
+	// fetched from the origin by every instance.
+	Peers http.RoundTripper
 }
 
 // Engine deduplicates requests: it answers from the cache, makes identical
@@ -57,6 +62,7 @@ type Engine struct {
 	// shared one).
 	peek  func(ctx context.Context, key string) (*Entry, error)
 	next  http.RoundTripper
+	peers http.RoundTripper // nil: no reading from peers
 	log   *slog.Logger
 	fleet Fleet
 	rec   Recorder
@@ -98,7 +104,7 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if err := savings.Validate(); err != nil {
 		return nil, fmt.Errorf("dedup: savings: %w", err)
 	}
-	e := &Engine{cfg: cfg, store: o.Store, next: o.Next, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
+	e := &Engine{cfg: cfg, store: o.Store, next: o.Next, peers: o.Peers, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
 		perClient: map[string]int{}, perUpstream: o.Prices}
 	e.rules.Store(compileRules(cfg))
 	e.workers.maxIdle = maxIdleWorkers
@@ -489,7 +495,7 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http
 		}
 		avoided = len(ent.Body)
 	}
-	e.countSaved(xcache, avoided, e.moneySaved(ent, xcache, avoided))
+	e.tally(req, xcache, avoided, e.moneySaved(ent, xcache, avoided))
 	return resp, true
 }
 
@@ -517,6 +523,16 @@ func (e *Engine) countSaved(xcache string, avoided int, moneyNano int64) {
 	if e.rec != nil {
 		e.rec.Record(xcache, avoided, moneyNano)
 	}
+}
+
+// tally counts one client's response (countSaved); a body read by another
+// instance's flight is not a client's request and counts nothing here:
+// its readers there count.
+func (e *Engine) tally(req *http.Request, xcache string, avoided int, moneyNano int64) {
+	if isPeerRead(req.Context()) {
+		return
+	}
+	e.countSaved(xcache, avoided, moneyNano)
 }
 
 // headerUpstream names the upstream session that fetched a response (set
@@ -595,11 +611,14 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	}
 	label := CacheMiss
 	var lease Lease
+	var peer *Peer // the instance to read the body from
 	if e.fleet != nil {
 		var out *Outcome
 		var err error
 		lease, out, err = e.joinFleet(req.Context(), key)
 		switch {
+		case out != nil && out.IsTooLarge() && out.Peer != nil && e.peers != nil:
+			peer = out.Peer
 		case out != nil:
 			return fleetResult(out), nil
 		case errors.Is(err, ErrUnavailable):
@@ -653,10 +672,27 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	if body != nil {
 		setBody(out, body)
 	}
-	e.st.upstream.Add(1)
-	resp, err := e.next.RoundTrip(out)
-	if err != nil {
-		return fail(err), nil
+	var resp *http.Response
+	if peer != nil {
+		// Its flight is ours: the body streams from the peer into our
+		// spool, for every local reader, and is cached here. A peer that
+		// cannot serve it costs one download from the origin, never an
+		// error.
+		if resp = e.askPeer(ctx, key, *peer); resp != nil {
+			label = CacheCoalesced
+		}
+	}
+	if resp == nil {
+		e.st.upstream.Add(1)
+		var err error
+		if resp, err = e.next.RoundTrip(out); err != nil {
+			return fail(err), nil
+		}
+	}
+	fromPeer := peer != nil && label == CacheCoalesced
+	var peerVary []HeaderValue
+	if fromPeer {
+		peerVary = peerHeaders(resp.Header)
 	}
 	size := resp.ContentLength
 	if req.Method == http.MethodHead || !bodyAllowed(resp.StatusCode) {
@@ -672,6 +708,11 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		return fail(timeout), nil
 	}
 	meta, ttl := e.metaFor(req, rule, resp)
+	if fromPeer {
+		// The body is the leader's variant, fetched for its request's
+		// values: local requests with other values go to their own.
+		meta.Vary = peerVary
+	}
 	if size == 0 {
 		resp.Body.Close()
 		release()
@@ -683,6 +724,9 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		return &flightResult{entry: ent, label: label}, nil
 	}
 	obj, dl := e.newDownload(key, resp, meta, ttl, ctx, cancel, release, slots, lease)
+	if fromPeer {
+		dl.body = e.newPeerBody(key, *peer, resp.Body, out, meta, size, obj.body)
+	}
 	return &flightResult{obj: obj, label: label}, dl
 }
 
@@ -743,7 +787,7 @@ func fleetResult(out *Outcome) *flightResult {
 	if out.Cached {
 		label = CacheHit
 	}
-	if out.Err == errTooLarge {
+	if out.IsTooLarge() {
 		// Also with out.Peer: this engine has no way to fetch from a
 		// peer.
 		return &flightResult{fetchOwn: true}
@@ -765,7 +809,7 @@ func isTimeoutErr(err error) bool {
 // told to fetch their own copy.
 func (e *Engine) streamResult(resp *http.Response, timer *time.Timer, release func(), lease Lease) *flightResult {
 	if lease != nil {
-		e.finishLease(lease, "", Outcome{Err: errTooLarge}, 0)
+		e.finishLease(lease, "", TooLarge(nil), 0)
 	}
 	if !timer.Stop() {
 		resp.Body.Close()

@@ -47,11 +47,41 @@ type Outcome struct {
 	Timeout bool
 	// Cached is set when Join found the value already stored.
 	Cached bool
-	// Peer, with Err errTooLarge, names the instance that downloads the
-	// body (too big for the shared store) and serves it to its fleet from
-	// Engine.PeerHandler. An engine without a way to fetch from peers
-	// fetches its own copy, as for any errTooLarge.
+	// Peer, on a TooLarge outcome, names the instance that downloads the
+	// body and serves it from its peer listener (Engine.PeerHandler) while
+	// it does, and from its cache after. An engine with Options.Peers
+	// reads it from there; one without fetches its own copy. Shared stores
+	// carry it with the leader's lease, never in the stored outcome, so
+	// that instances of older versions read the outcome they know.
 	Peer *Peer
+}
+
+// TooLarge is the outcome a flight shares when its response is too big to
+// go through the shared store: its waiters read the body from peer, or,
+// with none, fetch their own copy.
+func TooLarge(peer *Peer) Outcome { return Outcome{Err: errTooLarge, Peer: peer} }
+
+// IsTooLarge reports whether o is a TooLarge outcome.
+func (o *Outcome) IsTooLarge() bool { return o.Entry == nil && o.Err == errTooLarge }
+
+// A StreamingLease is a Lease whose fleet can send the flight's waiters to
+// this instance's peer listener for a body too big for the shared store,
+// instead of telling them to fetch their own copy: the lease is then held
+// for the whole download, so that instances joining meanwhile are sent
+// there too, and the fleet downloads the body once.
+type StreamingLease interface {
+	Lease
+	// StreamAbove is the body size above which the fleet would rather its
+	// waiters read the body from this instance than receive it through
+	// the store (the store's value limit); 0: it cannot (no peer address
+	// advertised).
+	StreamAbove() int64
+	// Stream tells the flight's waiters everywhere that the body comes
+	// from this instance (TooLarge with this instance as Peer). After it
+	// succeeds the lease stays held until Finish or Release, which the
+	// engine calls at the end of the download; Finish then shares the
+	// entry only if the store can hold it, and TooLarge otherwise.
+	Stream(ctx context.Context) error
 }
 
 // Peer is an instance of the fleet that serves the bodies it holds.

@@ -99,7 +99,7 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 		b.done()
 		header = http.Header{"Content-Range": {"bytes */" + strconv.FormatInt(size, 10)}, "Content-Length": {"0"}}
 		markCache(header, xcache, key)
-		e.count(xcache, 0)
+		e.tally(req, xcache, 0, 0)
 		return &http.Response{Status: "416 " + http.StatusText(http.StatusRequestedRangeNotSatisfiable), StatusCode: http.StatusRequestedRangeNotSatisfiable,
 			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: http.NoBody, Request: req}, true
 	}
@@ -115,7 +115,7 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 	if xcache == CacheHit {
 		header.Set("Age", age(meta))
 	}
-	e.countSaved(xcache, int(n), e.moneySaved(meta, xcache, int(n)))
+	e.tally(req, xcache, int(n), e.moneySaved(meta, xcache, int(n)))
 	return &http.Response{Status: "206 " + http.StatusText(http.StatusPartialContent), StatusCode: http.StatusPartialContent,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: body, ContentLength: n, Request: req}, true
 }

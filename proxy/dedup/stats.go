@@ -28,6 +28,10 @@ type counters struct {
 	moneyNano                    atomic.Int64  // money saved, in billionths of the currency
 	flights                      atomic.Int64  // flights fetching right now
 	waiters                      atomic.Int64  // requests waiting on a flight right now
+	// Flights that read their body from another instance: whole from it
+	// (ok), from the origin after all (fallback: the peer could not be
+	// asked or failed mid-body), or neither (failed).
+	peerOK, peerFallback, peerFailed atomic.Uint64
 }
 
 func (c *counters) count(xcache string, avoided int, moneyNano int64) {
@@ -68,6 +72,24 @@ type Stats struct {
 	// Disk is the disk tier; nil when it is off.
 	Disk  *StoreStats `json:"disk,omitempty"`
 	Spool SpoolStats  `json:"spool"`
+	// PeerFetches counts this instance's flights that read their body
+	// from the instance downloading it.
+	PeerFetches PeerStats `json:"peer_fetches"`
+}
+
+// PeerStats counts flights that read their body from another instance.
+type PeerStats struct {
+	// OK: the peer served the whole body.
+	OK uint64 `json:"ok"`
+	// Fallback: the peer could not be asked (refused, timeout, a bad
+	// token, nothing held) or failed mid-body, and the body came from the
+	// origin: one more download.
+	Fallback uint64 `json:"fallback"`
+	// A fallback mid-body that the origin cannot finish with the same
+	// bytes is still an error for the readers, never a spliced body.
+	// Failed: the peer failed mid-body and the body could not be asked
+	// for again (not a plain GET, or the flight was ending).
+	Failed uint64 `json:"failed"`
 }
 
 // SpoolStats describes the bodies being downloaded or still being read.
@@ -90,6 +112,7 @@ func (c *counters) snapshot() Stats {
 		MoneySaved:       float64(c.moneyNano.Load()) / 1e9,
 		Flights:          c.flights.Load(),
 		Waiters:          c.waiters.Load(),
+		PeerFetches:      PeerStats{OK: c.peerOK.Load(), Fallback: c.peerFallback.Load(), Failed: c.peerFailed.Load()},
 	}
 	s.SavingsPct = savingsPct(hit+co, s.Requests)
 	return s

@@ -84,6 +84,6 @@ func (e *Engine) streamResponse(req *http.Request, meta *Entry, body io.ReadClos
 	if xcache == CacheHit || xcache == CacheCoalesced {
 		avoided = int(max(size, 0))
 	}
-	e.countSaved(xcache, avoided, e.moneySaved(meta, xcache, avoided))
+	e.tally(req, xcache, avoided, e.moneySaved(meta, xcache, avoided))
 	return resp, true
 }

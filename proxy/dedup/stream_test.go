@@ -30,7 +30,7 @@ import (
 
 // streamConfig puts the spool and the disk tier in the test's own
 // directories (so the test can look at them), with a minute of TTL.
-func streamConfig(t *testing.T, c Config) Config {
+func streamConfig(t testing.TB, c Config) Config {
 	t.Helper()
 	if c.SpoolDir == "" {
 		c.SpoolDir = t.TempDir()

@@ -39,6 +39,9 @@ type Cache struct {
 	gets singleflight.Group
 	// pending holds what was cached while the database was away.
 	pending pendingSet
+	// peer is the address of this instance's peer listener, named by
+	// the flights it leads (AdvertisePeer); nil or "": none.
+	peer atomic.Pointer[string]
 }
 
 var (

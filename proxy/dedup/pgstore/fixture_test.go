@@ -43,6 +43,9 @@ type fleetFixture struct {
 	hits   atomic.Int64
 	insts  []*instance
 	logs   *logbuf.Buffer
+	// peers: instances started from now on serve bodies too big for the
+	// table on a peer listener and read them from each other's.
+	peers bool
 }
 
 // newFleet starts n instances sharing a schema of their own on the shared
@@ -113,7 +116,13 @@ func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	transport := &http.Transport{}
-	eng, err := dedup.New(dc, dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger})
+	opts := dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger}
+	var peer *peerListener
+	if f.peers {
+		peer = startPeerListener(t, st)
+		opts.Peers = peer.client
+	}
+	eng, err := dedup.New(dc, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,6 +130,9 @@ func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance 
 	done := make(chan struct{})
 	go func() { defer close(done); be.Run(ctx) }()
 	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, local: local, trace: tr}
+	if peer != nil {
+		peer.engine.Store(eng)
+	}
 	var once sync.Once
 	inst.stop = func() {
 		once.Do(func() {

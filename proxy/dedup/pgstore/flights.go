@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
+	"strings"
 	"sync"
 	"time"
 
@@ -89,6 +90,9 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			continue
 		case stateOutcome:
 			if out, ok := s.decodeOutcome(ctx, key, val); ok {
+				if out.IsTooLarge() && s.peerAddr() != "" {
+					out.Peer = s.peerFor(ctx, key)
+				}
 				return nil, out, nil
 			}
 			if unreadable++; unreadable >= maxUnreadable {
@@ -234,6 +238,9 @@ type lease struct {
 	lock int64
 	conn *pgxpool.Conn // nil: led without a lock
 	once sync.Once
+	// streamed: the waiters read the body from our peer listener (a row
+	// beside the outcome names it), until the end of the download.
+	streamed bool
 }
 
 // done gives the flight connection back, or ends its session when the
@@ -251,6 +258,36 @@ func (l *lease) done(err error) {
 	l.conn = nil
 	<-l.s.slots
 	l.s.leases.Done()
+}
+
+// StreamAbove implements dedup.StreamingLease: bodies bigger than a value
+// in the table may be are read from this instance, when it advertises a
+// peer listener and holds the key's lock (a flight led without it would
+// send waiters to a download another instance may duplicate).
+func (l *lease) StreamAbove() int64 {
+	if l.conn == nil || l.s.peerAddr() == "" {
+		return 0
+	}
+	return int64(l.s.cfg.MaxValueBytes)
+}
+
+// Stream implements dedup.StreamingLease: the TooLarge outcome and the
+// row naming our peer listener, written together, and the wake-up of the
+// waiters. The lock stays held by the flight's connection.
+func (l *lease) Stream(ctx context.Context) error {
+	s := l.s
+	if l.StreamAbove() == 0 {
+		return errors.New("pgstore: no peer address advertised, or the flight runs without the lock")
+	}
+	err := s.exec(ctx, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, s.sql.stream, l.key, storecodec.EncodeOutcome(dedup.TooLarge(nil)),
+			peerRowKey(l.key), encodePeer(s.instance, s.peerAddr()), streamingTTL.Milliseconds(), s.channel, "d "+l.key)
+		return err
+	})
+	if err == nil {
+		l.streamed = true
+	}
+	return err
 }
 
 // Finish implements dedup.Lease.
@@ -295,6 +332,11 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 			value = nil
 		}
 	}
+	if value == nil && l.streamed {
+		// The waiters read the body from our peer listener: the entry
+		// need not cross the database too.
+		out = dedup.TooLarge(nil)
+	}
 	var sql string
 	var args []any
 	payload := "d " + l.key
@@ -318,6 +360,11 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(sql, args...)
+		if l.streamed {
+			// Kept only as long as an outcome: the body may still be in
+			// our cache for a late waiter.
+			b.Queue(s.sql.expirePeer, peerRowKey(l.key), s.cfg.FailureTTL.Milliseconds())
+		}
 		b.Queue("COMMIT")
 		b.Queue(s.sql.unlock, l.lock).QueryRow(func(r pgx.Row) error { return r.Scan(&unlocked) })
 		return l.conn.SendBatch(ctx, b).Close()
@@ -397,4 +444,69 @@ func notify(ch chan struct{}) {
 	case ch <- struct{}{}:
 	default: // already has a pending wake-up
 	}
+}
+
+// The peer listener of a flight's leader that streams its body is a row of
+// the outcomes table beside the flight's TooLarge outcome, under
+// peerRowKey: instances of older versions read outcomes by the flight's
+// own key only, so the outcome they find is the one they know ("fetch
+// your own"), and the schema is unchanged. Its value is "p1 <instance>
+// <address>".
+//
+// streamingTTL bounds both rows of a leader that dies mid-download (its
+// lock goes with its session; the next leader's lock drops the outcome,
+// and a row naming a dead peer costs a waiter a refused connection and its
+// own download). Finish cuts them to failure_ttl.
+const streamingTTL = time.Hour
+
+func peerRowKey(key string) string { return "peer " + key }
+
+func encodePeer(instance, addr string) []byte { return []byte("p1 " + instance + " " + addr) }
+
+// decodePeer parses a peer row; ok is false for anything this build did
+// not write.
+func decodePeer(b []byte) (instance, addr string, ok bool) {
+	rest, ok := strings.CutPrefix(string(b), "p1 ")
+	if !ok {
+		return "", "", false
+	}
+	instance, addr, ok = strings.Cut(rest, " ")
+	if !ok || instance == "" || len(instance) > 64 || !dedup.ValidPeerAddr(addr) {
+		return "", "", false
+	}
+	return instance, addr, true
+}
+
+// AdvertisePeer sets the address of this instance's peer listener: the
+// flights it leads from now on send the fleet's waiters there for bodies
+// too big for the table (dedup.StreamingLease). "" stops.
+func (s *Cache) AdvertisePeer(addr string) { s.peer.Store(&addr) }
+
+func (s *Cache) peerAddr() string {
+	if p := s.peer.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// peerFor reads the peer listener the leader of key's flight named, for
+// a waiter told the body is too big for the table; nil when there is
+// none, it is ours, or it cannot be read.
+func (s *Cache) peerFor(ctx context.Context, key string) *dedup.Peer {
+	var blob []byte
+	err := s.exec(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, s.sql.peer, peerRowKey(key)).Scan(&blob)
+	})
+	if err != nil {
+		return nil // none (no rows), or the database is away: fetch our own
+	}
+	instance, addr, ok := decodePeer(blob)
+	if !ok {
+		s.rejected.Add(1)
+		return nil
+	}
+	if instance == s.instance {
+		return nil
+	}
+	return &dedup.Peer{Instance: instance, Addr: addr}
 }

@@ -11,6 +11,8 @@ type statements struct {
 
 	// Flights.
 	acquire, dropOutcome, setOutcome, unlock, release string
+	// Streaming a body from the leader's peer listener.
+	stream, peer, expirePeer string
 
 	// The bus.
 	notify, keepNote, recall, claim, unclaim, incr string
@@ -57,6 +59,15 @@ func newStatements(schema string) statements {
 			ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at)
 			SELECT pg_notify($4, $5)`),
 		unlock: `SELECT pg_advisory_unlock($1)`,
+		// The TooLarge outcome ($1, $2) and the row naming the leader's
+		// peer listener ($3, $4), both for $5 ms, and the wake-up ($6
+		// channel, $7 payload).
+		stream: s(`WITH w AS (INSERT INTO {s}.outcomes (key, value, expires_at)
+			VALUES ($1, $2, now() + $5::bigint * interval '1 millisecond'), ($3, $4, now() + $5::bigint * interval '1 millisecond')
+			ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at)
+			SELECT pg_notify($6, $7)`),
+		peer:       s(`SELECT value FROM {s}.outcomes WHERE key = $1 AND expires_at > now()`),
+		expirePeer: s(`UPDATE {s}.outcomes SET expires_at = now() + $2::bigint * interval '1 millisecond' WHERE key = $1`),
 		// Gives up a flight without an outcome: its waiters take over at
 		// once instead of at their next poll.
 		release: `SELECT pg_advisory_unlock($1), pg_notify($2, $3)`,

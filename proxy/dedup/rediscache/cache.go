@@ -45,6 +45,9 @@ type Cache struct {
 	// being slow and open the breaker exactly when sharing matters most).
 	gets   singleflight.Group
 	leases sync.WaitGroup // lease renewals running
+	// peer is the address of this instance's peer listener, named by
+	// the leases it takes (AdvertisePeer); nil or "": none.
+	peer atomic.Pointer[string]
 }
 
 // mark is what this process knows of its memory copy of a key.

@@ -33,6 +33,7 @@ type instance struct {
 	store  *Cache
 	bus    *Bus
 	engine *dedup.Engine
+	peer   *peerListener // nil without peers
 	stop   func()
 }
 
@@ -43,6 +44,9 @@ type fleetFixture struct {
 	hits   atomic.Int64
 	insts  []*instance
 	logs   *logbuf.Buffer
+	// peers: instances started from now on serve bodies too big for
+	// Redis on a peer listener and read them from each other's.
+	peers bool
 }
 
 // newFleet starts n instances sharing one private redis-server, all in
@@ -85,14 +89,23 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	tr := &http.Transport{}
-	eng, err := dedup.New(dc, dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger})
+	opts := dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger}
+	var peer *peerListener
+	if f.peers {
+		peer = startPeerListener(t, st)
+		opts.Peers = peer.client
+	}
+	eng, err := dedup.New(dc, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); be.Run(ctx) }()
-	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng}
+	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, peer: peer}
+	if peer != nil {
+		peer.engine.Store(eng)
+	}
 	var once sync.Once
 	inst.stop = func() {
 		once.Do(func() {

@@ -2,10 +2,13 @@ package rediscache
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -17,10 +20,10 @@ import (
 // joinScript is a fleet flight's state machine, one atomic step, and the
 // only round trip a request needs before it knows what to do:
 //
-//	value stored            → {2}           a hit, or the result waited for
-//	waited, outcome stored  → {3, outcome}  the flight waited on ended without a value
+//	value stored            → {2}                    a hit, or the result waited for
+//	waited, outcome stored  → {3, outcome, holder}   the flight waited on ended without a value
 //	lock free               → take it, drop a stale outcome → {1}: lead
-//	lock held               → flag the flight as waited on → {0, holder}: wait
+//	lock held               → flag the flight as waited on → {0, holder, outcome}: wait
 //
 // KEYS: lock, value, outcome, waiters. ARGV: token, lease (ms), "1" once
 // the caller has waited, and a holder found gone (or "").
@@ -36,11 +39,19 @@ import (
 // the leader that someone elsewhere waits: only then does the end of the
 // flight cost a message to every instance (and, without a value, an
 // outcome kept in Redis).
+//
+// The holder, the lock's value, names the leader's peer listener when it
+// has one (see leaseToken). A leader streaming a body too big for Redis
+// keeps its lock and an outcome saying so (see streamScript): a new
+// request sees both at once and reads the body from the leader instead of
+// waiting for a download that will not come through Redis. While a lock
+// is held every outcome there is its holder's: taking the lock drops the
+// one before.
 var joinScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[2]) == 1 then return {2} end
 if ARGV[3] == '1' then
   local o = redis.call('GET', KEYS[3])
-  if o then return {3, o} end
+  if o then return {3, o, redis.call('GET', KEYS[1])} end
 end
 if ARGV[4] ~= '' and redis.call('GET', KEYS[1]) == ARGV[4] then redis.call('DEL', KEYS[1]) end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
@@ -48,7 +59,7 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {1}
 end
 redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
-return {0, redis.call('GET', KEYS[1])}
+return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[3])}
 `)
 
 // finishScript ends a flight whose value, if any, a plain SET just before
@@ -72,10 +83,31 @@ redis.call('PUBLISH', ARGV[4], ARGV[5])
 return 1
 `)
 
-// renewScript extends our own lock.
+// renewScript extends our own lock, and the outcome a streaming lease
+// keeps beside it (ARGV[3] "1").
+// KEYS: lock, outcome. ARGV: token, lease (ms), "1" when streaming.
 var renewScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  if ARGV[3] == '1' then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
 return 0
+`)
+
+// streamScript keeps our lock and stores, for as long as it, the outcome
+// that sends the flight's waiters to our peer listener for a body too big
+// for Redis; those already waiting are woken. 0: the lock is not ours any
+// more.
+// KEYS: lock, value, outcome, waiters. ARGV: token, outcome, lease (ms),
+// channel, message.
+var streamScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3])
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('DEL', KEYS[4])
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
+return 1
 `)
 
 // releaseScript drops our own lock without an outcome and wakes the
@@ -113,12 +145,13 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	// check and the wait must still wake us.
 	wake := s.waiters.add(tag)
 	defer s.waiters.remove(tag, wake)
-	token := s.newToken()
+	token := s.leaseToken()
 	keys := s.flightKeys(tag)
 	var (
 		poll   *time.Ticker
 		waited bool
 		holder string // the lock's holder as last seen, if it keeps a presence key
+		seen   string // the lock's holder as last seen
 		gone   string // a holder found gone: take its lock over
 		again  int    // looks in a row without waiting
 	)
@@ -164,6 +197,13 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		case 3:
 			out, err := storecodec.DecodeOutcome([]byte(stringAt(res, 1)), s.maxBody())
 			if err == nil {
+				if out.IsTooLarge() {
+					// The leader still streaming it, or the one we
+					// waited on, which may hold it in its cache.
+					if out.Peer = s.peerOf(stringAt(res, 2)); out.Peer == nil {
+						out.Peer = s.peerOf(seen)
+					}
+				}
 				return nil, out, nil
 			}
 			_ = s.exec(ctx, func(ctx context.Context) error { return s.rdb.Del(ctx, keys[2]).Err() })
@@ -172,6 +212,10 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		// Someone else leads. Gone (its presence lapsed while it still
 		// holds the lock): take over now, not when the lease lapses.
 		h := stringAt(res, 1)
+		seen = h
+		if out := s.streaming(h, stringAt(res, 2)); out != nil {
+			return nil, out, nil
+		}
 		if holder != "" && h == holder && !present {
 			s.log.Info("redis: a flight's leader is gone; taking it over", "leader", h)
 			gone = h
@@ -300,6 +344,9 @@ type lease struct {
 	token string
 	stop  context.CancelFunc
 	once  sync.Once
+	// streamed: the waiters read the body from our peer listener; the
+	// renewals keep the outcome that says so beside the lock.
+	streamed atomic.Bool
 }
 
 func (s *Cache) newLease(tag, token string) *lease {
@@ -324,10 +371,47 @@ func (l *lease) renew(ctx context.Context) {
 			return
 		case <-t.C:
 			_ = l.s.exec(ctx, func(ctx context.Context) error {
-				return renewScript.Run(ctx, l.s.rdb, []string{l.s.lockKey(l.tag)}, l.token, ms).Err()
+				streamed := "0"
+				if l.streamed.Load() {
+					streamed = "1"
+				}
+				return renewScript.Run(ctx, l.s.rdb, []string{l.s.lockKey(l.tag), l.s.outcomeKey(l.tag)}, l.token, ms, streamed).Err()
 			})
 		}
 	}
+}
+
+// StreamAbove implements dedup.StreamingLease: bodies bigger than a
+// Redis value may be are read from this instance, when its token names
+// its peer listener.
+func (l *lease) StreamAbove() int64 {
+	if !strings.Contains(l.token, peerMark) {
+		return 0
+	}
+	return int64(l.s.cfg.MaxValueBytes)
+}
+
+// Stream implements dedup.StreamingLease.
+func (l *lease) Stream(ctx context.Context) error {
+	if l.StreamAbove() == 0 {
+		return errors.New("rediscache: no peer address advertised")
+	}
+	// Before the outcome is visible: a renewal racing it must keep it.
+	l.streamed.Store(true)
+	var kept int64
+	err := l.s.exec(ctx, func(ctx context.Context) error {
+		var err error
+		kept, err = streamScript.Run(ctx, l.s.rdb, l.s.flightKeys(l.tag), l.token,
+			storecodec.EncodeOutcome(dedup.TooLarge(nil)), l.s.cfg.Lease.Milliseconds(), l.s.channel, "d "+l.tag).Int64()
+		return err
+	})
+	if err == nil && kept == 0 {
+		err = errors.New("rediscache: the flight's lock was lost (it lapsed, and another instance took it)")
+	}
+	if err != nil {
+		l.streamed.Store(false)
+	}
+	return err
 }
 
 // Finish implements dedup.Lease.
@@ -367,6 +451,11 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 			value = nil
 			s.keepOwn(key, out.Entry, false)
 		}
+	}
+	if value == nil && l.streamed.Load() {
+		// The waiters read the body from our peer listener: the entry
+		// need not cross Redis too.
+		out = dedup.TooLarge(nil)
 	}
 	if value == nil {
 		outcome = storecodec.EncodeOutcome(out)
@@ -454,4 +543,72 @@ func (w *waiterSet) wake(tag string) {
 		}
 	}
 	w.mu.Unlock()
+}
+
+// A lease's token names this instance's peer listener when it advertises
+// one: "<token>~<address, base64url>". The address is encoded so that the
+// token keeps the shape older versions read: they take what precedes the
+// first "." for the holder's instance, and base64url has no ".".
+const peerMark = "~"
+
+// AdvertisePeer sets the address of this instance's peer listener, which
+// the leases it takes from now on name: the fleet's waiters then read
+// bodies too big for Redis from it (dedup.StreamingLease). "" stops.
+func (s *Cache) AdvertisePeer(addr string) { s.peer.Store(&addr) }
+
+func (s *Cache) peerAddr() string {
+	if p := s.peer.Load(); p != nil {
+		return *p
+	}
+	return ""
+}
+
+// leaseToken is a new lock token, naming our peer listener if any.
+func (s *Cache) leaseToken() string {
+	t := s.newToken()
+	if addr := s.peerAddr(); addr != "" {
+		t += peerMark + base64.RawURLEncoding.EncodeToString([]byte(addr))
+	}
+	return t
+}
+
+// peerOf returns the peer listener a lock token names, unless it is ours;
+// nil for none. token was read from Redis: anything that does not look
+// like one of ours is no peer, never an error.
+func (s *Cache) peerOf(token string) *dedup.Peer {
+	head, enc, ok := strings.Cut(token, peerMark)
+	if !ok {
+		return nil
+	}
+	addr, err := base64.RawURLEncoding.DecodeString(enc)
+	if err != nil || !dedup.ValidPeerAddr(string(addr)) {
+		return nil
+	}
+	instance := head
+	if i := strings.IndexAny(head, ".-"); i >= 0 {
+		instance = head[:i]
+	}
+	if instance == "" || instance == s.instance {
+		return nil
+	}
+	return &dedup.Peer{Instance: instance, Addr: string(addr)}
+}
+
+// streaming returns the outcome that sends a waiter to the leader's peer
+// listener when the lock's holder streams the body (it names a peer and
+// keeps the TooLarge outcome beside its lock); nil otherwise.
+func (s *Cache) streaming(holder, outcome string) *dedup.Outcome {
+	if outcome == "" {
+		return nil
+	}
+	peer := s.peerOf(holder)
+	if peer == nil {
+		return nil
+	}
+	out, err := storecodec.DecodeOutcome([]byte(outcome), s.maxBody())
+	if err != nil || !out.IsTooLarge() {
+		return nil
+	}
+	out.Peer = peer
+	return out
 }

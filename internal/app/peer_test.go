@@ -1,0 +1,78 @@
+package app
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+)
+
+// TestFleetConfig: the peer listener's settings are checked at start-up,
+// each problem naming its key: a listener reachable from the network
+// without a token, one bound to every address without an advertised
+// address, a token variable that is empty, a listener without a shared
+// store, an idle timeout the stall timeout would beat.
+func TestFleetConfig(t *testing.T) {
+	const redis = "ONCEPROXY_REDIS_URL=redis://127.0.0.1:1"
+	for _, tc := range []struct {
+		name    string
+		env     []string
+		want    string // "" = valid
+		wantNot string
+	}{
+		{name: "loopback without a token", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0"}},
+		{name: "network with a token", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=10.0.0.1:7070", "ONCEPROXY_FLEET_PEER_TOKEN_ENV=PEER_TOKEN", "PEER_TOKEN=s3cret"}},
+		{name: "network without a token", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=10.0.0.1:7070"}, want: "fleet.peer_token_env: none configured while fleet.peer_listen (10.0.0.1:7070) is not a loopback address"},
+		{name: "token variable empty", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0", "ONCEPROXY_FLEET_PEER_TOKEN_ENV=PEER_TOKEN"}, want: "fleet.peer_token_env: PEER_TOKEN is unset or empty"},
+		{name: "every address, not advertised", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=0.0.0.0:7070", "ONCEPROXY_FLEET_PEER_TOKEN_ENV=T", "T=x"}, want: "fleet.peer_advertise: fleet.peer_listen (0.0.0.0:7070) binds every address"},
+		{name: "every address, advertised", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=:7070", "ONCEPROXY_FLEET_PEER_ADVERTISE=10.0.0.1:7070", "ONCEPROXY_FLEET_PEER_TOKEN_ENV=T", "T=x"}},
+		{name: "advertised unspecified", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:7070", "ONCEPROXY_FLEET_PEER_ADVERTISE=0.0.0.0:7070"}, want: "fleet.peer_advertise:"},
+		{name: "advertised without a port", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:7070", "ONCEPROXY_FLEET_PEER_ADVERTISE=peer.internal"}, want: "fleet.peer_advertise:"},
+		{name: "advertised without a listener", env: []string{redis, "ONCEPROXY_FLEET_PEER_ADVERTISE=10.0.0.1:7070"}, want: "fleet.peer_advertise: set without fleet.peer_listen"},
+		{name: "no shared store", env: []string{"ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0"}, want: "fleet.peer_listen: set without a shared store"},
+		{name: "not host:port", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=nope"}, want: "fleet.peer_listen:"},
+		{name: "idle past the stall", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0", "ONCEPROXY_FLEET_PEER_IDLE_TIMEOUT=30s"}, want: "fleet.peer_idle_timeout: must be shorter than dedup.stall_timeout (30s)"},
+		{name: "no connections", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0", "ONCEPROXY_FLEET_PEER_MAX_CONNS=-1"}, want: "fleet.peer_max_conns:"},
+		{name: "same as the proxy", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:8080"}, want: "fleet.peer_listen: 127.0.0.1:8080 is already proxy.listen"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadConfig(shippedConfig, "", tc.env)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestPeerAuth: the peer listener serves only requests that carry the
+// fleet's token.
+func TestPeerAuth(t *testing.T) {
+	srv := httptest.NewServer(peerAuth("s3cret", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("object")) })))
+	defer srv.Close()
+	for _, tc := range []struct {
+		auth string
+		want int
+	}{
+		{"", http.StatusUnauthorized},
+		{"Bearer nope", http.StatusUnauthorized},
+		{"Bearer s3cre", http.StatusUnauthorized},
+		{"Basic s3cret", http.StatusUnauthorized},
+		{"Bearer s3cret", http.StatusOK},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, srv.URL+"/dedup/v1/objects/x", nil)
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("Authorization %q: %d, want %d", tc.auth, resp.StatusCode, tc.want)
+		}
+	}
+}
