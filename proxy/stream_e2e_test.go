@@ -243,6 +243,12 @@ func TestMidBodyFailureThroughTheProxy(t *testing.T) {
 			for range 2 { // the second would be a HIT if the cut body had been cached
 				resp, err := c.Get(origin.URL + "/cut")
 				if err != nil {
+					// When the origin's reset overtakes the first body byte,
+					// the proxy resets the stream before its headers went
+					// out: the client learns of the cut one step earlier.
+					if tc.clientH2 && strings.Contains(err.Error(), tc.want) {
+						continue
+					}
 					t.Fatal(err)
 				}
 				if tc.clientH2 != (resp.ProtoMajor == 2) {
