@@ -45,8 +45,8 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
-	"github.com/seed-a3c387e8/onceproxy/upstream/mirror"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/upstream/mirror"
 )
 
 const (

@@ -30,7 +30,7 @@ type rule struct {
 	banStatuses  []int
 	banBody      []byte
 	retryMethods []string
-	mirror       bool // fingerprint: mirror (the rule's, else the pool's)
+	mirror       bool   // fingerprint: mirror (the rule's, else the pool's)
 	country      string // exit country of requests that ask for none; "" any
 }
 
