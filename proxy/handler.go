@@ -297,7 +297,7 @@ func (s *Server) finish(req *http.Request, resp *http.Response, client *clientIn
 		rb := &rwBody{trackedBody: trackedBody{ReadCloser: rw, done: done}, w: rw}
 		tb, resp.Body = &rb.trackedBody, rb
 	} else {
-		tb = &trackedBody{ReadCloser: resp.Body, done: done, abort: true}
+		tb = &trackedBody{ReadCloser: resp.Body, done: done, abort: true, size: resp.ContentLength}
 		resp.Body = tb
 	}
 	return resp
@@ -327,6 +327,12 @@ func (w *flushingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// writeLast writes the end of a body without a flush: the handler returns
+// right after, and net/http sends what is buffered with the end of the
+// response (over HTTP/2, one frame with END_STREAM instead of a flushed
+// DATA frame and an empty one).
+func (w *flushingWriter) writeLast(p []byte) (int, error) { return w.ResponseWriter.Write(p) }
+
 func (w *flushingWriter) Flush() { _ = w.rc.Flush() }
 
 func (w *flushingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.rc.Hijack() }
@@ -342,6 +348,7 @@ type trackedBody struct {
 	once  sync.Once
 	done  func(n int64)
 	abort bool
+	size  int64 // the body's length as announced; -1: unknown
 	mu    sync.Mutex
 	err   error // the first read error other than EOF
 }
@@ -365,7 +372,8 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 
 // WriteTo copies the body to w with a pooled buffer: goproxy's io.Copy
 // would allocate 32 KiB for every response otherwise. Each piece is
-// written as it is read, so streaming is unchanged.
+// written as it is read, so streaming is unchanged; the piece that ends
+// the body is not flushed on its own (see writeLast).
 func (b *trackedBody) WriteTo(w io.Writer) (int64, error) {
 	bp := bufpool.Get()
 	defer bufpool.Put(bp)
@@ -373,7 +381,13 @@ func (b *trackedBody) WriteTo(w io.Writer) (int64, error) {
 	for {
 		n, err := b.Read(*bp)
 		if n > 0 {
-			wn, werr := w.Write((*bp)[:n])
+			var wn int
+			var werr error
+			if fw, ok := w.(*flushingWriter); ok && (err == io.EOF || b.size >= 0 && total+int64(n) == b.size) {
+				wn, werr = fw.writeLast((*bp)[:n])
+			} else {
+				wn, werr = w.Write((*bp)[:n])
+			}
 			total += int64(wn)
 			if werr != nil {
 				return total, werr
