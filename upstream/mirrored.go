@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -375,8 +376,30 @@ func (headerTimeoutError) Timeout() bool   { return true }
 func (headerTimeoutError) Temporary() bool { return true }
 
 // send sends req on mc and ties the end of the response body to mc.
+// headBounder is a connection that bounds the wait for a response head
+// itself (HTTP/1.1, with a read deadline), sparing send its context and
+// timer.
+type headBounder interface {
+	RoundTripWithin(*http.Request, time.Duration) (*http.Response, error)
+}
+
 func (t *mirroredTransport) send(mc *mconn, req *http.Request) (*http.Response, error) {
 	out := keepAliveHeader(req, mc)
+	if hb, ok := mc.cc.(headBounder); ok {
+		resp, err := hb.RoundTripWithin(out, t.headerTimeout)
+		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && req.Context().Err() == nil {
+				err = errHeaderTimeout
+			}
+			return nil, err
+		}
+		if resp.Body == nil || resp.Body == http.NoBody {
+			t.done(mc)
+			return resp, nil
+		}
+		resp.Body = &mirroredBody{rc: resp.Body, finish: func() { t.done(mc) }}
+		return resp, nil
+	}
 	ctx, cancel := context.WithCancelCause(req.Context())
 	var timer *time.Timer
 	if t.headerTimeout > 0 {

@@ -157,28 +157,46 @@ func TestMirroredRetriesAConnectionTheOriginClosed(t *testing.T) {
 
 // TestMirroredResponseHeaderTimeout: response_header_timeout bounds the wait
 // for a mirrored request's answer, and the error says it is a timeout.
+// Over HTTP/1.1 a read deadline bounds it, over HTTP/2 a timer; after the
+// timeout the pool still serves.
 func TestMirroredResponseHeaderTimeout(t *testing.T) {
-	release := make(chan struct{})
-	defer close(release)
-	origin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		select {
-		case <-release:
-		case <-r.Context().Done():
-		}
-	}))
-	defer origin.Close()
-	c := client{name: "mirrored", fp: goFingerprint(t, "h2", "http/1.1")}
-	p := newPool(t, upstream.Config{ResponseHeaderTimeout: 200 * time.Millisecond, CAFiles: []string{originCAFile(t, origin)}}, quiet)
-	start := time.Now()
-	_, _, err := c.get(t, p, origin.URL+"/slow")
-	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() || !strings.Contains(err.Error(), "response headers") {
-		t.Fatalf("err = %v, want a response header timeout", err)
+	for _, h2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "h1", true: "h2"}[h2], func(t *testing.T) {
+			release := make(chan struct{})
+			defer close(release)
+			origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Path == "/slow" {
+					select {
+					case <-release:
+					case <-r.Context().Done():
+					}
+				}
+				w.Header().Set("X-Proto", r.Proto)
+			}))
+			origin.EnableHTTP2 = h2
+			origin.StartTLS()
+			defer origin.Close()
+			c := client{name: "mirrored", fp: goFingerprint(t, "h2", "http/1.1")}
+			p := newPool(t, upstream.Config{ResponseHeaderTimeout: 200 * time.Millisecond, CAFiles: []string{originCAFile(t, origin)}}, quiet)
+			start := time.Now()
+			_, _, err := c.get(t, p, origin.URL+"/slow")
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() || !strings.Contains(err.Error(), "response headers") {
+				t.Fatalf("err = %v, want a response header timeout", err)
+			}
+			if d := time.Since(start); d > 5*time.Second {
+				t.Errorf("gave up after %v", d)
+			}
+			resp, _, err := c.get(t, p, origin.URL+"/fast")
+			if err != nil {
+				t.Fatalf("after the timeout: %v", err)
+			}
+			if want := map[bool]string{false: "HTTP/1.1", true: "HTTP/2.0"}[h2]; resp.Header.Get("X-Proto") != want {
+				t.Errorf("origin saw %q, want %q", resp.Header.Get("X-Proto"), want)
+			}
+			c.mirrored(t, p)
+		})
 	}
-	if d := time.Since(start); d > 5*time.Second {
-		t.Errorf("gave up after %v", d)
-	}
-	c.mirrored(t, p)
 }
 
 // TestMirroredPoolBounds: idle connections beyond max_idle_conns_per_host

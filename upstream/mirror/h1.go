@@ -151,6 +151,14 @@ func abort(c net.Conn) {
 // length) are written where the client had them. The body must be read to
 // EOF or closed; a connection whose body was closed early is closed.
 func (cc *H1Conn) RoundTrip(req *http.Request) (*http.Response, error) {
+	return cc.RoundTripWithin(req, 0)
+}
+
+// RoundTripWithin is RoundTrip with the wait for the response head bounded
+// by d (0: unbounded) with a read deadline on the connection: no timer or
+// context per request. Past d it fails with an error that matches
+// os.ErrDeadlineExceeded, and the connection is closed.
+func (cc *H1Conn) RoundTripWithin(req *http.Request, d time.Duration) (*http.Response, error) {
 	closeBody := func() {
 		if req.Body != nil {
 			req.Body.Close()
@@ -185,9 +193,22 @@ func (cc *H1Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	expect := body != nil && strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 	w := &h1Write{done: make(chan struct{}), goOn: make(chan bool, 1)}
-	go cc.write(w, head, body, req.Trailer, expect)
+	if body == nil {
+		// A head alone fits the socket's buffer: writing it here spares
+		// a goroutine per request. A body goes alongside the read, for
+		// origins that answer before they have read it all.
+		cc.write(w, head, nil, nil, false)
+	} else {
+		go cc.write(w, head, body, req.Trailer, expect)
+	}
 
+	if d > 0 {
+		cc.conn.SetReadDeadline(time.Now().Add(d))
+	}
 	resp, err := cc.readResponse(req, w, expect)
+	if d > 0 && err == nil {
+		cc.conn.SetReadDeadline(time.Time{})
+	}
 	if err != nil {
 		stop()
 		cc.fail()
@@ -380,13 +401,17 @@ func (b *h1Body) finish(eof bool) {
 			// last bookkeeping). One still writing after a moment means
 			// the origin answered without reading the whole body: the
 			// connection's state is unknown, so it is not reused.
-			t := time.NewTimer(50 * time.Millisecond)
 			select {
 			case <-b.w.done:
-			case <-t.C:
-				eof = false
+			default:
+				t := time.NewTimer(50 * time.Millisecond)
+				select {
+				case <-b.w.done:
+				case <-t.C:
+					eof = false
+				}
+				t.Stop()
 			}
-			t.Stop()
 		}
 		if !eof || !b.reuse || b.w.err != nil {
 			b.cc.fail()
