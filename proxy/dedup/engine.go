@@ -702,6 +702,15 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	if size > int64(e.cfg.MaxObjectBytes) {
 		return e.streamResult(resp, timer, release, lease), nil
 	}
+	var small []byte
+	if size > 0 && size <= e.smallBodyLimit() && !fromPeer {
+		// Read before the flight's result goes out, under its deadline
+		// (see smallBodyBytes).
+		var err error
+		if small, err = readSmall(resp.Body, size); err != nil {
+			return fail(fmt.Errorf("read upstream body: %w", err)), nil
+		}
+	}
 	if !timer.Stop() {
 		// The deadline passed as the headers came.
 		resp.Body.Close()
@@ -723,11 +732,60 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		e.keepEntry(key, ent, ttl, lease)
 		return &flightResult{entry: ent, label: label}, nil
 	}
+	if small != nil {
+		release()
+		ent := meta
+		ent.Body = small
+		ent.Header.Set("Content-Length", strconv.Itoa(len(small)))
+		e.keepEntry(key, ent, ttl, lease)
+		return &flightResult{entry: ent, label: label}, nil
+	}
 	obj, dl := e.newDownload(key, resp, meta, ttl, ctx, cancel, release, slots, lease)
 	if fromPeer {
 		dl.body = e.newPeerBody(key, *peer, resp.Body, out, meta, size, obj.body)
 	}
 	return &flightResult{obj: obj, label: label}, dl
+}
+
+// smallBodyBytes is the largest declared body that a flight reads whole
+// before answering, instead of streaming it through a spool: for a page or
+// an API answer that arrives with its head, the spool, its wake-ups and a
+// reader per client cost more CPU than the bytes themselves, and the first
+// byte reaches the client a read later at most. A body cut short fails the
+// flight with a 502 and a reason, instead of a 200 cut short.
+const smallBodyBytes = 64 << 10
+
+// smallBodyLimit is the largest body read whole: smallBodyBytes, within
+// what the Store (and max_body_bytes) would keep.
+func (e *Engine) smallBodyLimit() int64 {
+	return min(smallBodyBytes, int64(e.cfg.MaxBodyBytes), e.storeLimit())
+}
+
+// readSmall reads a body of exactly size bytes, to its EOF (an HTTP/1.1
+// connection goes back to its pool there), and closes it.
+func readSmall(body io.ReadCloser, size int64) ([]byte, error) {
+	defer body.Close()
+	buf := make([]byte, size)
+	if _, err := io.ReadFull(body, buf); err != nil {
+		return nil, err
+	}
+	var one [1]byte
+	n, err := body.Read(one[:])
+	switch {
+	case n > 0:
+		return nil, fmt.Errorf("body longer than its Content-Length of %d bytes", size)
+	case err == io.EOF:
+		return buf, nil
+	case err == nil:
+		// A reader may hold its EOF back for one more call.
+		if n, err = body.Read(one[:]); n == 0 && err == io.EOF {
+			return buf, nil
+		}
+		if err == nil {
+			err = fmt.Errorf("body longer than its Content-Length of %d bytes", size)
+		}
+	}
+	return nil, err
 }
 
 // metaFor is the cache entry of resp without its body, and how long it may

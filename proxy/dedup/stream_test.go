@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -879,5 +880,92 @@ func TestCachedBeforeTheLastByte(t *testing.T) {
 				t.Fatalf("%d bytes, #%d: next request %s", size, i, r.xcache)
 			}
 		}
+	}
+}
+
+// TestSmallBodyReadWhole: a body declared at most smallBodyBytes is read
+// whole before the flight answers. Every waiter gets it, and it is cached.
+// One cut short (a connection closed, a stream reset) fails every waiter
+// with the flight's error, which says so, before any header went out; it
+// is not cached.
+func TestSmallBodyReadWhole(t *testing.T) {
+	const n = 5
+	body := pattern(smallBodyBytes)
+	for _, tc := range []struct {
+		name    string
+		h2      bool
+		write   func(w http.ResponseWriter) // after the head
+		wantErr string                      // "": the body arrives whole
+	}{
+		{name: "h1 whole", write: func(w http.ResponseWriter) { w.Write(body) }},
+		{name: "h2 whole", h2: true, write: func(w http.ResponseWriter) { w.Write(body) }},
+		{name: "h1 cut", wantErr: "unexpected EOF", write: func(w http.ResponseWriter) {
+			w.Write(body[:1000])
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}},
+		{name: "h2 reset", h2: true, wantErr: "INTERNAL_ERROR", write: func(w http.ResponseWriter) {
+			w.Write(body[:1000])
+			w.(http.Flusher).Flush()
+			panic(http.ErrAbortHandler)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f *fixture
+			var calls atomic.Int64
+			h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+				if calls.Add(1) > 1 {
+					w.Write(body)
+					return
+				}
+				if !testkit.Wait(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n }, "%d waiters", n) {
+					return
+				}
+				tc.write(w)
+			})
+			origin := httptest.NewUnstartedServer(h)
+			origin.Config.ErrorLog = log.New(io.Discard, "", 0)
+			origin.EnableHTTP2 = tc.h2
+			var tr *http.Transport
+			if tc.h2 {
+				origin.StartTLS()
+				tr = origin.Client().Transport.(*http.Transport).Clone()
+			} else {
+				origin.Start()
+				tr = &http.Transport{}
+			}
+			t.Cleanup(origin.Close)
+			tr.DisableCompression = true
+			f = newFixtureOn(t, Config{TTL: time.Minute}, origin, tr)
+
+			results := make(chan result, n)
+			for range n {
+				go func() { results <- f.get("/small") }()
+			}
+			for range n {
+				r := <-results
+				if tc.wantErr == "" {
+					if r.err != nil || r.body != string(body) {
+						t.Fatalf("got %d bytes, %v", len(r.body), r.err)
+					}
+					continue
+				}
+				var e *Error
+				if !errors.As(r.err, &e) || !strings.Contains(r.err.Error(), "read upstream body") || !strings.Contains(r.err.Error(), tc.wantErr) {
+					t.Fatalf("got %d bytes (X-Cache %s), err %v; want a flight error with %q", len(r.body), r.xcache, r.err, tc.wantErr)
+				}
+			}
+			if got := f.up.n.Load(); got != 1 {
+				t.Fatalf("origin requests = %d, want 1 for %d clients", got, n)
+			}
+			again := f.get("/small")
+			if tc.wantErr == "" && again.xcache != CacheHit {
+				t.Fatalf("after a whole body: X-Cache %s, want HIT", again.xcache)
+			}
+			if tc.wantErr != "" && f.up.n.Load() != 2 {
+				t.Fatal("a cut body was cached")
+			}
+		})
 	}
 }
