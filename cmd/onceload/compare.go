@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -93,14 +94,26 @@ func missLoad(ctx context.Context, cs []contender, base string, n, c int, h2 boo
 func printComparison(w io.Writer, title string, ms []measured) {
 	fmt.Fprintf(w, "%s\n", title)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "proxy\treq/s\tCPU/req\tp50\tp99\tvs baseline req/s\tvs baseline CPU/req\t")
+	fmt.Fprintln(tw, "proxy\tclient spoke\treq/s\tCPU/req\tp50\tp99\tvs baseline req/s\tvs baseline CPU/req\t")
 	base := ms[len(ms)-1]
 	for _, m := range ms {
-		fmt.Fprintf(tw, "%s\t%.0f\t%s\t%s\t%s\t%.2fx\t%.2fx\t\n", m.name, m.res.RPS, m.cpuPerRequest().Round(time.Microsecond),
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%.2fx\t%.2fx\t\n", m.name, protos(m.res.Protos), m.res.RPS, m.cpuPerRequest().Round(time.Microsecond),
 			m.res.P50.Round(10*time.Microsecond), m.res.P99.Round(10*time.Microsecond),
 			m.res.RPS/base.res.RPS, float64(m.cpuPerRequest())/float64(base.cpuPerRequest()))
 	}
 	tw.Flush()
+}
+
+// protos names the protocols the client's responses came over: goproxy's
+// MITM answers HTTP/2 clients over HTTP/1.1 unless AllowHTTP2 is set, and
+// a comparison should show it.
+func protos(counts map[string]int) string {
+	names := make([]string, 0, len(counts))
+	for p := range counts {
+		names = append(names, p)
+	}
+	sort.Strings(names)
+	return strings.Join(names, "+")
 }
 
 // child is a proxy process started for a comparison.
