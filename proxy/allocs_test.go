@@ -225,5 +225,3 @@ func BenchmarkPaths(b *testing.B) {
 		})
 	}
 }
-
-
