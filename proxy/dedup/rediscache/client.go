@@ -56,7 +56,10 @@ type client struct {
 	// reconnect work stop with it.
 	life   context.Context
 	cancel context.CancelFunc
-	bg     sync.WaitGroup // the heartbeat and onBack functions running
+	bg     sync.WaitGroup // the heartbeat, the batcher and onBack functions running
+
+	// batch sends the flights' steps of concurrent requests together.
+	batch *batcher
 }
 
 func newClient(cfg Config, logger *slog.Logger) (*client, error) {
@@ -74,6 +77,7 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 	c.channel = c.prefix + "events"
 	c.kick = make(chan struct{}, 1)
 	c.life, c.cancel = context.WithCancel(context.Background())
+	c.batch = newBatcher(c.life, &c.bg, c.rdb, cfg.Timeout)
 	c.cb = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{
 		Name:        "redis",
 		MaxRequests: 1, // one probe when the interval is over

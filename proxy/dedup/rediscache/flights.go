@@ -286,13 +286,14 @@ func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waite
 
 // evalWith runs script in one pipeline, after the commands before queues
 // and before those after queues (either may be nil), and returns the
-// script's command once every command has an answer. The script goes by
-// its hash; when Redis does not have it (restarted, flushed) the pipeline
-// runs again with the script sent whole.
+// script's command once every command has an answer. The pipeline goes in
+// the batcher's next round trip, with other requests' steps. The script
+// goes by its hash; when Redis does not have it (restarted, flushed) the
+// pipeline runs again with the script sent whole.
 func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []string, args []any, before, after func(redis.Pipeliner)) (*redis.Cmd, error) {
 	run := func(eval func(redis.Pipeliner) *redis.Cmd) (*redis.Cmd, error) {
 		var cmd *redis.Cmd
-		cmds, _ := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmds, err := c.batch.do(ctx, func(p redis.Pipeliner) {
 			if before != nil {
 				before(p)
 			}
@@ -300,8 +301,10 @@ func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []stri
 			if after != nil {
 				after(p)
 			}
-			return nil
 		})
+		if err != nil {
+			return nil, err
+		}
 		// A GET of a missing key answers redis.Nil: an answer, not a
 		// failure.
 		for _, c := range cmds {
