@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 )
 
 // Bus carries notes, claims and counters between the instances of a
@@ -167,7 +168,7 @@ func (b *Bus) sendNotes(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case n := <-b.out:
-			payload := "n " + b.instance + " " + n.topic + " " + n.msg
+			payload := fleetevent.FormatNote(b.instance, n.topic, n.msg)
 			if len(payload) > maxPayload {
 				// Kept for later subscribers, but too long to notify.
 				payload = ""
@@ -193,16 +194,12 @@ func (b *Bus) sendNotes(ctx context.Context) {
 // handleNote delivers "<instance> <topic> <message>" to its topic's
 // handler. It reports false for a note it cannot read.
 func (b *Bus) handleNote(arg string) bool {
-	from, rest, ok := strings.Cut(arg, " ")
-	if !ok || from == "" {
+	from, topic, msg, ok := fleetevent.ParseNote(arg)
+	if !ok {
 		return false
 	}
 	if from == b.instance {
 		return true
-	}
-	topic, msg, ok := strings.Cut(rest, " ")
-	if !ok || topic == "" {
-		return false
 	}
 	b.mu.RLock()
 	f := b.handlers[topic]

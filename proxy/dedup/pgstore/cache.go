@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
@@ -27,7 +28,7 @@ type Cache struct {
 	*client
 	local *dedup.MemoryStore
 
-	waiters waiterSet
+	waiters fleetevent.Waiters
 	// fleetWaits counts Joins waiting on another process's flight.
 	fleetWaits atomic.Int64
 	// unlocked counts flights led without a lock because every flight
@@ -51,10 +52,9 @@ var (
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local}
-	s.waiters.m = make(map[string]map[chan struct{}]struct{})
 	s.pending.m = make(map[string]struct{})
 	// Back from an outage: let every waiter re-check at once.
-	c.onReconnect(s.waiters.wakeAll)
+	c.onReconnect(s.waiters.WakeAll)
 	return s
 }
 
@@ -204,7 +204,7 @@ func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 		return nil
 	}
 	err := s.exec(ctx, func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, s.sql.set, key, e.URLKey, blob, e.StoredAt, ttl.Milliseconds(), s.channel, "d "+key)
+		_, err := s.pool.Exec(ctx, s.sql.set, key, e.URLKey, blob, e.StoredAt, ttl.Milliseconds(), s.channel, fleetevent.Format(fleetevent.FlightEnded, key))
 		return err
 	})
 	if err != nil {
@@ -227,7 +227,7 @@ func (s *Cache) Delete(ctx context.Context, key string) error {
 		return nil
 	}
 	return s.exec(ctx, func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, s.sql.del, key, s.channel, "i "+key)
+		_, err := s.pool.Exec(ctx, s.sql.del, key, s.channel, fleetevent.Format(fleetevent.Invalidated, key))
 		return err
 	})
 }
@@ -240,7 +240,7 @@ func (s *Cache) DeleteURL(ctx context.Context, urlKey string) (int, error) {
 	}
 	var n int64
 	err := s.exec(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, s.sql.delURL, urlKey, s.channel, "u "+urlKey).Scan(&n)
+		return s.pool.QueryRow(ctx, s.sql.delURL, urlKey, s.channel, fleetevent.Format(fleetevent.URLInvalidated, urlKey)).Scan(&n)
 	})
 	if err != nil {
 		return localN, err
@@ -293,7 +293,7 @@ func (s *Cache) resync(ctx context.Context) {
 		var won bool
 		err = s.exec(ctx, func(ctx context.Context) error {
 			return s.pool.QueryRow(ctx, s.sql.resync, key, e.URLKey, blob, e.StoredAt, ttl.Milliseconds(),
-				s.channel, "r "+key+" "+strconv.FormatInt(e.StoredAt.UnixMilli(), 10)).Scan(&won)
+				s.channel, fleetevent.FormatReplaced(key, e.StoredAt.UnixMilli())).Scan(&won)
 		})
 		switch {
 		case errors.Is(err, pgx.ErrNoRows):
@@ -315,7 +315,7 @@ func (s *Cache) resync(ctx context.Context) {
 // invalidated, "u <urlkey>" a URL was invalidated, "r <key> <ms>" a copy
 // cached during an outage replaced an older one.
 
-func (s *Cache) flightEnded(key string) { s.waiters.wake(key) }
+func (s *Cache) flightEnded(key string) { s.waiters.Wake(key) }
 
 func (s *Cache) invalidated(key string) {
 	_ = s.local.Delete(context.Background(), key)

@@ -2,12 +2,13 @@ package pgstore
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 )
 
 // reconnectDelay is the longest the listener waits before reconnecting:
@@ -52,7 +53,7 @@ func (h *eventHandler) HandleNotification(_ context.Context, n *pgconn.Notificat
 // is in effect, first at start and then after each reconnect.
 func (h *eventHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	b := (*Backend)(h)
-	b.Cache.waiters.wakeAll()
+	b.Cache.waiters.WakeAll()
 	if b.c.available() {
 		b.Bus.recallAll()
 	}
@@ -70,23 +71,22 @@ func (b *Backend) handleEvent(payload string) {
 
 // handleEventUnguarded is handleEvent without its recover, for the fuzzer.
 func (b *Backend) handleEventUnguarded(payload string) {
-	kind, arg, ok := strings.Cut(payload, " ")
-	if ok && arg != "" {
+	if kind, arg, ok := fleetevent.Parse(payload); ok {
 		switch kind {
-		case "d":
+		case fleetevent.FlightEnded:
 			b.Cache.flightEnded(arg)
 			return
-		case "i":
+		case fleetevent.Invalidated:
 			b.Cache.invalidated(arg)
 			return
-		case "u":
+		case fleetevent.URLInvalidated:
 			b.Cache.invalidatedURL(arg)
 			return
-		case "r":
+		case fleetevent.Replaced:
 			if b.Cache.replaced(arg) {
 				return
 			}
-		case "n":
+		case fleetevent.Note:
 			if b.Bus.handleNote(arg) {
 				return
 			}

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
@@ -57,8 +58,8 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	}
 	// Register before the first check: a notification sent between the
 	// check and the wait must still wake us.
-	wake := s.waiters.add(key)
-	defer s.waiters.remove(key, wake)
+	wake := s.waiters.Add(key)
+	defer s.waiters.Remove(key, wake)
 	lock := s.lockID(key)
 	var poll *time.Ticker
 	// slot: this Join holds a flight connection's slot for its next step.
@@ -281,7 +282,7 @@ func (l *lease) Stream(ctx context.Context) error {
 	}
 	err := s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.pool.Exec(ctx, s.sql.stream, l.key, storecodec.EncodeOutcome(dedup.TooLarge(nil)),
-			peerRowKey(l.key), encodePeer(s.instance, s.peerAddr()), streamingTTL.Milliseconds(), s.channel, "d "+l.key)
+			peerRowKey(l.key), encodePeer(s.instance, s.peerAddr()), streamingTTL.Milliseconds(), s.channel, fleetevent.Format(fleetevent.FlightEnded, l.key))
 		return err
 	})
 	if err == nil {
@@ -306,10 +307,10 @@ func (l *lease) Release() {
 		defer cancel()
 		err := s.exec(ctx, func(ctx context.Context) error {
 			if l.conn == nil {
-				_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, "d "+l.key)
+				_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, fleetevent.Format(fleetevent.FlightEnded, l.key))
 				return err
 			}
-			_, err := l.conn.Exec(ctx, s.sql.release, l.lock, s.channel, "d "+l.key)
+			_, err := l.conn.Exec(ctx, s.sql.release, l.lock, s.channel, fleetevent.Format(fleetevent.FlightEnded, l.key))
 			return err
 		})
 		l.done(err)
@@ -339,7 +340,7 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	}
 	var sql string
 	var args []any
-	payload := "d " + l.key
+	payload := fleetevent.Format(fleetevent.FlightEnded, l.key)
 	if value != nil {
 		sql = s.sql.set
 		args = []any{l.key, out.Entry.URLKey, value, out.Entry.StoredAt, ttl.Milliseconds(), s.channel, payload}
@@ -389,62 +390,6 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 }
 
 var errLockLost = errors.New("pgstore: the flight's lock was not held at its end")
-
-// waiterSet maps a key to the local waiters to wake when a flight for it
-// ends anywhere in the fleet.
-type waiterSet struct {
-	mu sync.Mutex
-	m  map[string]map[chan struct{}]struct{}
-}
-
-func (w *waiterSet) add(key string) chan struct{} {
-	ch := make(chan struct{}, 1)
-	w.mu.Lock()
-	set := w.m[key]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		w.m[key] = set
-	}
-	set[ch] = struct{}{}
-	w.mu.Unlock()
-	return ch
-}
-
-func (w *waiterSet) remove(key string, ch chan struct{}) {
-	w.mu.Lock()
-	delete(w.m[key], ch)
-	if len(w.m[key]) == 0 {
-		delete(w.m, key)
-	}
-	w.mu.Unlock()
-}
-
-func (w *waiterSet) wake(key string) {
-	w.mu.Lock()
-	for ch := range w.m[key] {
-		notify(ch)
-	}
-	w.mu.Unlock()
-}
-
-// wakeAll makes every waiter re-check: notifications sent while the
-// listener was down are lost.
-func (w *waiterSet) wakeAll() {
-	w.mu.Lock()
-	for _, set := range w.m {
-		for ch := range set {
-			notify(ch)
-		}
-	}
-	w.mu.Unlock()
-}
-
-func notify(ch chan struct{}) {
-	select {
-	case ch <- struct{}{}:
-	default: // already has a pending wake-up
-	}
-}
 
 // The peer listener of a flight's leader that streams its body is a row of
 // the outcomes table beside the flight's TooLarge outcome, under

@@ -2,13 +2,13 @@ package rediscache
 
 import (
 	"context"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 )
 
 // Bus carries notes, claims and counters between the instances of a
@@ -192,7 +192,7 @@ func (b *Bus) sendNotes(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case n := <-b.out:
-			payload := "n " + b.instance + " " + n.topic + " " + n.msg
+			payload := fleetevent.FormatNote(b.instance, n.topic, n.msg)
 			err := b.exec(ctx, func(ctx context.Context) error {
 				if n.key != "" {
 					if err := keepScript.Run(ctx, b.rdb, []string{b.lastingKey(n.topic)},
@@ -212,16 +212,12 @@ func (b *Bus) sendNotes(ctx context.Context) {
 // handleNote delivers "<instance> <topic> <message>" to its topic's
 // handler. It reports false for a note it cannot read.
 func (b *Bus) handleNote(arg string) bool {
-	from, rest, ok := strings.Cut(arg, " ")
-	if !ok || from == "" {
+	from, topic, msg, ok := fleetevent.ParseNote(arg)
+	if !ok {
 		return false
 	}
 	if from == b.instance {
 		return true
-	}
-	topic, msg, ok := strings.Cut(rest, " ")
-	if !ok || topic == "" {
-		return false
 	}
 	b.mu.RLock()
 	f := b.handlers[topic]

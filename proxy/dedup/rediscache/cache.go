@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/singleflight"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
@@ -36,7 +37,7 @@ type Cache struct {
 	// costs round trips.
 	marks *otter.Cache[string, mark]
 
-	waiters waiterSet
+	waiters fleetevent.Waiters
 	// fleetWaits counts Joins waiting on another process's flight.
 	fleetWaits atomic.Int64
 	// gets shares one Redis GET among concurrent lookups of a key: a
@@ -79,7 +80,6 @@ func (s *Cache) maxBody() int64 { return 64 * int64(s.cfg.MaxValueBytes) }
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local}
-	s.waiters.m = make(map[string]map[chan struct{}]struct{})
 	s.marks = otter.Must(&otter.Options[string, mark]{
 		MaximumSize: maxMarks,
 		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, mark]) time.Duration {
@@ -276,7 +276,7 @@ func (s *Cache) Delete(ctx context.Context, key string) error {
 	return s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.Del(ctx, s.valueKey(tag))
-			p.Publish(ctx, s.channel, "i "+tag)
+			p.Publish(ctx, s.channel, fleetevent.Format(fleetevent.Invalidated, tag))
 			return nil
 		})
 		return err
@@ -298,7 +298,7 @@ func (s *Cache) DeleteURL(ctx context.Context, urlKey string) (int, error) {
 				cmds[i] = p.Del(ctx, s.valueKey(tag))
 			}
 			p.Del(ctx, s.urlKey(urlKey))
-			p.Publish(ctx, s.channel, "u "+urlKey)
+			p.Publish(ctx, s.channel, fleetevent.Format(fleetevent.URLInvalidated, urlKey))
 			return nil
 		})
 		for _, c := range cmds {
@@ -323,7 +323,7 @@ func (s *Cache) Stats() dedup.StoreStats {
 // The cache's events: "d <tag>" a flight ended, "i <tag>" a key was
 // invalidated, "u <urlkey>" a URL was invalidated.
 
-func (s *Cache) flightEnded(tag string) { s.waiters.wake(tag) }
+func (s *Cache) flightEnded(tag string) { s.waiters.Wake(tag) }
 
 func (s *Cache) invalidated(tag string) { s.forget(fullKey(tag)) }
 

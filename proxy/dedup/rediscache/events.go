@@ -2,7 +2,8 @@ package rediscache
 
 import (
 	"context"
-	"strings"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 )
 
 // subscribe is the one events subscription of this process: flight
@@ -35,19 +36,18 @@ func (b *Backend) handleEvent(payload string) {
 
 // handleEventUnguarded is handleEvent without its recover, for the fuzzer.
 func (b *Backend) handleEventUnguarded(payload string) {
-	kind, arg, ok := strings.Cut(payload, " ")
-	if ok && arg != "" {
+	if kind, arg, ok := fleetevent.Parse(payload); ok {
 		switch kind {
-		case "d":
+		case fleetevent.FlightEnded:
 			b.Cache.flightEnded(arg)
 			return
-		case "i":
+		case fleetevent.Invalidated:
 			b.Cache.invalidated(arg)
 			return
-		case "u":
+		case fleetevent.URLInvalidated:
 			b.Cache.invalidatedURL(arg)
 			return
-		case "n":
+		case fleetevent.Note:
 			if b.Bus.handleNote(arg) {
 				return
 			}

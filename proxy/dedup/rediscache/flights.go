@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
 )
 
@@ -143,8 +144,8 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	tag := tagOf(key)
 	// Register before the first check: a completion published between the
 	// check and the wait must still wake us.
-	wake := s.waiters.add(tag)
-	defer s.waiters.remove(tag, wake)
+	wake := s.waiters.Add(tag)
+	defer s.waiters.Remove(tag, wake)
 	token := s.leaseToken()
 	keys := s.flightKeys(tag)
 	var (
@@ -405,7 +406,7 @@ func (l *lease) Stream(ctx context.Context) error {
 	err := l.s.exec(ctx, func(ctx context.Context) error {
 		var err error
 		kept, err = streamScript.Run(ctx, l.s.rdb, l.s.flightKeys(l.tag), l.token,
-			storecodec.EncodeOutcome(dedup.TooLarge(nil)), l.s.cfg.Lease.Milliseconds(), l.s.channel, "d "+l.tag).Int64()
+			storecodec.EncodeOutcome(dedup.TooLarge(nil)), l.s.cfg.Lease.Milliseconds(), l.s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag)).Int64()
 		return err
 	})
 	if err == nil && kept == 0 {
@@ -434,7 +435,7 @@ func (l *lease) Release() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.s.cfg.Timeout)
 		defer cancel()
 		_ = l.s.exec(ctx, func(ctx context.Context) error {
-			return releaseScript.Run(ctx, l.s.rdb, l.s.flightKeys(l.tag), l.token, l.s.channel, "d "+l.tag).Err()
+			return releaseScript.Run(ctx, l.s.rdb, l.s.flightKeys(l.tag), l.token, l.s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag)).Err()
 		})
 	})
 }
@@ -470,7 +471,7 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	if len(outcome) > inlineOutcomeBytes {
 		blind, follows = nil, "1"
 	}
-	args := []any{l.token, blind, s.cfg.FailureTTL.Milliseconds(), s.channel, "d " + l.tag, follows}
+	args := []any{l.token, blind, s.cfg.FailureTTL.Milliseconds(), s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag), follows}
 	var before, after func(redis.Pipeliner)
 	if value != nil {
 		before = func(p redis.Pipeliner) { p.Set(ctx, keys[1], value, ttl) }
@@ -506,46 +507,6 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		}
 	}
 	return err
-}
-
-// waiterSet maps a key's tag to the local waiters to wake when a flight
-// for it ends anywhere in the fleet.
-type waiterSet struct {
-	mu sync.Mutex
-	m  map[string]map[chan struct{}]struct{}
-}
-
-func (w *waiterSet) add(tag string) chan struct{} {
-	ch := make(chan struct{}, 1)
-	w.mu.Lock()
-	set := w.m[tag]
-	if set == nil {
-		set = make(map[chan struct{}]struct{})
-		w.m[tag] = set
-	}
-	set[ch] = struct{}{}
-	w.mu.Unlock()
-	return ch
-}
-
-func (w *waiterSet) remove(tag string, ch chan struct{}) {
-	w.mu.Lock()
-	delete(w.m[tag], ch)
-	if len(w.m[tag]) == 0 {
-		delete(w.m, tag)
-	}
-	w.mu.Unlock()
-}
-
-func (w *waiterSet) wake(tag string) {
-	w.mu.Lock()
-	for ch := range w.m[tag] {
-		select {
-		case ch <- struct{}{}:
-		default: // already has a pending wake-up
-		}
-	}
-	w.mu.Unlock()
 }
 
 // A lease's token names this instance's peer listener when it advertises

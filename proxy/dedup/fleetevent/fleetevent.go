@@ -1,0 +1,137 @@
+// Package fleetevent is what the instances of a fleet tell each other on
+// their shared store's channel (a Redis channel, a PostgreSQL NOTIFY), and
+// the local waiters those messages wake. Both stores speak the same
+// grammar, so it is written once:
+//
+//	d <key>                        a flight for key ended (value, outcome or none)
+//	i <key>                        key was invalidated
+//	u <urlkey>                     every key of a URL was invalidated
+//	r <key> <stored at, unix ms>   a copy cached during an outage replaced an older one
+//	n <instance> <topic> <message> a note (upstream.Bus) from instance
+//
+// What arrives is untrusted: another version, a person with redis-cli or
+// psql. Parse and ParseNote accept only this grammar; the stores count and
+// ignore the rest.
+package fleetevent
+
+import (
+	"strconv"
+	"strings"
+	"sync"
+)
+
+// Kind is the first field of a message.
+type Kind byte
+
+// The kinds of message.
+const (
+	FlightEnded    Kind = 'd'
+	Invalidated    Kind = 'i'
+	URLInvalidated Kind = 'u'
+	Replaced       Kind = 'r'
+	Note           Kind = 'n'
+)
+
+// Format is the message of kind k about arg.
+func Format(k Kind, arg string) string { return string(k) + " " + arg }
+
+// FormatReplaced is the Replaced message: key's copy stored at storedMs.
+func FormatReplaced(key string, storedMs int64) string {
+	return Format(Replaced, key+" "+strconv.FormatInt(storedMs, 10))
+}
+
+// FormatNote is the Note message of topic from instance.
+func FormatNote(instance, topic, msg string) string {
+	return Format(Note, instance+" "+topic+" "+msg)
+}
+
+// Parse splits a message into its kind and argument; ok is false for
+// anything outside the grammar (an unknown kind, no argument).
+func Parse(payload string) (k Kind, arg string, ok bool) {
+	kind, arg, ok := strings.Cut(payload, " ")
+	if !ok || len(kind) != 1 || arg == "" {
+		return 0, "", false
+	}
+	switch k := Kind(kind[0]); k {
+	case FlightEnded, Invalidated, URLInvalidated, Replaced, Note:
+		return k, arg, true
+	}
+	return 0, "", false
+}
+
+// ParseNote splits a Note's argument into its sender, topic and message.
+func ParseNote(arg string) (from, topic, msg string, ok bool) {
+	from, rest, ok := strings.Cut(arg, " ")
+	if !ok || from == "" {
+		return "", "", "", false
+	}
+	topic, msg, ok = strings.Cut(rest, " ")
+	if !ok || topic == "" {
+		return "", "", "", false
+	}
+	return from, topic, msg, true
+}
+
+// Waiters maps a key to the local waiters to wake when a flight for it
+// ends anywhere in the fleet. The zero value is ready.
+type Waiters struct {
+	mu sync.Mutex
+	m  map[string]map[chan struct{}]struct{}
+}
+
+// Add registers a waiter for key; its channel holds one pending wake-up.
+// Register before the first look at the store: a message between the look
+// and the wait must still wake it.
+func (w *Waiters) Add(key string) chan struct{} {
+	ch := make(chan struct{}, 1)
+	w.mu.Lock()
+	if w.m == nil {
+		w.m = make(map[string]map[chan struct{}]struct{})
+	}
+	set := w.m[key]
+	if set == nil {
+		set = make(map[chan struct{}]struct{})
+		w.m[key] = set
+	}
+	set[ch] = struct{}{}
+	w.mu.Unlock()
+	return ch
+}
+
+// Remove unregisters the waiter ch of key.
+func (w *Waiters) Remove(key string, ch chan struct{}) {
+	w.mu.Lock()
+	delete(w.m[key], ch)
+	if len(w.m[key]) == 0 {
+		delete(w.m, key)
+	}
+	w.mu.Unlock()
+}
+
+// Wake wakes key's waiters.
+func (w *Waiters) Wake(key string) {
+	w.mu.Lock()
+	for ch := range w.m[key] {
+		notify(ch)
+	}
+	w.mu.Unlock()
+}
+
+// WakeAll makes every waiter look again: messages sent while the
+// listener was away are lost.
+func (w *Waiters) WakeAll() {
+	w.mu.Lock()
+	for _, set := range w.m {
+		for ch := range set {
+			notify(ch)
+		}
+	}
+	w.mu.Unlock()
+}
+
+func notify(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default: // already has a pending wake-up
+	}
+}

@@ -1,0 +1,82 @@
+package fleetevent
+
+import "testing"
+
+func TestFormatParse(t *testing.T) {
+	for _, c := range []struct {
+		msg  string
+		kind Kind
+		arg  string
+	}{
+		{Format(FlightEnded, "v1:abc"), FlightEnded, "v1:abc"},
+		{Format(Invalidated, "{t}k"), Invalidated, "{t}k"},
+		{Format(URLInvalidated, "u1:ff"), URLInvalidated, "u1:ff"},
+		{FormatReplaced("v1:abc", 1700000000000), Replaced, "v1:abc 1700000000000"},
+		{FormatNote("i1", "sessions", `{"session":"s1"}`), Note, `i1 sessions {"session":"s1"}`},
+	} {
+		k, arg, ok := Parse(c.msg)
+		if !ok || k != c.kind || arg != c.arg {
+			t.Errorf("Parse(%q) = %c %q %v, want %c %q", c.msg, k, arg, ok, c.kind, c.arg)
+		}
+	}
+	for _, bad := range []string{"", "d", "d ", "x key", "dd key", " key", "D key", "é key"} {
+		if k, arg, ok := Parse(bad); ok {
+			t.Errorf("Parse(%q) accepted: %c %q", bad, k, arg)
+		}
+	}
+}
+
+func TestParseNote(t *testing.T) {
+	from, topic, msg, ok := ParseNote("i1 sessions a b c")
+	if !ok || from != "i1" || topic != "sessions" || msg != "a b c" {
+		t.Errorf("got %q %q %q %v", from, topic, msg, ok)
+	}
+	if _, _, msg, ok := ParseNote("i1 empty "); !ok || msg != "" {
+		t.Errorf("an empty message: %q %v", msg, ok)
+	}
+	for _, bad := range []string{"", "i1", "i1 ", " topic msg", "i1  msg", "i1 topic"} {
+		if from, topic, msg, ok := ParseNote(bad); ok {
+			t.Errorf("ParseNote(%q) accepted: %q %q %q", bad, from, topic, msg)
+		}
+	}
+}
+
+func TestWaiters(t *testing.T) {
+	var w Waiters
+	a1, a2, b := w.Add("a"), w.Add("a"), w.Add("b")
+	w.Wake("a")
+	w.Wake("a") // a second wake-up before the first is taken: one pending
+	for name, ch := range map[string]chan struct{}{"a1": a1, "a2": a2} {
+		select {
+		case <-ch:
+		default:
+			t.Errorf("%s not woken", name)
+		}
+		select {
+		case <-ch:
+			t.Errorf("%s woken twice", name)
+		default:
+		}
+	}
+	select {
+	case <-b:
+		t.Error("b woken by a's flight")
+	default:
+	}
+	w.Remove("a", a1)
+	w.Wake("a")
+	select {
+	case <-a1:
+		t.Error("a removed waiter was woken")
+	default:
+	}
+	<-a2
+	w.WakeAll()
+	<-a2
+	<-b
+	w.Remove("a", a2)
+	w.Remove("b", b)
+	if len(w.m) != 0 {
+		t.Errorf("keys left after every waiter went: %v", w.m)
+	}
+}
