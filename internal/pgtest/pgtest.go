@@ -20,7 +20,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -33,6 +32,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // DefaultURL is the long-running server of the development machines and
@@ -80,7 +81,7 @@ func startCluster(t testing.TB, settings []string) (*Server, error) {
 	if bin == "" {
 		return nil, errors.New("initdb and pg_ctl not found in /usr/lib/postgresql/*/bin or PATH")
 	}
-	s := &Server{t: t, bin: bin, own: true, port: freePort(t), settings: settings}
+	s := &Server{t: t, bin: bin, own: true, port: testkit.ServerPort(t), settings: settings}
 	dir, err := os.MkdirTemp("", "pgtest-")
 	if err != nil {
 		return nil, err
@@ -131,15 +132,6 @@ func binDir() string {
 func version(binDir string) int {
 	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(binDir)))
 	return n
-}
-
-func freePort(t testing.TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func (s *Server) data() string { return filepath.Join(s.dir, "data") }

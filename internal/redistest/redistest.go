@@ -17,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // Server is one redis-server process.
@@ -47,20 +49,11 @@ func Start(t testing.TB) *Server {
 		t.Skip("needs redis-server on PATH or REDIS_URL")
 	}
 	s := &Server{t: t, dir: t.TempDir(), own: true}
-	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(freePort(t)))
+	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(testkit.ServerPort(t)))
 	s.URL = "redis://" + s.Addr + "/0"
 	s.start(bin)
 	t.Cleanup(s.stop)
 	return s
-}
-
-func freePort(t testing.TB) int {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port
 }
 
 func (s *Server) start(bin string) {

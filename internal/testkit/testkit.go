@@ -12,8 +12,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -73,6 +77,47 @@ func DeadAddr(t testing.TB) string {
 	addr := ln.Addr().String()
 	ln.Close()
 	return addr
+}
+
+// ServerPort returns a free loopback port for a server a test runs as a
+// child process (redis-server, postgres), which binds it a moment later
+// and again after a restart. It is drawn below the kernel's ephemeral
+// range: a port from there (what listening on :0 gives) can be taken in
+// between as the local end of any test's outgoing connection, and
+// postgres then fails with "Address already in use".
+func ServerPort(t testing.TB) int {
+	t.Helper()
+	lo := ephemeralLow()
+	base := max(lo/2, 1024)
+	for range 1000 {
+		port := base + rand.IntN(lo-base)
+		ln, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
+		if err != nil {
+			continue // another test's server has it
+		}
+		ln.Close()
+		return port
+	}
+	t.Fatalf("no free port in [%d, %d)", base, lo)
+	return 0
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range (32768
+// where it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 32768
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 32768
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil || n < 4096 {
+		return 32768
+	}
+	return n
 }
 
 // jsonClient never goes through a proxy, whatever the environment says.

@@ -55,3 +55,18 @@ func TestGetJSON(t *testing.T) {
 		t.Errorf("GetJSON /missing: err = %v", err)
 	}
 }
+
+func TestServerPort(t *testing.T) {
+	lo := ephemeralLow()
+	seen := map[int]bool{}
+	for range 20 {
+		p := ServerPort(t)
+		if p < 1024 || p >= lo {
+			t.Fatalf("port %d outside [1024, %d)", p, lo)
+		}
+		seen[p] = true
+	}
+	if len(seen) < 10 {
+		t.Errorf("20 draws gave %d distinct ports: not spread", len(seen))
+	}
+}
