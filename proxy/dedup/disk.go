@@ -62,11 +62,12 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	m.Body = nil
 	m.file = &diskFile{path: path, size: size}
 	obj := &diskObject{key: key, meta: &m, path: path, size: size}
+	var victims []string
 	d.mu.Lock()
 	if old, ok := d.byKey[key]; ok {
+		victims = append(victims, old.Value.(*diskObject).path)
 		d.removeLocked(old)
 	}
-	var victims []string
 	for d.bytes+size > d.max && d.lru.Len() > 0 {
 		back := d.lru.Back()
 		victims = append(victims, back.Value.(*diskObject).path)

@@ -167,6 +167,27 @@ func TestSpoolRelay(t *testing.T) {
 
 // TestDiskTierEvictsLeastRecentlyUsed: the tier stays within its bytes,
 // evicts the entry used least recently, expires, and forgets by URL.
+// TestDiskTierReplaceRemovesTheOldFile: a key stored again (a refetch
+// after its TTL, a fleet copy given back) leaves one file on disk, not the
+// old one too, which nothing would count against disk.max_bytes or remove
+// before shutdown.
+func TestDiskTierReplaceRemovesTheOldFile(t *testing.T) {
+	dir, err := openRunDir(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDiskTier(dir, 1000)
+	meta := &Entry{Status: 200, Header: http.Header{}, StoredAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}
+	for range 3 {
+		if err := d.putBytes("a", meta, make([]byte, 100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := d.stats(); st.Bytes != 100 || st.Entries != 1 || dir.files() != 1 {
+		t.Fatalf("after storing one key three times: stats %+v, %d files", st, dir.files())
+	}
+}
+
 func TestDiskTierEvictsLeastRecentlyUsed(t *testing.T) {
 	dir, err := openRunDir(t.TempDir())
 	if err != nil {
