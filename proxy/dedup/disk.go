@@ -34,9 +34,7 @@ type diskTier struct {
 // diskObject is one cached body and what is needed to answer with it.
 type diskObject struct {
 	key  string
-	meta *Entry // Body nil; file set
-	path string
-	size int64
+	meta *Entry // Body nil; file set: the path and size
 }
 
 func newDiskTier(dir *runDir, maxBytes int64) *diskTier {
@@ -61,16 +59,16 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	m := *meta
 	m.Body = nil
 	m.file = &diskFile{path: path, size: size}
-	obj := &diskObject{key: key, meta: &m, path: path, size: size}
+	obj := &diskObject{key: key, meta: &m}
 	var victims []string
 	d.mu.Lock()
 	if old, ok := d.byKey[key]; ok {
-		victims = append(victims, old.Value.(*diskObject).path)
+		victims = append(victims, old.Value.(*diskObject).meta.file.path)
 		d.removeLocked(old)
 	}
 	for d.bytes+size > d.max && d.lru.Len() > 0 {
 		back := d.lru.Back()
-		victims = append(victims, back.Value.(*diskObject).path)
+		victims = append(victims, back.Value.(*diskObject).meta.file.path)
 		d.removeLocked(back)
 		d.evictions++
 	}
@@ -154,7 +152,7 @@ func (d *diskTier) get(key string) *Entry {
 	if !time.Now().Before(obj.meta.ExpiresAt) {
 		d.removeLocked(el)
 		d.mu.Unlock()
-		removeFiles([]string{obj.path})
+		removeFiles([]string{obj.meta.file.path})
 		return nil
 	}
 	d.lru.MoveToFront(el)
@@ -162,7 +160,7 @@ func (d *diskTier) get(key string) *Entry {
 	return obj.meta
 }
 
-func (d *diskTier) delete(key string) bool {
+func (d *diskTier) delete(key string) {
 	d.mu.Lock()
 	el, ok := d.byKey[key]
 	if ok {
@@ -170,9 +168,8 @@ func (d *diskTier) delete(key string) bool {
 	}
 	d.mu.Unlock()
 	if ok {
-		removeFiles([]string{el.Value.(*diskObject).path})
+		removeFiles([]string{el.Value.(*diskObject).meta.file.path})
 	}
-	return ok
 }
 
 // deleteURL removes every entry of urlKey: an admin action, so a walk.
@@ -182,7 +179,7 @@ func (d *diskTier) deleteURL(urlKey string) int {
 	for el := d.lru.Front(); el != nil; {
 		next := el.Next()
 		if obj := el.Value.(*diskObject); obj.meta.URLKey == urlKey {
-			victims = append(victims, obj.path)
+			victims = append(victims, obj.meta.file.path)
 			d.removeLocked(el)
 		}
 		el = next
@@ -196,7 +193,7 @@ func (d *diskTier) removeLocked(el *list.Element) {
 	obj := el.Value.(*diskObject)
 	d.lru.Remove(el)
 	delete(d.byKey, obj.key)
-	d.bytes -= obj.size
+	d.bytes -= obj.meta.file.size
 }
 
 // removeFiles unlinks evicted files. A client still reading one keeps its

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"runtime/debug"
 	"strconv"
@@ -69,7 +68,7 @@ func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl t
 // through the store: max_body_bytes and the Store's own limit, or, for a
 // lease that can send its waiters here instead, the store's value limit.
 func (d *download) shareLimit() int64 {
-	limit := min(int64(d.e.cfg.MaxBodyBytes), d.e.storeLimit())
+	limit := d.e.wholeLimit
 	if sl, ok := d.lease.(StreamingLease); ok {
 		if above := sl.StreamAbove(); above > 0 {
 			limit = min(limit, above)
@@ -102,7 +101,7 @@ func (d *download) tooBig() {
 // canKeep reports whether a body of this declared size (-1 unknown) could
 // be cached when complete.
 func (e *Engine) canKeep(size int64) bool {
-	if size <= int64(e.cfg.MaxBodyBytes) && size <= e.storeLimit() {
+	if size <= e.wholeLimit {
 		return true // in the Store; unknown: we will see
 	}
 	return e.disk != nil && size <= e.disk.max
@@ -214,7 +213,7 @@ func (d *download) keep() {
 	ent.Header = ent.Header.Clone()
 	ent.Header.Set("Content-Length", strconv.FormatInt(n, 10))
 	body, inMemory := d.obj.body.bytes()
-	if inMemory && n <= int64(e.cfg.MaxBodyBytes) && n <= e.storeLimit() {
+	if inMemory && n <= e.wholeLimit {
 		ent.Body = body
 		ttl := d.ttl
 		if !d.keeping() {
@@ -238,14 +237,6 @@ func (d *download) keep() {
 	if err != nil && !errors.Is(err, errTooBigForDisk) {
 		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)
 	}
-}
-
-// storeLimit is the largest entry the Store holds (EntryLimiter).
-func (e *Engine) storeLimit() int64 {
-	if l, ok := e.store.(EntryLimiter); ok {
-		return l.MaxEntryBytes()
-	}
-	return math.MaxInt64
 }
 
 func (d *download) keeping() bool {

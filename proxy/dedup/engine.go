@@ -57,6 +57,10 @@ type Engine struct {
 	cfg   Config
 	rules atomic.Pointer[rules] // replaced whole by Reconfigure
 	store Store
+	// wholeLimit is the largest body kept whole in the Store:
+	// max_body_bytes, within the Store's own cap (EntryLimiter). Both are
+	// fixed when the engine is built.
+	wholeLimit int64
 	// peek reads the cache before a flight: the whole store, or with a
 	// Fleet and a TieredStore only this process's tier (Join reads the
 	// shared one).
@@ -106,6 +110,10 @@ func New(cfg Config, o Options) (*Engine, error) {
 	}
 	e := &Engine{cfg: cfg, store: o.Store, next: o.Next, peers: o.Peers, log: o.Logger, fleet: o.Fleet, rec: o.Recorder,
 		perClient: map[string]int{}, perUpstream: o.Prices}
+	e.wholeLimit = int64(cfg.MaxBodyBytes)
+	if l, ok := o.Store.(EntryLimiter); ok {
+		e.wholeLimit = min(e.wholeLimit, l.MaxEntryBytes())
+	}
 	e.rules.Store(compileRules(cfg))
 	e.workers.maxIdle = maxIdleWorkers
 	e.pricing.Store(e.newPricing(savings))
@@ -456,14 +464,14 @@ func (e *Engine) answer(req *http.Request, key string, f *flight, res *flightRes
 	case res.fetchOwn:
 		return e.bypass(req, key)
 	case res.err != nil:
-		e.count(xcache, 0)
+		e.count(xcache)
 		return nil, &Error{Cache: xcache, Key: key, Err: res.err}
 	case res.stream != nil:
 		if !leader {
 			// The response was too large to share; fetch our own.
 			return e.bypass(req, key)
 		}
-		e.count(CacheBypass, 0)
+		e.count(CacheBypass)
 		markCache(res.stream.Header, CacheBypass, key)
 		return res.stream, nil
 	}
@@ -515,7 +523,7 @@ func age(ent *Entry) string {
 
 // count records one response's outcome that saved nothing, here and for
 // the fleet.
-func (e *Engine) count(xcache string, avoided int) { e.countSaved(xcache, avoided, 0) }
+func (e *Engine) count(xcache string) { e.countSaved(xcache, 0, 0) }
 
 // countSaved records one response's outcome and the money it saved.
 func (e *Engine) countSaved(xcache string, avoided int, moneyNano int64) {
@@ -550,7 +558,7 @@ func markCache(h http.Header, xcache, key string) {
 
 // bypass sends req upstream without deduplication and streams the answer.
 func (e *Engine) bypass(req *http.Request, key string) (*http.Response, error) {
-	e.count(CacheBypass, 0)
+	e.count(CacheBypass)
 	e.st.upstream.Add(1)
 	resp, err := e.next.RoundTrip(req)
 	if err != nil {
@@ -758,7 +766,7 @@ const smallBodyBytes = 64 << 10
 // smallBodyLimit is the largest body read whole: smallBodyBytes, within
 // what the Store (and max_body_bytes) would keep.
 func (e *Engine) smallBodyLimit() int64 {
-	return min(smallBodyBytes, int64(e.cfg.MaxBodyBytes), e.storeLimit())
+	return min(smallBodyBytes, e.wholeLimit)
 }
 
 // readSmall reads a body of exactly size bytes, to its EOF (an HTTP/1.1

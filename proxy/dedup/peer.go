@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/bufpool"
 )
 
 // A body too big for the shared store crosses the fleet once: the
@@ -82,7 +84,9 @@ func (e *Engine) PeerHandler() http.Handler {
 // bytes as they arrive here, not once a buffer fills.
 func copyFlushing(w http.ResponseWriter, body io.Reader) error {
 	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
+	bp := bufpool.Get()
+	defer bufpool.Put(bp)
+	buf := *bp
 	for {
 		n, err := body.Read(buf)
 		if n > 0 {
@@ -268,7 +272,7 @@ func (b *peerBody) Read(p []byte) (int, error) {
 	case err == io.EOF:
 		err = io.ErrUnexpectedEOF
 	}
-	if !b.resumed && b.origin != nil && b.ctxErr() == nil {
+	if !b.resumed && b.origin != nil && b.ctx.Err() == nil {
 		if n > 0 {
 			// These bytes reach the spool first: the origin's are
 			// compared with every byte the readers may have.
@@ -289,8 +293,6 @@ func (b *peerBody) source() string {
 	}
 	return "peer " + b.peer.Addr
 }
-
-func (b *peerBody) ctxErr() error { return b.ctx.Err() }
 
 // resume replaces the failed peer body with the origin's, from b.off.
 func (b *peerBody) resume(cause error) error {

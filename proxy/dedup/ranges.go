@@ -122,19 +122,16 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 
 // serveWhole answers with the whole response, ignoring Range.
 func (e *Engine) serveWhole(req *http.Request, meta *Entry, b wholeBody, key, xcache string) (*http.Response, bool) {
-	if _, streaming := b.(objectBody); !streaming {
+	ob, streaming := b.(objectBody)
+	if !streaming {
 		return e.serve(req, meta, key, xcache)
 	}
-	body, err := b.open(req.Context(), 0, -1)
+	body, err := ob.open(req.Context(), 0, -1)
 	if err != nil {
-		b.done()
+		ob.done()
 		return nil, false
 	}
-	size := int64(-1)
-	if ob, ok := b.(objectBody); ok {
-		size = ob.obj.size
-	}
-	resp, ok := e.streamResponse(req, meta, body, size, key, xcache)
+	resp, ok := e.streamResponse(req, meta, body, ob.obj.size, key, xcache)
 	if !ok {
 		body.Close()
 	}

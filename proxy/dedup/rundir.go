@@ -77,8 +77,8 @@ func (d *runDir) create(pattern string) (*os.File, error) {
 	return os.CreateTemp(d.path, pattern)
 }
 
-// files counts the files in the run directory, the lock aside (tests and
-// stats).
+// files counts the files in the run directory, the lock aside (for the
+// tests: nothing else needs the count).
 func (d *runDir) files() int {
 	ents, err := os.ReadDir(d.path)
 	if err != nil {

@@ -206,10 +206,7 @@ func (s *spool) startRelay() {
 // opening its reader.
 func (s *spool) poke() {
 	s.mu.Lock()
-	if s.relay {
-		close(s.progress)
-		s.progress = make(chan struct{})
-	}
+	s.progressLocked()
 	s.mu.Unlock()
 }
 
@@ -277,6 +274,14 @@ func (s *spool) finish(err error) {
 func (s *spool) broadcastLocked() {
 	close(s.wake)
 	s.wake = make(chan struct{})
+}
+
+// progressLocked wakes a relay's writer waiting for its readers to move.
+func (s *spool) progressLocked() {
+	if s.relay {
+		close(s.progress)
+		s.progress = make(chan struct{})
+	}
 }
 
 // The writer, once the body is complete (before finish, so that the body
@@ -376,10 +381,7 @@ func (s *spool) reader(ctx context.Context, off int64, onClose func()) (*spoolRe
 		s.readers = make(map[*spoolReader]struct{})
 	}
 	s.readers[r] = struct{}{}
-	if s.relay {
-		close(s.progress)
-		s.progress = make(chan struct{})
-	}
+	s.progressLocked()
 	return r, nil
 }
 
@@ -452,10 +454,7 @@ func (r *spoolReader) Read(p []byte) (int, error) {
 
 func (r *spoolReader) advanceLocked(n int) {
 	r.off += int64(n)
-	if r.s.relay {
-		close(r.s.progress)
-		r.s.progress = make(chan struct{})
-	}
+	r.s.progressLocked()
 }
 
 // Close lets go of the spool.
@@ -464,10 +463,7 @@ func (r *spoolReader) Close() error {
 		s := r.s
 		s.mu.Lock()
 		delete(s.readers, r)
-		if s.relay {
-			close(s.progress)
-			s.progress = make(chan struct{})
-		}
+		s.progressLocked()
 		s.mu.Unlock()
 		s.release()
 		if r.onClose != nil {

@@ -35,7 +35,9 @@ type counters struct {
 }
 
 func (c *counters) count(xcache string, avoided int, moneyNano int64) {
-	c.moneyNano.Add(moneyNano)
+	if moneyNano != 0 {
+		c.moneyNano.Add(moneyNano)
+	}
 	switch xcache {
 	case CacheHit:
 		c.hit.Add(1)
