@@ -77,7 +77,6 @@ type mirroredTransport struct {
 	maxIdlePerHost  int
 	maxIdle         int
 	headerTimeout   time.Duration
-	opts            mirror.Options
 	hellos          *helloCounts
 	log             *slog.Logger
 
@@ -331,7 +330,7 @@ func (t *mirroredTransport) open(ctx context.Context, key connKey, fp *fingerpri
 		if err != nil {
 			return nil, err
 		}
-		mc.cc = mirror.NewH1Conn(c, t.opts)
+		mc.cc = mirror.NewH1Conn(c, mirror.Options{})
 		return mc, nil
 	}
 	c, err := t.dialer.DialTLS(ctx, "tcp", key.addr, fp.Hello)
@@ -345,7 +344,7 @@ func (t *mirroredTransport) open(ctx context.Context, key connKey, fp *fingerpri
 			"addr", key.addr, "changes", rep.Changes, "failed", rep.Failed)
 	}
 	proto := c.ConnectionState().NegotiatedProtocol
-	cc, err := mirror.NewClientConn(c, proto, fp.H2, t.opts)
+	cc, err := mirror.NewClientConn(c, proto, fp.H2, mirror.Options{})
 	if err != nil {
 		c.Close()
 		return nil, err

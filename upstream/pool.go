@@ -239,7 +239,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	info := clientinfo.From(ctx)
 	pr := r.pickRequest(info, host)
-	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	replayable := rewindable(req)
 	var (
 		tried   []*session
 		rotated *session // a tried session whose exit IP changed since its failure

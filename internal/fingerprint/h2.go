@@ -50,16 +50,6 @@ type H2 struct {
 	FirstStreamID uint32
 }
 
-// Setting returns the value of setting id and whether the client sent it.
-func (h *H2) Setting(id uint16) (uint32, bool) {
-	for _, s := range h.Settings {
-		if s.ID == id {
-			return s.Val, true
-		}
-	}
-	return 0, false
-}
-
 // Akamai returns the Akamai HTTP/2 fingerprint (Black Hat EU 2017):
 // "SETTINGS|WINDOW_UPDATE|PRIORITY|PSEUDO", e.g. Chrome's
 // "1:65536;2:0;4:6291456;6:262144|15663105|0|m,a,s,p". Settings are id:value

@@ -31,7 +31,7 @@ func Valid(p string) error {
 		return errors.New(`"*" is not a host pattern ("*.example.com" is every name below example.com)`)
 	case strings.ContainsAny(p, ":/"):
 		return fmt.Errorf("%q: want a bare host name, without scheme, port or path", p)
-	case !validName(name):
+	case !ValidName(name):
 		return fmt.Errorf(`%q is not a host name or "*." followed by one (a wildcard is allowed only as a leading "*.", and matches every subdomain)`, p)
 	case endsInNumber(name) && (wildcard || !isIPv4(name)):
 		return fmt.Errorf("%q is neither a host name nor an IPv4 address", p)
@@ -39,11 +39,14 @@ func Valid(p string) error {
 	return nil
 }
 
-// validName reports whether name is a DNS name as configurations write
-// them: labels of 1-63 letters, digits, '-' or '_', at most 253 bytes, an
-// optional trailing dot. Internationalized names are written in their
-// ASCII (xn--) form, which is also what clients send.
-func validName(name string) bool {
+// ValidName reports whether name is a DNS name as configurations write
+// them and clients send them: labels of 1-63 ASCII letters, digits, '-' or
+// '_' (the set Go's resolver accepts), at most 253 bytes, an optional
+// trailing dot. Internationalized names are written in their ASCII (xn--)
+// form. Anything else (spaces, '%', '[', ':', empty labels, non-ASCII
+// digits) could be read as an address or a different name by some other
+// parser.
+func ValidName(name string) bool {
 	name = strings.TrimSuffix(name, ".")
 	if name == "" || len(name) > 253 {
 		return false

@@ -137,33 +137,3 @@ func endsInNumber(host string) bool {
 	_, ok := parseIPv4Number(last)
 	return ok || strings.Trim(last, "0123456789") == ""
 }
-
-// validHostName reports whether host is a syntactically valid DNS name as
-// sent in an HTTP request: dot-separated labels of 1 to 63 ASCII letters,
-// digits, '-' or '_' (the set Go's resolver accepts; internationalized names
-// travel as punycode), at most 253 characters, optionally with a trailing
-// dot. Anything else (spaces, '%', '[', ':', empty labels, non-ASCII digits)
-// could be read as an address or a different name by some other parser.
-func validHostName(host string) bool {
-	host = strings.TrimSuffix(host, ".")
-	if host == "" || len(host) > 253 {
-		return false
-	}
-	label := 0
-	for i := 0; i < len(host); i++ {
-		switch c := host[i]; {
-		case c == '.':
-			if label == 0 {
-				return false
-			}
-			label = 0
-		case 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_':
-			if label++; label > 63 {
-				return false
-			}
-		default:
-			return false
-		}
-	}
-	return label > 0
-}

@@ -205,7 +205,7 @@ func (g *Guard) checkHost(host string) (allowed bool, err error) {
 	if ip, ok := ParseLiteral(host); ok {
 		return false, g.check(host, ip)
 	}
-	if !validHostName(host) || endsInNumber(host) {
+	if !hostmatch.ValidName(host) || endsInNumber(host) {
 		return false, &BlockedError{Host: host, Class: invalidHost}
 	}
 	name := strings.ToLower(strings.TrimSuffix(host, "."))

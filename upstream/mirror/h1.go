@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
+
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 )
 
@@ -451,7 +453,7 @@ func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
 	if method == "" {
 		method = http.MethodGet
 	}
-	if !validFieldName(method) {
+	if !httpguts.ValidHeaderFieldName(method) {
 		return nil, nil, fmt.Errorf("mirror: invalid method %q", method)
 	}
 	target := req.URL.RequestURI()
@@ -540,7 +542,7 @@ func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
 	b.WriteString(target)
 	b.WriteString(" HTTP/1.1\r\n")
 	for _, f := range orderFields(h, order, keepCase) {
-		if !validFieldName(f.name) || !validFieldValue(f.value) {
+		if !httpguts.ValidHeaderFieldName(f.name) || !validFieldValue(f.value) {
 			return nil, nil, fmt.Errorf("mirror: invalid header field %q", f.name)
 		}
 		b.WriteString(f.name)
@@ -615,7 +617,7 @@ func writeChunked(bw *bufio.Writer, conn net.Conn, body io.Reader, trailer http.
 	bw.WriteString("0\r\n")
 	for k, vs := range trailer {
 		for _, v := range vs {
-			if !validFieldName(k) || !validFieldValue(v) {
+			if !httpguts.ValidHeaderFieldName(k) || !validFieldValue(v) {
 				return fmt.Errorf("mirror: invalid trailer field %q", k)
 			}
 			fmt.Fprintf(bw, "%s: %s\r\n", k, v)

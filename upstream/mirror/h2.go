@@ -16,6 +16,7 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/http/httpguts"
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
 
@@ -459,7 +460,7 @@ func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, has
 	if method == "" {
 		method = http.MethodGet
 	}
-	if !validFieldName(method) {
+	if !httpguts.ValidHeaderFieldName(method) {
 		return nil, fmt.Errorf("mirror: invalid method %q", method)
 	}
 	host := req.Host
@@ -521,7 +522,7 @@ func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, has
 	}
 	for _, f := range orderFields(h, order, false) {
 		name := strings.ToLower(f.name)
-		if !validFieldName(name) || !validFieldValue(f.value) {
+		if !httpguts.ValidHeaderFieldName(name) || !validFieldValue(f.value) {
 			return nil, fmt.Errorf("mirror: invalid header field %q", f.name)
 		}
 		fields = append(fields, hpack.HeaderField{Name: name, Value: f.value})

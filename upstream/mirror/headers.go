@@ -71,17 +71,3 @@ var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Trans
 func validFieldValue(v string) bool {
 	return !strings.ContainsAny(v, "\r\n\x00")
 }
-
-// validFieldName reports whether n is a token, which a field name is.
-func validFieldName(n string) bool {
-	if n == "" {
-		return false
-	}
-	for i := 0; i < len(n); i++ {
-		c := n[i]
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
-}

@@ -147,26 +147,6 @@ type verifyError struct{ err error }
 func (e verifyError) Error() string { return e.err.Error() }
 func (e verifyError) Unwrap() error { return e.err }
 
-// Handshake runs the TLS handshake on conn with the hello of the given
-// mode, without retrying. Most callers want [Dialer.DialTLS], which climbs
-// down the modes when the origin refuses a hello.
-func Handshake(ctx context.Context, conn net.Conn, hello *fingerprint.ClientHello, cfg *tls.Config, mode Mode) (*Conn, error) {
-	d := &Dialer{TLSConfig: cfg}
-	serverName := ""
-	if cfg != nil {
-		serverName = cfg.ServerName
-	}
-	if serverName == "" {
-		if host, _, err := net.SplitHostPort(conn.RemoteAddr().String()); err == nil {
-			serverName = host
-		}
-	}
-	if hello == nil {
-		mode = Go
-	}
-	return d.handshake(ctx, conn, hello, serverName, mode)
-}
-
 func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint.ClientHello, serverName string, mode Mode) (*Conn, error) {
 	cfg := d.utlsConfig(serverName)
 	var uc *utls.UConn

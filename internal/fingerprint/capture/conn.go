@@ -127,9 +127,6 @@ func (c *Conn) Fingerprint() *fingerprint.Fingerprint {
 	return c.fp
 }
 
-// Hello returns the ClientHello the connection was created with.
-func (c *Conn) Hello() *fingerprint.ClientHello { return c.hello }
-
 // Shape returns the shape of r, a request the server read from this
 // connection, and forgets it; nil when the tap has none (it stopped on
 // bytes it could not follow, or gave the shape up under load).

@@ -33,6 +33,7 @@ import (
 	"net"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 )
 
 // PeekClientHello reads the TLS records of the ClientHello from c and
@@ -49,27 +50,27 @@ func PeekClientHello(c net.Conn) (net.Conn, *fingerprint.ClientHello, error) {
 	for {
 		n, err := fingerprint.HelloRecordsLen(buf)
 		if err != nil {
-			return &replayConn{Conn: c, prefix: buf}, nil, fmt.Errorf("capture: read ClientHello: %w", err)
+			return readahead.New(c, buf), nil, fmt.Errorf("capture: read ClientHello: %w", err)
 		}
 		if n > 0 {
 			h, err := fingerprint.ParseClientHello(buf[:n])
 			if err != nil {
-				return &replayConn{Conn: c, prefix: buf}, nil, fmt.Errorf("capture: read ClientHello: %w", err)
+				return readahead.New(c, buf), nil, fmt.Errorf("capture: read ClientHello: %w", err)
 			}
-			return &replayConn{Conn: c, prefix: buf}, h, nil
+			return readahead.New(c, buf), h, nil
 		}
 		need := 5 // a record header, then its body
 		if len(buf) >= 5 {
 			need = recordEnd(buf) - len(buf)
 		}
 		if len(buf)+need > fingerprint.MaxHelloLen+1024 {
-			return &replayConn{Conn: c, prefix: buf}, nil, errors.New("capture: read ClientHello: too large")
+			return readahead.New(c, buf), nil, errors.New("capture: read ClientHello: too large")
 		}
 		buf = append(buf, make([]byte, need)...)
 		k, err := io.ReadFull(c, buf[len(buf)-need:])
 		buf = buf[:len(buf)-need+k]
 		if err != nil {
-			return &replayConn{Conn: c, prefix: buf}, nil, fmt.Errorf("capture: read ClientHello: %w", err)
+			return readahead.New(c, buf), nil, fmt.Errorf("capture: read ClientHello: %w", err)
 		}
 	}
 }
@@ -90,21 +91,3 @@ func recordEnd(buf []byte) int {
 		off = end
 	}
 }
-
-// replayConn reads prefix, then the connection.
-type replayConn struct {
-	net.Conn
-	prefix []byte
-}
-
-func (c *replayConn) Read(p []byte) (int, error) {
-	if len(c.prefix) > 0 {
-		n := copy(p, c.prefix)
-		c.prefix = c.prefix[n:]
-		return n, nil
-	}
-	return c.Conn.Read(p)
-}
-
-// NetConn returns the connection read after the replayed bytes.
-func (c *replayConn) NetConn() net.Conn { return c.Conn }
