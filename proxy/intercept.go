@@ -15,6 +15,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
@@ -157,7 +158,7 @@ func (s *Server) newInner() *http.Server {
 		MaxHeaderBytes:    s.cfg.MaxHeaderBytes,
 		Protocols:         &protocols,
 		ErrorLog:          log.New(innerLog{s.logger}, "", 0),
-		ConnState:         markBusy,
+		ConnState:         connlimit.ConnState,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			if tc, ok := c.(*tappedConn); ok && tc.t != nil {
 				ctx = context.WithValue(ctx, tunnelKey{}, tc.t)

@@ -189,7 +189,7 @@ func New(cfg Config, o Options) (*Server, error) {
 		IdleTimeout:       cfg.IdleTimeout,
 		MaxHeaderBytes:    cfg.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(o.Logger.Handler(), slog.LevelWarn),
-		ConnState:         markBusy,
+		ConnState:         connlimit.ConnState,
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, clientConnKey{}, c)
 		},
@@ -239,13 +239,6 @@ func (s *Server) connLimits() connlimit.Config {
 	return connlimit.Config{MaxConns: s.cfg.MaxConns, IdleTimeout: s.cfg.IdleTimeout, MaxPerClient: s.cfg.MaxConnsPerClient}
 }
 
-// markBusy is the ConnState hook of the proxy port's server and of the
-// tunnels' server: a connection serving a request is never shed to make
-// room, an idle one may be.
-func markBusy(c net.Conn, st http.ConnState) {
-	connlimit.SetBusy(c, st == http.StateActive)
-}
-
 // clientConnKey carries a proxy-port request's client connection in its
 // context, for the per-client connection cap.
 type clientConnKey struct{}
@@ -277,8 +270,7 @@ func (s *Server) ConnStats() connlimit.Stats {
 	doors := s.doors
 	s.doorsMu.Unlock()
 	for _, d := range doors {
-		ds := d.ConnStats()
-		st.Live, st.Shed, st.Refused = st.Live+ds.Live, st.Shed+ds.Shed, st.Refused+ds.Refused
+		st = st.Add(d.ConnStats())
 	}
 	return st
 }

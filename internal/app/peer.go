@@ -164,7 +164,7 @@ func newPeerServer(c FleetConfig, ln net.Listener, token string, h http.Handler,
 			ReadHeaderTimeout: c.PeerTimeout,
 			IdleTimeout:       time.Minute,
 			MaxHeaderBytes:    16 << 10,
-			ConnState:         func(conn net.Conn, st http.ConnState) { connlimit.SetBusy(conn, st == http.StateActive) },
+			ConnState:         connlimit.ConnState,
 			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		},
 	}

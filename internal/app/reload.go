@@ -65,7 +65,7 @@ func isLive(key string) bool {
 		}
 	}
 	for _, p := range liveKeys {
-		if key == p || strings.HasPrefix(key, p) || strings.HasPrefix(key, p+"[") {
+		if strings.HasPrefix(key, p) {
 			return true
 		}
 	}

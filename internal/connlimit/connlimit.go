@@ -166,6 +166,11 @@ type Stats struct {
 	Live, Shed, Refused int64
 }
 
+// Add returns the sum of s and o: the counts of several listeners.
+func (s Stats) Add(o Stats) Stats {
+	return Stats{Live: s.Live + o.Live, Shed: s.Shed + o.Shed, Refused: s.Refused + o.Refused}
+}
+
 // Stats returns the listener's counts.
 func (l *Listener) Stats() Stats {
 	return Stats{Live: int64(l.Len()), Shed: l.shed.Load(), Refused: l.refused.Load()}
@@ -204,6 +209,11 @@ func SetBusy(c net.Conn, busy bool) {
 		tc.busy.Store(busy)
 	}
 }
+
+// ConnState is the http.Server ConnState hook of a server on a Listener:
+// a connection serving a request is never shed to make room, an idle one
+// may be.
+func ConnState(c net.Conn, st http.ConnState) { SetBusy(c, st == http.StateActive) }
 
 // ErrTooManyConns is Attribute's refusal: the client already holds its cap.
 var ErrTooManyConns = errors.New("too many connections from this client")

@@ -1,18 +1,12 @@
 package loadgen
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"log"
-	"math/big"
 	"net"
 	"net/http"
 	"os"
@@ -44,10 +38,12 @@ type PlainMITM struct {
 
 // StartPlainMITM starts the baseline proxy.
 func StartPlainMITM(o PlainMITMOptions) (*PlainMITM, error) {
-	ca, caPEM, err := newCA()
+	// A throw-away self-signed CA, like the origin's certificate.
+	c, _, err := newOriginCert()
 	if err != nil {
 		return nil, err
 	}
+	ca, caPEM := c.tls, c.certPEM
 	roots, err := x509.SystemCertPool()
 	if err != nil || roots == nil {
 		roots = x509.NewCertPool()
@@ -109,29 +105,4 @@ func (p *PlainMITM) Close() {
 	p.srv.Close()
 	<-p.done
 	os.Remove(p.caFile)
-}
-
-// newCA makes a throw-away CA for the baseline's MITM.
-func newCA() (tls.Certificate, []byte, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	serial, _ := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
-	tmpl := &x509.Certificate{
-		SerialNumber:          serial,
-		Subject:               pkix.Name{CommonName: "onceload plain MITM baseline"},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(24 * time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		return tls.Certificate{}, nil, err
-	}
-	leaf, _ := x509.ParseCertificate(der)
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf},
-		pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), nil
 }

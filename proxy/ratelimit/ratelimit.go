@@ -81,7 +81,7 @@ type Counter interface {
 	IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error)
 }
 
-// Limiter decides per request. Its zero value allows everything.
+// Limiter decides per request. Create it with New.
 type Limiter struct {
 	set      atomic.Pointer[limits] // replaced whole by Reconfigure
 	counter  Counter
@@ -93,16 +93,10 @@ type Limiter struct {
 
 // New returns a limiter counting in counter (nil: in this process).
 func New(cfg Config, counter Counter) (*Limiter, error) {
-	cfg = cfg.WithDefaults()
-	if err := cfg.Validate(); err != nil {
-		return nil, fmt.Errorf("rate_limit: %w", err)
-	}
-	set, err := compile(cfg)
-	if err != nil {
+	l := &Limiter{counter: counter, now: time.Now}
+	if err := l.Reconfigure(cfg); err != nil {
 		return nil, err
 	}
-	l := &Limiter{counter: counter, now: time.Now}
-	l.set.Store(set)
 	if counter == nil {
 		l.own = NewMemoryCounter()
 		l.counter = l.own

@@ -161,8 +161,7 @@ func (s *Server) ConnStats() connlimit.Stats {
 	s.mu.Unlock()
 	var st connlimit.Stats
 	for _, cl := range lns {
-		ls := cl.Stats()
-		st.Live, st.Shed, st.Refused = st.Live+ls.Live, st.Shed+ls.Shed, st.Refused+ls.Refused
+		st = st.Add(cl.Stats())
 	}
 	return st
 }
