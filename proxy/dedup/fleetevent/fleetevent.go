@@ -15,9 +15,11 @@
 package fleetevent
 
 import (
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 )
 
 // Kind is the first field of a message.
@@ -59,6 +61,17 @@ func Parse(payload string) (k Kind, arg string, ok bool) {
 	return 0, "", false
 }
 
+// ParseReplaced splits a Replaced message's argument into its key and the
+// Unix milliseconds its copy was stored at.
+func ParseReplaced(arg string) (key string, storedMs int64, ok bool) {
+	key, at, ok := strings.Cut(arg, " ")
+	ms, err := strconv.ParseInt(at, 10, 64)
+	if !ok || key == "" || err != nil {
+		return "", 0, false
+	}
+	return key, ms, true
+}
+
 // ParseNote splits a Note's argument into its sender, topic and message.
 func ParseNote(arg string) (from, topic, msg string, ok bool) {
 	from, rest, ok := strings.Cut(arg, " ")
@@ -70,6 +83,53 @@ func ParseNote(arg string) (from, topic, msg string, ok bool) {
 		return "", "", "", false
 	}
 	return from, topic, msg, true
+}
+
+// Handler receives a topic's notes: msg, and for a lasting note recalled
+// from the store how long it still holds (0 for a note as it is sent).
+type Handler func(msg string, left time.Duration)
+
+// Topics routes Notes to this instance's handlers, one per topic. The
+// zero value is ready.
+type Topics struct {
+	mu sync.RWMutex
+	m  map[string]Handler
+}
+
+// Set makes f the handler of topic.
+func (t *Topics) Set(topic string, f Handler) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = make(map[string]Handler)
+	}
+	t.m[topic] = f
+	t.mu.Unlock()
+}
+
+// All returns a copy of the handlers by topic.
+func (t *Topics) All() map[string]Handler {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return maps.Clone(t.m)
+}
+
+// Deliver hands a Note's argument to its topic's handler unless self (this
+// instance) sent it. It reports false for a note outside the grammar.
+func (t *Topics) Deliver(self, arg string) bool {
+	from, topic, msg, ok := ParseNote(arg)
+	if !ok {
+		return false
+	}
+	if from == self {
+		return true
+	}
+	t.mu.RLock()
+	f := t.m[topic]
+	t.mu.RUnlock()
+	if f != nil {
+		f(msg, 0)
+	}
+	return true
 }
 
 // Waiters maps a key to the local waiters to wake when a flight for it

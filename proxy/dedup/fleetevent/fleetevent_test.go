@@ -1,6 +1,9 @@
 package fleetevent
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 func TestFormatParse(t *testing.T) {
 	for _, c := range []struct {
@@ -22,6 +25,17 @@ func TestFormatParse(t *testing.T) {
 	for _, bad := range []string{"", "d", "d ", "x key", "dd key", " key", "D key", "é key"} {
 		if k, arg, ok := Parse(bad); ok {
 			t.Errorf("Parse(%q) accepted: %c %q", bad, k, arg)
+		}
+	}
+}
+
+func TestParseReplaced(t *testing.T) {
+	if key, ms, ok := ParseReplaced("v1:abc 1700000000000"); !ok || key != "v1:abc" || ms != 1700000000000 {
+		t.Errorf("got %q %d %v", key, ms, ok)
+	}
+	for _, bad := range []string{"", "v1:abc", "v1:abc ", " 17", "v1:abc x", "v1:abc 1.5"} {
+		if key, ms, ok := ParseReplaced(bad); ok {
+			t.Errorf("ParseReplaced(%q) accepted: %q %d", bad, key, ms)
 		}
 	}
 }
@@ -78,5 +92,31 @@ func TestWaiters(t *testing.T) {
 	w.Remove("b", b)
 	if len(w.m) != 0 {
 		t.Errorf("keys left after every waiter went: %v", w.m)
+	}
+}
+
+func TestTopicsDeliver(t *testing.T) {
+	var tp Topics
+	var got []string
+	tp.Set("session", func(msg string, left time.Duration) { got = append(got, msg) })
+	for _, c := range []struct {
+		arg string
+		ok  bool
+	}{
+		{"other session m1", true},
+		{"me session m2", true},    // its own note: read, not delivered
+		{"other unheard m3", true}, // no handler: read, dropped
+		{"other session", false},   // no message separator
+		{"", false},
+	} {
+		if ok := tp.Deliver("me", c.arg); ok != c.ok {
+			t.Errorf("Deliver(%q) = %v, want %v", c.arg, ok, c.ok)
+		}
+	}
+	if len(got) != 1 || got[0] != "m1" {
+		t.Errorf("delivered %q, want [m1]", got)
+	}
+	if all := tp.All(); len(all) != 1 || all["session"] == nil {
+		t.Errorf("All() = %v", all)
 	}
 }

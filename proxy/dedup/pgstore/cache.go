@@ -5,8 +5,6 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -326,21 +324,14 @@ func (s *Cache) invalidatedURL(urlKey string) {
 	_, _ = s.local.DeleteURL(context.Background(), urlKey)
 }
 
-// replaced handles "r <key> <ms>": another instance shared a copy of key
-// fetched at ms (Unix milliseconds) after an outage. A local copy fetched
-// before it is stale: it goes, and is not shared any more. It reports
-// false for an argument it cannot read.
-func (s *Cache) replaced(arg string) bool {
-	key, at, ok := strings.Cut(arg, " ")
-	ms, err := strconv.ParseInt(at, 10, 64)
-	if !ok || key == "" || err != nil {
-		return false
-	}
+// replaced handles a Replaced message: another instance shared a copy of
+// key fetched at ms (Unix milliseconds) after an outage. A local copy
+// fetched before it is stale: it goes, and is not shared any more.
+func (s *Cache) replaced(key string, ms int64) {
 	if e, err := s.local.Get(context.Background(), key); err == nil && e.StoredAt.UnixMilli() < ms {
 		_ = s.local.Delete(context.Background(), key)
 		s.pending.remove(key)
 	}
-	return true
 }
 
 // maxPending bounds the keys remembered for sharing after an outage; the

@@ -83,7 +83,8 @@ func (b *Backend) handleEventUnguarded(payload string) {
 			b.Cache.invalidatedURL(arg)
 			return
 		case fleetevent.Replaced:
-			if b.Cache.replaced(arg) {
+			if key, ms, ok := fleetevent.ParseReplaced(arg); ok {
+				b.Cache.replaced(key, ms)
 				return
 			}
 		case fleetevent.Note:

@@ -190,9 +190,9 @@ func FuzzEvent(f *testing.F) {
 	defer c.cancel()
 	local := dedup.NewMemoryStore(1 << 20)
 	defer local.Close()
-	b := &Backend{c: c, Cache: newCache(c, local), Bus: &Bus{client: c, handlers: map[string]func(string, time.Duration){}}}
+	b := &Backend{c: c, Cache: newCache(c, local), Bus: &Bus{client: c}}
 	delivered := 0
-	b.Bus.handlers["session"] = func(string, time.Duration) { delivered++ }
+	b.Bus.topics.Set("session", func(string, time.Duration) { delivered++ })
 	// A waiter and a cached value, so wake-ups and invalidations have
 	// something to act on.
 	wake := b.Cache.waiters.Add("v1:abc")

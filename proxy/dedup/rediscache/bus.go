@@ -2,7 +2,6 @@ package rediscache
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -28,9 +27,8 @@ type Bus struct {
 	*client
 	stats statsBuf
 
-	mu       sync.RWMutex
-	handlers map[string]func(msg string, left time.Duration)
-	out      chan note
+	topics fleetevent.Topics
+	out    chan note
 }
 
 var _ dedup.Recorder = (*Bus)(nil)
@@ -40,7 +38,7 @@ var _ dedup.Recorder = (*Bus)(nil)
 const noteQueue = 256
 
 func newBus(c *client) *Bus {
-	b := &Bus{client: c, handlers: make(map[string]func(string, time.Duration)), out: make(chan note, noteQueue)}
+	b := &Bus{client: c, out: make(chan note, noteQueue)}
 	// Notes sent while Redis was away were lost: catch up on the lasting
 	// ones.
 	c.onReconnect(b.recallAll)
@@ -76,9 +74,7 @@ func (b *Bus) Publish(topic, key, msg string, ttl time.Duration) {
 // hold: before Subscribe returns (bounded by redis.timeout) and again each
 // time Redis comes back after an outage. One handler per topic.
 func (b *Bus) Subscribe(topic string, f func(msg string, left time.Duration)) {
-	b.mu.Lock()
-	b.handlers[topic] = f
-	b.mu.Unlock()
+	b.topics.Set(topic, f)
 	b.recall(b.life, topic, f)
 }
 
@@ -146,13 +142,7 @@ func (b *Bus) recall(ctx context.Context, topic string, f func(msg string, left 
 
 // recallAll recalls every subscribed topic.
 func (b *Bus) recallAll() {
-	b.mu.RLock()
-	subs := make(map[string]func(string, time.Duration), len(b.handlers))
-	for t, f := range b.handlers {
-		subs[t] = f
-	}
-	b.mu.RUnlock()
-	for t, f := range subs {
+	for t, f := range b.topics.All() {
 		b.recall(b.life, t, f)
 	}
 }
@@ -211,22 +201,7 @@ func (b *Bus) sendNotes(ctx context.Context) {
 
 // handleNote delivers "<instance> <topic> <message>" to its topic's
 // handler. It reports false for a note it cannot read.
-func (b *Bus) handleNote(arg string) bool {
-	from, topic, msg, ok := fleetevent.ParseNote(arg)
-	if !ok {
-		return false
-	}
-	if from == b.instance {
-		return true
-	}
-	b.mu.RLock()
-	f := b.handlers[topic]
-	b.mu.RUnlock()
-	if f != nil {
-		f(msg, 0)
-	}
-	return true
-}
+func (b *Bus) handleNote(arg string) bool { return b.topics.Deliver(b.instance, arg) }
 
 // unlockScript deletes a claim only while it is still ours.
 var unlockScript = redis.NewScript(`

@@ -89,9 +89,9 @@ func FuzzEvent(f *testing.F) {
 	defer c.cancel()
 	local := dedup.NewMemoryStore(1 << 20)
 	defer local.Close()
-	b := &Backend{c: c, Cache: newCache(c, local), Bus: &Bus{client: c, handlers: map[string]func(string, time.Duration){}}}
+	b := &Backend{c: c, Cache: newCache(c, local), Bus: &Bus{client: c}}
 	var delivered int
-	b.Bus.handlers["session"] = func(string, time.Duration) { delivered++ }
+	b.Bus.topics.Set("session", func(string, time.Duration) { delivered++ })
 	f.Fuzz(func(t *testing.T, payload string) {
 		before, rejected := delivered, c.rejected.Load()
 		b.handleEventUnguarded(payload)
