@@ -237,26 +237,30 @@ var errNotText = errors.New("postgres: binding is not text")
 // first when it is bound to none (upstream.Bindings): one statement. It
 // fails fast with dedup.ErrUnavailable while the breaker is open.
 func (b *Bus) Bind(ctx context.Context, key, proposal string, ttl time.Duration) (string, error) {
-	if !storable(key) || !storable(proposal) {
-		return "", errNotText
-	}
-	var id string
-	err := b.exec(ctx, func(ctx context.Context) error {
-		return b.pool.QueryRow(ctx, b.sql.bind, key, proposal, ttl.Milliseconds()).Scan(&id)
-	})
-	return id, err
+	return b.binding(ctx, b.sql.bind, ttl, key, proposal)
 }
 
 // Rebind moves key from `from` to `to` unless another instance moved it
 // first, and returns the session it is bound to now (upstream.Bindings):
 // one statement.
 func (b *Bus) Rebind(ctx context.Context, key, from, to string, ttl time.Duration) (string, error) {
-	if !storable(key) || !storable(from) || !storable(to) {
-		return "", errNotText
+	return b.binding(ctx, b.sql.rebind, ttl, key, from, to)
+}
+
+// binding runs a binding statement on texts and the ttl, and returns the
+// session the key is bound to.
+func (b *Bus) binding(ctx context.Context, sql string, ttl time.Duration, texts ...string) (string, error) {
+	args := make([]any, 0, len(texts)+1)
+	for _, t := range texts {
+		if !storable(t) {
+			return "", errNotText
+		}
+		args = append(args, t)
 	}
+	args = append(args, ttl.Milliseconds())
 	var id string
 	err := b.exec(ctx, func(ctx context.Context) error {
-		return b.pool.QueryRow(ctx, b.sql.rebind, key, from, to, ttl.Milliseconds()).Scan(&id)
+		return b.pool.QueryRow(ctx, sql, args...).Scan(&id)
 	})
 	return id, err
 }

@@ -34,7 +34,7 @@ type client struct {
 
 	// rejected counts input from Redis that was ignored (Backend.Rejected).
 	rejected atomic.Int64
-	// errors counts commands that failed: timeouts, refused connections,
+	// failed counts commands that failed: timeouts, refused connections,
 	// errors from Redis (Backend.Errors).
 	failed atomic.Int64
 
