@@ -103,26 +103,26 @@ func checkConnectTarget(name, port string) error {
 // authenticated and checked: its user picks the upstream session
 // (user-session-ID) like any request's would.
 func (s *Server) dialTunnel(req *http.Request, network, addr string) (net.Conn, error) {
-	return s.dialBlind(context.Background(), addr, proxyUser(req.Header), req.RemoteAddr, req.Header)
-}
-
-// dialBlind opens the upstream side of a blind tunnel to addr for a client
-// (its proxy user, its address, the headers of its CONNECT; nil on the
-// SOCKS5 door), within the dial timeout. The client was authenticated and
-// identified before (handleConnect, CheckTunnel), which refused bad hints;
-// here its user and header pick the upstream session like any request's
-// would. The guard runs again, on this context: the mark of an
-// allow-listed name must reach the dial.
-func (s *Server) dialBlind(ctx context.Context, addr, user, remoteAddr string, h http.Header) (net.Conn, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
-	defer cancel()
-	info, err := s.tunnelClient(user, remoteAddr, h)
+	info, err := s.tunnelClient(proxyUser(req.Header), req.RemoteAddr, req.Header)
 	if err != nil {
 		return nil, err
 	}
+	return s.dialBlind(context.Background(), addr, info, req.RemoteAddr)
+}
+
+// dialBlind opens the upstream side of a blind tunnel to addr for a client
+// (who it is, from its proxy user and its CONNECT's headers or its SOCKS5
+// user; its address), within the dial timeout. The client was
+// authenticated before (handleConnect, CheckTunnel), which refused bad
+// hints; here its identity picks the upstream session like any request's
+// would. The guard runs again, on this context: the mark of an
+// allow-listed name must reach the dial.
+func (s *Server) dialBlind(ctx context.Context, addr string, info clientinfo.Info, remoteAddr string) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout)
+	defer cancel()
 	ctx = clientinfo.With(ctx, info)
 	host, _, _ := net.SplitHostPort(addr)
-	ctx, err = s.guardHost(ctx, host)
+	ctx, err := s.guardHost(ctx, host)
 	if err != nil {
 		return nil, err
 	}

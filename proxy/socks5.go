@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 )
 
@@ -50,7 +51,7 @@ func (s *Server) ServeSOCKS5(ln net.Listener, cfg socks.Config) error {
 // CheckTunnel is the early check of a tunnel's target before anything is
 // dialled or looked up: its syntax, then the SSRF guard (a refusal is the
 // guard's error, with HTTPStatus 403). The returned context carries the
-// guard's decision to the dial.
+// client's identity and the guard's decision to the dial.
 func (s *Server) CheckTunnel(ctx context.Context, t socks.Tunnel) (context.Context, error) {
 	name, port, err := net.SplitHostPort(t.Target)
 	if err == nil {
@@ -59,10 +60,11 @@ func (s *Server) CheckTunnel(ctx context.Context, t socks.Tunnel) (context.Conte
 	if err != nil {
 		return ctx, fmt.Errorf("bad target %q: %w", t.Target, err)
 	}
-	if _, err := s.tunnelClient(t.User, t.Client, nil); err != nil {
+	info, err := s.tunnelClient(t.User, t.Client, nil)
+	if err != nil {
 		return ctx, &badHintError{err}
 	}
-	ctx, err = s.guardHost(ctx, name)
+	ctx, err = s.guardHost(clientinfo.With(ctx, info), name)
 	if err != nil {
 		s.metrics.SSRFRefused()
 	}
@@ -70,9 +72,10 @@ func (s *Server) CheckTunnel(ctx context.Context, t socks.Tunnel) (context.Conte
 }
 
 // DialTunnel opens the upstream side of a blind tunnel, through the
-// upstream session t.User asks for, as for a bypass CONNECT.
+// upstream session t.User asks for, as for a bypass CONNECT. ctx is
+// CheckTunnel's.
 func (s *Server) DialTunnel(ctx context.Context, t socks.Tunnel) (net.Conn, error) {
-	return s.dialBlind(ctx, t.Target, t.User, t.Client, http.Header{})
+	return s.dialBlind(ctx, t.Target, clientinfo.From(ctx), t.Client)
 }
 
 // InterceptTunnel serves c, a client stream of TLS or plain HTTP, as an
