@@ -50,13 +50,12 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 		pctx.Resp = r
 		return goproxy.RejectConnect, host
 	}
-	client := &clientInfo{info: info, connect: host}
 	if _, refused := s.checkTarget(pctx.Req.Context(), pctx.Req, name); refused != nil {
 		s.logger.Warn("refused CONNECT to a forbidden target", "target", host, "client", pctx.Req.RemoteAddr)
 		pctx.Resp = refused
 		return goproxy.RejectConnect, host
 	}
-	pctx.UserData = client
+	pctx.UserData = info // for hijackConnect
 	if s.bypass.Match(name) {
 		// A blind tunnel is one request as far as the rate limit goes;
 		// intercepted tunnels are counted request by request.

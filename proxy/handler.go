@@ -19,15 +19,6 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 )
 
-// clientInfo is what the proxy knows about the client behind a request,
-// learned once at the front door: from the request itself, or from the
-// CONNECT (or SOCKS5 handshake) that opened its tunnel, which the
-// request's context then carries (see tunnelFrom).
-type clientInfo struct {
-	info    clientinfo.Info // user, account, session hint and client identity
-	connect string          // CONNECT target host:port; "" for plain requests
-}
-
 // headerSession lets a client pick its sticky upstream session per request
 // without encoding it in the proxy user name; headerCountry its exit
 // country. Never forwarded.
@@ -122,9 +113,13 @@ func proxyUser(h http.Header) string {
 func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request, resp *http.Response) {
 	start := time.Now()
 	s.inflight.Add(1)
-	client, inTunnel := &clientInfo{}, false
+	// What the proxy knows of the client, learned once at the front door:
+	// from the request itself, or from the CONNECT (or SOCKS5 handshake)
+	// that opened its tunnel, which the request's context carries.
+	var client clientinfo.Info
+	inTunnel := false
 	if t := tunnelFrom(req.Context()); t != nil {
-		client, inTunnel = t.client, true
+		client, inTunnel = t.info, true
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -133,7 +128,7 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 			resp = errorResponse(req, http.StatusInternalServerError, kindInternal,
 				"internal error while serving this request")
 		}
-		resp = s.finish(req, resp, client, start)
+		resp = s.finish(req, resp, client.User, start)
 	}()
 
 	// Requests inside a tunnel were authenticated and identified on its
@@ -150,7 +145,7 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 		if r := s.attribute(req, info); r != nil {
 			return req, r
 		}
-		client.info = info
+		client = info
 		// Its client's header order and case, for the upstream.
 		req = withPlainShape(req)
 	}
@@ -162,7 +157,7 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 	if host == "" {
 		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest, "request URL has no host")
 	}
-	info, err := hintHeaders(client.info, req.Header)
+	info, err := hintHeaders(client, req.Header)
 	if err != nil {
 		return req, badSession(req, err)
 	}
@@ -259,7 +254,7 @@ func (b *clientBody) failed() error {
 // handler's goroutine, under net/http's recovery (the proxy port, and the
 // inner server of intercepted tunnels); a 101's body is spliced in
 // goroutines of goproxy's own, so it never aborts.
-func (s *Server) finish(req *http.Request, resp *http.Response, client *clientInfo, start time.Time) *http.Response {
+func (s *Server) finish(req *http.Request, resp *http.Response, user string, start time.Time) *http.Response {
 	if resp.Body == nil {
 		resp.Body = http.NoBody
 	}
@@ -286,8 +281,8 @@ func (s *Server) finish(req *http.Request, resp *http.Response, client *clientIn
 		if err := tb.failure(); err != nil {
 			attrs = append(attrs, slog.String("body_error", err.Error()))
 		}
-		if client.info.User != "" {
-			attrs = append(attrs, slog.String("user", client.info.User))
+		if user != "" {
+			attrs = append(attrs, slog.String("user", user))
 		}
 		s.logger.LogAttrs(req.Context(), slog.LevelInfo, "request", attrs...)
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/elazarl/goproxy"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
@@ -48,10 +49,10 @@ const recordTypeHandshake = 0x16
 
 // tunnel is what the CONNECT that opened a tunnel tells its requests.
 type tunnel struct {
-	client     *clientInfo
-	host       string // the CONNECT target, host:port
-	remoteAddr string // the client's address, as on the CONNECT (or SOCKS5 connection)
-	scheme     string // "https" when the client spoke TLS, else "http"
+	info       clientinfo.Info // who opened it: user, account, session hint, client
+	host       string          // the CONNECT target, host:port
+	remoteAddr string          // the client's address, as on the CONNECT (or SOCKS5 connection)
+	scheme     string          // "https" when the client spoke TLS, else "http"
 	// tap reads the client's fingerprint off the decrypted stream.
 	tap *capture.Conn
 	// tallied: the fingerprint was counted for the status page.
@@ -224,10 +225,7 @@ func (s *Server) shutdownInner(ctx context.Context) error {
 // authenticated and checked it in handleConnect): confirm the tunnel, then
 // intercept it.
 func (s *Server) hijackConnect(req *http.Request, client net.Conn, pctx *goproxy.ProxyCtx) {
-	ci, _ := pctx.UserData.(*clientInfo)
-	if ci == nil {
-		ci = &clientInfo{connect: req.Host}
-	}
+	info, _ := pctx.UserData.(clientinfo.Info)
 	proto := req.Proto
 	if !strings.HasPrefix(proto, "HTTP/1.") {
 		proto = "HTTP/1.1"
@@ -236,7 +234,7 @@ func (s *Server) hijackConnect(req *http.Request, client net.Conn, pctx *goproxy
 		client.Close()
 		return
 	}
-	s.intercept(client, &tunnel{client: ci, host: ci.connect, remoteAddr: req.RemoteAddr})
+	s.intercept(client, &tunnel{info: info, host: req.URL.Host, remoteAddr: req.RemoteAddr})
 }
 
 // intercept looks at the first byte of a tunnel's client stream (a CONNECT

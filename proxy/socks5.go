@@ -87,7 +87,7 @@ func (s *Server) InterceptTunnel(c net.Conn, t socks.Tunnel) {
 	// CheckTunnel refused a user whose hint cannot be parsed.
 	info, _ := s.tunnelClient(t.User, t.Client, nil)
 	s.intercept(c, &tunnel{
-		client:     &clientInfo{info: info, connect: t.Target},
+		info:       info,
 		host:       t.Target,
 		remoteAddr: t.Client,
 	})
