@@ -121,11 +121,50 @@ func (c *counters) snapshot() Stats {
 }
 
 // savingsPct is (HIT + COALESCED) / all, in percent with one decimal.
-func savingsPct(saved, all uint64) float64 {
-	if all == 0 {
+func savingsPct[T int64 | uint64](saved, all T) float64 {
+	if all <= 0 {
 		return 0
 	}
 	return float64(int64(float64(saved)*1000/float64(all)+0.5)) / 10
+}
+
+// DayCounts are one instance's counts between two flushes to a shared
+// store's per-day counters: one write per flush instead of one per
+// request. The zero value is ready.
+type DayCounts struct {
+	Hit, Coalesced, Miss, Bypass, Avoided, MoneyNano atomic.Int64
+}
+
+// Record counts one response, as a Recorder does.
+func (c *DayCounts) Record(xcache string, avoided int, moneyNano int64) {
+	c.MoneyNano.Add(moneyNano)
+	switch xcache {
+	case CacheHit:
+		c.Hit.Add(1)
+	case CacheCoalesced:
+		c.Coalesced.Add(1)
+	case CacheMiss:
+		c.Miss.Add(1)
+	case CacheBypass:
+		c.Bypass.Add(1)
+	}
+	c.Avoided.Add(int64(avoided))
+}
+
+// NewDayStats is the report of one day (or span) of a shared store's
+// counters: answers by X-Cache, body bytes avoided and money saved in
+// billionths.
+func NewDayStats(date string, hit, coalesced, miss, bypass, bytesAvoided, moneyNano int64) DayStats {
+	d := DayStats{
+		Date:         date,
+		Requests:     hit + coalesced + miss + bypass,
+		XCache:       map[string]int64{CacheHit: hit, CacheCoalesced: coalesced, CacheMiss: miss, CacheBypass: bypass},
+		BySource:     map[string]int64{"api": miss + bypass, "dedup_cache": hit, "dedup_wait": coalesced},
+		BytesAvoided: bytesAvoided,
+		MoneySaved:   float64(moneyNano) / 1e9,
+	}
+	d.SavingsPct = savingsPct(hit+coalesced, d.Requests)
+	return d
 }
 
 // DayStats is one day of fleet-wide counters, as a shared store keeps them.

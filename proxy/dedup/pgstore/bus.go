@@ -28,7 +28,7 @@ import (
 // hears what the fleet knows.
 type Bus struct {
 	*client
-	stats statsBuf
+	stats dedup.DayCounts // flushed each stats_flush
 
 	topics fleetevent.Topics
 	out    chan note

@@ -14,26 +14,10 @@ import (
 // day more, so the oldest day is whole).
 const statsDays = 7
 
-// statsBuf accumulates this instance's counts between flushes: one
-// statement per stats_flush instead of one per request.
-type statsBuf struct {
-	hit, coalesced, miss, bypass, avoided, moneyNano atomic.Int64
-}
-
-// Record implements dedup.Recorder.
+// Record implements dedup.Recorder: the counts wait in memory for the
+// next flush.
 func (b *Bus) Record(xcache string, avoided int, moneyNano int64) {
-	b.stats.moneyNano.Add(moneyNano)
-	switch xcache {
-	case dedup.CacheHit:
-		b.stats.hit.Add(1)
-	case dedup.CacheCoalesced:
-		b.stats.coalesced.Add(1)
-	case dedup.CacheMiss:
-		b.stats.miss.Add(1)
-	case dedup.CacheBypass:
-		b.stats.bypass.Add(1)
-	}
-	b.stats.avoided.Add(int64(avoided))
+	b.stats.Record(xcache, avoided, moneyNano)
 }
 
 // day is the UTC date of t at midnight, as the stats table keys it.
@@ -62,7 +46,7 @@ func (b *Bus) flushStats(ctx context.Context) {
 // flushOnce adds the buffered counts to today's row. Counts that could not
 // be written are put back for the next flush.
 func (b *Bus) flushOnce(ctx context.Context) {
-	fields := []*atomic.Int64{&b.stats.hit, &b.stats.coalesced, &b.stats.miss, &b.stats.bypass, &b.stats.avoided, &b.stats.moneyNano}
+	fields := []*atomic.Int64{&b.stats.Hit, &b.stats.Coalesced, &b.stats.Miss, &b.stats.Bypass, &b.stats.Avoided, &b.stats.MoneyNano}
 	taken := make([]int64, len(fields))
 	nonzero := false
 	for i, f := range fields {
@@ -125,17 +109,5 @@ func (b *Bus) FleetStats(ctx context.Context) (dedup.FleetStats, error) {
 // dayStats builds one day's report from hit, coalesced, miss, bypass,
 // bytes avoided and money saved (billionths).
 func dayStats(date string, v [6]int64) dedup.DayStats {
-	hit, co, miss, by := v[0], v[1], v[2], v[3]
-	d := dedup.DayStats{
-		Date:         date,
-		Requests:     hit + co + miss + by,
-		XCache:       map[string]int64{dedup.CacheHit: hit, dedup.CacheCoalesced: co, dedup.CacheMiss: miss, dedup.CacheBypass: by},
-		BySource:     map[string]int64{"api": miss + by, "dedup_cache": hit, "dedup_wait": co},
-		BytesAvoided: v[4],
-		MoneySaved:   float64(v[5]) / 1e9,
-	}
-	if d.Requests > 0 {
-		d.SavingsPct = float64(int64(float64(hit+co)*1000/float64(d.Requests)+0.5)) / 10
-	}
-	return d
+	return dedup.NewDayStats(date, v[0], v[1], v[2], v[3], v[4], v[5])
 }

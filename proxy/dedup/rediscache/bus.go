@@ -25,7 +25,7 @@ import (
 // after losing Redis, hears what the fleet knows.
 type Bus struct {
 	*client
-	stats statsBuf
+	stats dedup.DayCounts // flushed each stats_flush
 
 	topics fleetevent.Topics
 	out    chan note

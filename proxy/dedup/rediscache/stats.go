@@ -14,26 +14,10 @@ import (
 // statsDays is how long per-day counters are kept.
 const statsDays = 7
 
-// statsBuf accumulates this instance's counts between flushes: one Redis
-// round trip per second instead of one per request.
-type statsBuf struct {
-	hit, coalesced, miss, bypass, avoided, moneyNano atomic.Int64
-}
-
-// Record implements dedup.Recorder.
+// Record implements dedup.Recorder: the counts wait in memory for the
+// next flush.
 func (s *Bus) Record(xcache string, avoided int, moneyNano int64) {
-	s.stats.moneyNano.Add(moneyNano)
-	switch xcache {
-	case dedup.CacheHit:
-		s.stats.hit.Add(1)
-	case dedup.CacheCoalesced:
-		s.stats.coalesced.Add(1)
-	case dedup.CacheMiss:
-		s.stats.miss.Add(1)
-	case dedup.CacheBypass:
-		s.stats.bypass.Add(1)
-	}
-	s.stats.avoided.Add(int64(avoided))
+	s.stats.Record(xcache, avoided, moneyNano)
 }
 
 func (s *Bus) dayKey(t time.Time) string {
@@ -64,8 +48,8 @@ func (s *Bus) flushOnce(ctx context.Context) {
 		name string
 		v    *atomic.Int64
 	}{
-		{"hit", &s.stats.hit}, {"coalesced", &s.stats.coalesced},
-		{"miss", &s.stats.miss}, {"bypass", &s.stats.bypass}, {"bytes_avoided", &s.stats.avoided}, {"money_nano", &s.stats.moneyNano},
+		{"hit", &s.stats.Hit}, {"coalesced", &s.stats.Coalesced},
+		{"miss", &s.stats.Miss}, {"bypass", &s.stats.Bypass}, {"bytes_avoided", &s.stats.Avoided}, {"money_nano", &s.stats.MoneyNano},
 	}
 	taken := make([]int64, len(fields))
 	nonzero := false
@@ -135,17 +119,5 @@ func (s *Bus) FleetStats(ctx context.Context) (dedup.FleetStats, error) {
 
 func dayStats(date string, raw map[string]string) dedup.DayStats {
 	n := func(k string) int64 { v, _ := strconv.ParseInt(raw[k], 10, 64); return v }
-	hit, co, miss, by := n("hit"), n("coalesced"), n("miss"), n("bypass")
-	d := dedup.DayStats{
-		Date:         date,
-		Requests:     hit + co + miss + by,
-		XCache:       map[string]int64{dedup.CacheHit: hit, dedup.CacheCoalesced: co, dedup.CacheMiss: miss, dedup.CacheBypass: by},
-		BySource:     map[string]int64{"api": miss + by, "dedup_cache": hit, "dedup_wait": co},
-		BytesAvoided: n("bytes_avoided"),
-		MoneySaved:   float64(n("money_nano")) / 1e9,
-	}
-	if d.Requests > 0 {
-		d.SavingsPct = float64(int64(float64(hit+co)*1000/float64(d.Requests)+0.5)) / 10
-	}
-	return d
+	return dedup.NewDayStats(date, n("hit"), n("coalesced"), n("miss"), n("bypass"), n("bytes_avoided"), n("money_nano"))
 }
