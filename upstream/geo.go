@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -38,9 +39,10 @@ func (pr *pickReq) where() string {
 func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *ExhaustedError {
 	where := pr.where()
 	if len(set.list) == 0 {
-		reason := "no upstream sessions yet: " + p.lastProviderError()
+		last := p.lastProviderError()
+		reason := "no upstream sessions yet: " + last
 		if where != "" {
-			reason = "no upstream session " + where + ": " + strings.TrimPrefix(reason, "no upstream sessions yet: ") + " (no sessions yet)"
+			reason = "no upstream session " + where + ": " + last + " (no sessions yet)"
 		}
 		return &ExhaustedError{Reason: reason, Country: pr.country}
 	}
@@ -54,13 +56,7 @@ func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *Exha
 		}
 	}
 	if len(matching) == 0 {
-		have := slices.Sorted(func(yield func(string) bool) {
-			for c := range places {
-				if !yield(c) {
-					return
-				}
-			}
-		})
+		have := slices.Sorted(maps.Keys(places))
 		reason := fmt.Sprintf("no upstream session %s: none of the %d sessions is there", where, len(set.list))
 		if len(have) > 0 {
 			reason += " (they are in " + strings.Join(have, ", ") + ")"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"time"
 )
@@ -161,10 +162,8 @@ func usable(s *session, pr *pickReq, now int64, skip []*session, strict bool) bo
 	if !s.h.available(now) || !inPlace(s, pr) {
 		return false
 	}
-	for _, t := range skip {
-		if t == s {
-			return false
-		}
+	if slices.Contains(skip, s) {
+		return false
 	}
 	return !strict || !(s.prov.Load().apiDown.Load() || s.gw.down(now))
 }

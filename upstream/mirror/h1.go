@@ -288,7 +288,7 @@ func (cc *H1Conn) write(w *h1Write, head []byte, body *h1Request, trailer http.H
 	w.wrote = true
 	src := &bodyReader{r: body.rc}
 	var err error
-	if body.chunked {
+	if body.length < 0 {
 		err = writeChunked(cc.bw, cc.conn, src, trailer, cc.opts.writeTimeout())
 	} else {
 		err = writeFixed(cc.bw, cc.conn, src, body.length, cc.opts.writeTimeout())
@@ -438,9 +438,8 @@ func (s *switched) Close() error                { return s.conn.Close() }
 
 // h1Request is how a request body goes on the wire.
 type h1Request struct {
-	rc      io.ReadCloser
-	length  int64 // with !chunked
-	chunked bool
+	rc     io.ReadCloser
+	length int64 // -1: unknown, sent chunked
 }
 
 // head builds the request head. It returns the body to send (nil when
@@ -467,35 +466,16 @@ func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
 
 	var body *h1Request
 	framingKey, framingVal := "", ""
-	if req.Body != nil && req.Body != http.NoBody {
-		rc := req.Body
-		length := req.ContentLength
-		if length == 0 {
-			// net/http's convention: 0 with a body means unknown. Peek
-			// one byte to tell an empty body from a streamed one.
-			var one [1]byte
-			n, err := io.ReadFull(rc, one[:])
-			switch {
-			case n == 0 && (err == io.EOF || err == io.ErrUnexpectedEOF):
-				rc.Close()
-				rc = nil
-			case err != nil:
-				return nil, nil, fmt.Errorf("mirror: read request body: %w", err)
-			default:
-				rc = struct {
-					io.Reader
-					io.Closer
-				}{io.MultiReader(strings.NewReader(string(one[:])), rc), rc}
-				length = -1
-			}
-		}
-		if rc != nil {
-			body = &h1Request{rc: rc, length: length, chunked: length < 0}
-			if body.chunked {
-				framingKey, framingVal = "Transfer-Encoding", "chunked"
-			} else {
-				framingKey, framingVal = "Content-Length", strconv.FormatInt(length, 10)
-			}
+	rc, length, err := requestBody(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	if rc != nil {
+		body = &h1Request{rc: rc, length: length}
+		if length < 0 {
+			framingKey, framingVal = "Transfer-Encoding", "chunked"
+		} else {
+			framingKey, framingVal = "Content-Length", strconv.FormatInt(length, 10)
 		}
 	}
 	shape := fingerprint.ShapeFrom(req.Context())

@@ -697,23 +697,41 @@ func (cs *h2Stream) abort(err error, sendRST bool) {
 	if cs.body != nil {
 		cs.body.Close() // unblocks a writer stuck reading the request body
 	}
-	if (sendRST && !ended) || connInc > 0 {
-		cc.wmu.Lock()
-		var werr error
-		if sendRST && !ended {
-			werr = cc.fr.WriteRSTStream(cs.id, http2.ErrCodeCancel)
-		}
-		if werr == nil && connInc > 0 {
-			werr = cc.fr.WriteWindowUpdate(0, uint32(connInc))
-		}
-		if werr == nil {
-			werr = cc.flush()
-		}
-		cc.wmu.Unlock()
-		if werr != nil {
-			cc.fatal(werr)
+	var rst http2.ErrCode // 0 (NO_ERROR): none
+	if sendRST && !ended {
+		rst = http2.ErrCodeCancel
+	}
+	if err := cc.writeControl(cs.id, rst, 0, connInc); err != nil {
+		cc.fatal(err)
+	}
+}
+
+// writeControl sends, in this order and with one flush, an RST_STREAM of
+// stream id with code rst (none when 0), and the WINDOW_UPDATEs due to the
+// stream and to the connection (none when 0). It writes nothing when
+// nothing is due.
+func (cc *H2Conn) writeControl(id uint32, rst http2.ErrCode, streamInc, connInc int64) error {
+	if rst == 0 && streamInc <= 0 && connInc <= 0 {
+		return nil
+	}
+	cc.wmu.Lock()
+	defer cc.wmu.Unlock()
+	if rst != 0 {
+		if err := cc.fr.WriteRSTStream(id, rst); err != nil {
+			return err
 		}
 	}
+	if streamInc > 0 {
+		if err := cc.fr.WriteWindowUpdate(id, uint32(streamInc)); err != nil {
+			return err
+		}
+	}
+	if connInc > 0 {
+		if err := cc.fr.WriteWindowUpdate(0, uint32(connInc)); err != nil {
+			return err
+		}
+	}
+	return cc.flush()
 }
 
 // consumeConn counts n bytes consumed on the connection and returns the
@@ -788,22 +806,8 @@ func (b h2Body) Read(p []byte) (int, error) {
 	connInc := cc.consumeConn(int64(n))
 	id := cs.id
 	cc.mu.Unlock()
-	if streamInc > 0 || connInc > 0 {
-		cc.wmu.Lock()
-		var err error
-		if streamInc > 0 {
-			err = cc.fr.WriteWindowUpdate(id, uint32(streamInc))
-		}
-		if err == nil && connInc > 0 {
-			err = cc.fr.WriteWindowUpdate(0, uint32(connInc))
-		}
-		if err == nil {
-			err = cc.flush()
-		}
-		cc.wmu.Unlock()
-		if err != nil {
-			cc.fatal(err)
-		}
+	if err := cc.writeControl(id, 0, streamInc, connInc); err != nil {
+		cc.fatal(err)
 	}
 	return n, nil
 }
@@ -1154,20 +1158,5 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 		cs.readCond.Broadcast()
 	}
 	cc.mu.Unlock()
-	if rst == 0 && connInc == 0 {
-		return nil
-	}
-	cc.wmu.Lock()
-	defer cc.wmu.Unlock()
-	if rst != 0 {
-		if err := cc.fr.WriteRSTStream(f.StreamID, rst); err != nil {
-			return err
-		}
-	}
-	if connInc > 0 {
-		if err := cc.fr.WriteWindowUpdate(0, uint32(connInc)); err != nil {
-			return err
-		}
-	}
-	return cc.flush()
+	return cc.writeControl(f.StreamID, rst, 0, connInc)
 }
