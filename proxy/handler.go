@@ -215,8 +215,7 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 // an upstream failure.
 type clientBody struct {
 	io.ReadCloser
-	mu  sync.Mutex
-	err error
+	firstErr
 }
 
 func (b *clientBody) Read(p []byte) (int, error) {
@@ -224,19 +223,31 @@ func (b *clientBody) Read(p []byte) (int, error) {
 	// A read after the transport closed the body says nothing about the
 	// client's bytes.
 	if err != nil && err != io.EOF && !errors.Is(err, http.ErrBodyReadAfterClose) {
-		b.mu.Lock()
-		if b.err == nil {
-			b.err = err
-		}
-		b.mu.Unlock()
+		b.set(err)
 	}
 	return n, err
 }
 
-func (b *clientBody) failed() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.err
+// firstErr keeps the first error set, for a body read on one goroutine
+// and judged on another.
+type firstErr struct {
+	mu  sync.Mutex
+	err error
+}
+
+func (f *firstErr) set(err error) {
+	f.mu.Lock()
+	if f.err == nil {
+		f.err = err
+	}
+	f.mu.Unlock()
+}
+
+// failed returns the first error set, or nil.
+func (f *firstErr) failed() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.err
 }
 
 // finish attaches the access log line and the in-flight accounting to the
@@ -278,7 +289,7 @@ func (s *Server) finish(req *http.Request, resp *http.Response, user string, sta
 		if e := resp.Header.Get(headerProxyError); e != "" {
 			attrs = append(attrs, slog.String("error", e))
 		}
-		if err := tb.failure(); err != nil {
+		if err := tb.failed(); err != nil {
 			attrs = append(attrs, slog.String("body_error", err.Error()))
 		}
 		if user != "" {
@@ -339,24 +350,19 @@ func (w *flushingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter 
 // With abort, a read error other than EOF aborts the handler (see finish).
 type trackedBody struct {
 	io.ReadCloser
-	n     atomic.Int64
-	once  sync.Once
-	done  func(n int64)
-	abort bool
-	size  int64 // the body's length as announced; -1: unknown
-	mu    sync.Mutex
-	err   error // the first read error other than EOF
+	n        atomic.Int64
+	once     sync.Once
+	done     func(n int64)
+	abort    bool
+	size     int64 // the body's length as announced; -1: unknown
+	firstErr       // the first read error other than EOF
 }
 
 func (b *trackedBody) Read(p []byte) (int, error) {
 	n, err := b.ReadCloser.Read(p)
 	b.n.Add(int64(n))
 	if err != nil && err != io.EOF {
-		b.mu.Lock()
-		if b.err == nil {
-			b.err = err
-		}
-		b.mu.Unlock()
+		b.set(err)
 		if b.abort {
 			// Close runs in goproxy's deferred Close, on the way out.
 			panic(http.ErrAbortHandler)
@@ -372,13 +378,14 @@ func (b *trackedBody) Read(p []byte) (int, error) {
 func (b *trackedBody) WriteTo(w io.Writer) (int64, error) {
 	bp := bufpool.Get()
 	defer bufpool.Put(bp)
+	fw, flushing := w.(*flushingWriter)
 	var total int64
 	for {
 		n, err := b.Read(*bp)
 		if n > 0 {
 			var wn int
 			var werr error
-			if fw, ok := w.(*flushingWriter); ok && (err == io.EOF || b.size >= 0 && total+int64(n) == b.size) {
+			if flushing && (err == io.EOF || b.size >= 0 && total+int64(n) == b.size) {
 				wn, werr = fw.writeLast((*bp)[:n])
 			} else {
 				wn, werr = w.Write((*bp)[:n])
@@ -395,12 +402,6 @@ func (b *trackedBody) WriteTo(w io.Writer) (int64, error) {
 			return total, err
 		}
 	}
-}
-
-func (b *trackedBody) failure() error {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.err
 }
 
 func (b *trackedBody) Close() error {

@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -471,32 +472,44 @@ func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, has
 	if scheme == "" {
 		scheme = "https"
 	}
-	path := req.URL.RequestURI()
-	values := map[string]string{":method": method, ":authority": host, ":scheme": scheme, ":path": path}
+	value := func(p string) string {
+		switch p {
+		case ":method":
+			return method
+		case ":authority":
+			return host
+		case ":scheme":
+			return scheme
+		}
+		return req.URL.RequestURI()
+	}
 	want := []string{":method", ":authority", ":scheme", ":path"}
 	if method == http.MethodConnect {
-		want = []string{":method", ":authority"}
+		want = want[:2]
 	}
 	pseudo := cc.pre.PseudoOrder
 	if shape != nil && len(shape.PseudoOrder) > 0 {
 		pseudo = shape.PseudoOrder
 	}
-	var fields []hpack.HeaderField
-	sent := map[string]bool{}
-	for _, p := range append(append([]string(nil), pseudo...), want...) {
-		v, ok := values[p]
-		if !ok || sent[p] || !contains(want, p) {
-			continue
+	fields := make([]hpack.HeaderField, 0, len(want)+len(req.Header)+1)
+	// The client's order first, then any it did not name, each once.
+	add := func(p string) {
+		if slices.Contains(want, p) && !slices.ContainsFunc(fields, func(f hpack.HeaderField) bool { return f.Name == p }) {
+			fields = append(fields, hpack.HeaderField{Name: p, Value: value(p)})
 		}
-		sent[p] = true
-		fields = append(fields, hpack.HeaderField{Name: p, Value: v})
+	}
+	for _, p := range pseudo {
+		add(p)
+	}
+	for _, p := range want {
+		add(p)
 	}
 
 	h := make(http.Header, len(req.Header)+1)
 	for k, vs := range req.Header {
 		c := http.CanonicalHeaderKey(k)
 		switch {
-		case contains(hopHeaders, c), c == "Host", c == "Content-Length":
+		case slices.Contains(hopHeaders, c), c == "Host", c == "Content-Length":
 			continue
 		case c == "Te":
 			// Only "trailers" may go in an HTTP/2 TE field.
@@ -528,15 +541,6 @@ func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, has
 		fields = append(fields, hpack.HeaderField{Name: name, Value: f.value})
 	}
 	return fields, nil
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func countName(order []string, name string) int {
