@@ -54,7 +54,7 @@ func (e *Engine) serveFile(req *http.Request, ent *Entry, key, xcache string) (*
 // headers and body, which has size bytes (-1: unknown yet), decoded on the
 // way when the client does not accept the stored coding.
 func (e *Engine) streamResponse(req *http.Request, meta *Entry, body io.ReadCloser, size int64, key, xcache string) (*http.Response, bool) {
-	header := meta.Header.Clone()
+	var header http.Header
 	if codings := undecodedFor(meta.Header, req.Header.Values("Accept-Encoding")); codings != nil {
 		decoded, err := decodeStream(codings, body, int64(e.cfg.MaxObjectBytes)*8)
 		if err != nil {
@@ -62,6 +62,8 @@ func (e *Engine) streamResponse(req *http.Request, meta *Entry, body io.ReadClos
 			return nil, false
 		}
 		body, header, size = decoded, decodedHeader(meta.Header), -1
+	} else {
+		header = meta.Header.Clone()
 	}
 	if size >= 0 {
 		header.Set("Content-Length", strconv.FormatInt(size, 10))

@@ -56,10 +56,8 @@ func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	return s
 }
 
-// maxBody bounds what a stored value may inflate to: a value is at most
-// max_value_bytes compressed, and real responses compress far less than
-// this.
-func (s *Cache) maxBody() int64 { return 64 * int64(s.cfg.MaxValueBytes) }
+// maxBody bounds what a stored value may inflate to.
+func (s *Cache) maxBody() int64 { return storecodec.BodyLimit(int64(s.cfg.MaxValueBytes)) }
 
 // GetLocal implements dedup.TieredStore: what the memory tier may answer
 // without the database. A copy of a shared value is kept there for

@@ -73,10 +73,8 @@ var (
 	_ dedup.Fleet       = (*Cache)(nil)
 )
 
-// maxBody bounds what a value read from Redis may inflate to: a value is
-// at most max_value_bytes compressed, and a body that claims more than 64
-// times that was not written by onceproxy.
-func (s *Cache) maxBody() int64 { return 64 * int64(s.cfg.MaxValueBytes) }
+// maxBody bounds what a value read from Redis may inflate to.
+func (s *Cache) maxBody() int64 { return storecodec.BodyLimit(int64(s.cfg.MaxValueBytes)) }
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local}

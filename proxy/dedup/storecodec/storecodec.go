@@ -136,6 +136,11 @@ func compressible(h http.Header) bool {
 // is ErrFormat.
 func Decode(b []byte) (*dedup.Entry, error) { return DecodeLimit(b, maxBodyDefault) }
 
+// BodyLimit is the bound to decode a store's values with when each is at
+// most maxValue bytes: real responses compress far less than 64 to 1, so a
+// body that claims more was not written by onceproxy.
+func BodyLimit(maxValue int64) int64 { return 64 * maxValue }
+
 // maxBodyDefault bounds a decompressed body when the caller names no bound.
 const maxBodyDefault = 1 << 30
 
