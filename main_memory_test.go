@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net/url"
 	"os"
 	"os/exec"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/loadgen"
+	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 )
 
 // longTests turns on the tests that take a minute of load each; .ci/run
@@ -24,7 +26,8 @@ const longTests = "LONG_TESTS"
 type proc struct {
 	cmd              *exec.Cmd
 	proxyAddr, admin string
-	config           string // the config file it was started with
+	config           string         // the config file it was started with
+	log              *logbuf.Buffer // its JSON log lines, shown if the test fails
 }
 
 // startBinary builds onceproxy once per test and runs it with env added to
@@ -35,38 +38,49 @@ func startBinary(t *testing.T, config string, env []string) *proc {
 	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	cfgPath := writeConfig(t, config)
-	cmd := exec.Command(bin, "-config", cfgPath)
+	return runBinary(t, "onceproxy", bin, writeConfig(t, config), env)
+}
+
+// runBinary runs the built onceproxy bin with the config file cfgPath and
+// env added to the test's environment, and returns once it says where it
+// listens. Its log is kept in p.log and shown if the test fails; it is
+// killed with the test.
+func runBinary(t *testing.T, name, bin, cfgPath string, env []string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.Command(bin, "-config", cfgPath), config: cfgPath, log: &logbuf.Buffer{}}
 	// JSON logs: the listen lines are read from them.
-	env = append(env, "ONCEPROXY_LOG_FORMAT=json")
-	cmd.Env = append(os.Environ(), env...)
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
+	p.cmd.Env = append(append(os.Environ(), env...), "ONCEPROXY_LOG_FORMAT=json")
+	stderr, err := p.cmd.StderrPipe()
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	p := &proc{cmd: cmd, config: cfgPath}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = p.cmd.Process.Kill()
+		_ = p.cmd.Wait()
+		if t.Failed() {
+			t.Logf("%s log:\n%s", name, p.log)
+		}
+	})
 	sc := bufio.NewScanner(stderr)
-	var lines []string
 	for (p.proxyAddr == "" || p.admin == "") && sc.Scan() {
 		line := sc.Text()
-		lines = append(lines, line)
+		fmt.Fprintln(p.log, line)
 		switch {
 		case strings.Contains(line, `"msg":"proxy listening"`):
 			p.proxyAddr = jsonField(line, "addr")
 		case strings.Contains(line, `"msg":"admin listening"`):
 			p.admin = jsonField(line, "addr")
 		case strings.Contains(line, `"msg":"Go memory limit"`):
-			t.Logf("child: %s", line)
+			t.Logf("%s: %s", name, line)
 		}
 	}
 	if p.proxyAddr == "" || p.admin == "" {
-		t.Fatalf("no listen lines in:\n%s", strings.Join(lines, "\n"))
+		t.Fatalf("%s: no listen lines in:\n%s", name, p.log)
 	}
-	go func() {
-		for sc.Scan() {
-		}
-	}()
+	go io.Copy(p.log, stderr)
 	return p
 }
 

@@ -9,7 +9,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -310,45 +309,9 @@ func TestPeerLeaderKilled(t *testing.T) {
 	rs := redistest.Start(t)
 	certs := filepath.Join(t.TempDir(), "certs")
 
-	type proc struct {
-		cmd          *exec.Cmd
-		proxy, admin string
-		log          *logbuf.Buffer
-	}
+	cfg := writeConfig(t, "log: {format: json}\n")
 	start := func(name string) *proc {
-		p := &proc{log: &logbuf.Buffer{}}
-		p.cmd = exec.Command(bin, "-config", writeConfig(t, "log: {format: json}\n"))
-		p.cmd.Env = append(os.Environ(), append(redisFleetEnv(t, rs.URL, certs), peerEnv("fleet-secret")...)...)
-		stderr, err := p.cmd.StderrPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = p.cmd.Process.Kill()
-			_ = p.cmd.Wait()
-			if t.Failed() {
-				t.Logf("%s log:\n%s", name, p.log)
-			}
-		})
-		sc := bufio.NewScanner(stderr)
-		for (p.proxy == "" || p.admin == "") && sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(p.log, line)
-			if strings.Contains(line, `"msg":"proxy listening"`) {
-				p.proxy = jsonField(line, "addr")
-			}
-			if strings.Contains(line, `"msg":"admin listening"`) {
-				p.admin = jsonField(line, "addr")
-			}
-		}
-		if p.proxy == "" || p.admin == "" {
-			t.Fatalf("%s: no listen lines in:\n%s", name, p.log)
-		}
-		go io.Copy(p.log, stderr)
-		return p
+		return runBinary(t, name, bin, cfg, append(redisFleetEnv(t, rs.URL, certs), peerEnv("fleet-secret")...))
 	}
 	a, b, c := start("a"), start("b"), start("c")
 
@@ -357,7 +320,7 @@ func TestPeerLeaderKilled(t *testing.T) {
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, origin.URL+"/big.bin", nil)
 	go func() {
-		if resp, err := plainClient(a.proxy, "", "").Do(req); err == nil {
+		if resp, err := plainClient(a.proxyAddr, "", "").Do(req); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()
 		}
@@ -369,7 +332,7 @@ func TestPeerLeaderKilled(t *testing.T) {
 	heads.Add(2 * per)
 	for _, p := range []*proc{b, c} {
 		for range per {
-			cl := plainClient(p.proxy, "", "")
+			cl := plainClient(p.proxyAddr, "", "")
 			cl.Timeout = 3 * time.Minute
 			go func() {
 				resp, err := cl.Get(origin.URL + "/big.bin")

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -236,50 +234,12 @@ func TestPostgresLeaderKilled(t *testing.T) {
 	t.Cleanup(origin.Close)
 	t.Cleanup(unblock) // before the origin closes, which waits for its handlers
 
-	type proc struct {
-		cmd          *exec.Cmd
-		proxy, admin string
-		log          *logbuf.Buffer
-	}
-	start := func(name string) *proc {
-		p := &proc{log: &logbuf.Buffer{}}
-		p.cmd = exec.Command(bin, "-config", writeConfig(t, "log: {format: json}\n"))
-		p.cmd.Env = append(os.Environ(), pgEnv(t, url, schema)...)
-		stderr, err := p.cmd.StderrPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := p.cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			_ = p.cmd.Process.Kill()
-			_ = p.cmd.Wait()
-			if t.Failed() {
-				t.Logf("%s log:\n%s", name, p.log)
-			}
-		})
-		sc := bufio.NewScanner(stderr)
-		for (p.proxy == "" || p.admin == "") && sc.Scan() {
-			line := sc.Text()
-			fmt.Fprintln(p.log, line)
-			if strings.Contains(line, `"msg":"proxy listening"`) {
-				p.proxy = jsonField(line, "addr")
-			}
-			if strings.Contains(line, `"msg":"admin listening"`) {
-				p.admin = jsonField(line, "addr")
-			}
-		}
-		if p.proxy == "" || p.admin == "" {
-			t.Fatalf("%s: no listen lines in:\n%s", name, p.log)
-		}
-		go io.Copy(p.log, stderr)
-		return p
-	}
+	cfg := writeConfig(t, "log: {format: json}\n")
+	start := func(name string) *proc { return runBinary(t, name, bin, cfg, pgEnv(t, url, schema)) }
 	a, b, c := start("a"), start("b"), start("c")
 
 	// A leads: its client's request is at the origin.
-	go get(plainClient(a.proxy, "", ""), origin.URL+"/slow")
+	go get(plainClient(a.proxyAddr, "", ""), origin.URL+"/slow")
 	select {
 	case <-arrived:
 	case <-time.After(20 * time.Second):
@@ -288,7 +248,7 @@ func TestPostgresLeaderKilled(t *testing.T) {
 	const per = 10
 	results := make(chan string, 2*per)
 	for _, p := range []*proc{b, c} {
-		cl := plainClient(p.proxy, "", "")
+		cl := plainClient(p.proxyAddr, "", "")
 		cl.Timeout = time.Minute
 		for range per {
 			go func() {

@@ -76,6 +76,11 @@ func TestReload(t *testing.T) {
 	stopLoad := make(chan struct{})
 	for range 4 {
 		wg.Go(func() {
+			// One client per password, keeping its connections as a
+			// scraper's would: a new client per request leaves an idle
+			// connection behind each time, and past
+			// proxy.max_conns_per_client (2,048) the proxy answers 429.
+			clients := map[string]*http.Client{}
 			for {
 				select {
 				case <-stopLoad:
@@ -83,7 +88,12 @@ func TestReload(t *testing.T) {
 				default:
 				}
 				p := pw.Load().(string)
-				code, _ := status(t, plainClient(proxyAddr, "alice", p), origin.URL+"/page")
+				c := clients[p]
+				if c == nil {
+					c = plainClient(proxyAddr, "alice", p)
+					clients[p] = c
+				}
+				code, _ := status(t, c, origin.URL+"/page")
 				switch {
 				case code == 200:
 					served.Add(1)
