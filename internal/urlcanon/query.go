@@ -50,7 +50,18 @@ func appendQuery(b []byte, raw string, ignoreParams []string) []byte {
 	if len(params) == 0 {
 		return b[:mark]
 	}
-	name := func(p qparam) []byte { return b[p.start:p.nameEnd] }
+	// Names compare as a form decoder reads them ('+' a space, escapes
+	// decoded): "a+b" and "a%20b" are one name to a server, and its values
+	// must keep their order whichever way each was spelled.
+	name := func(p qparam) []byte {
+		n := b[p.start:p.nameEnd]
+		if bytes.IndexByte(n, '%') < 0 && bytes.IndexByte(n, '+') < 0 {
+			return n
+		}
+		// Normalized, so every '%' starts a valid escape.
+		decoded, _ := url.QueryUnescape(string(n))
+		return []byte(decoded)
+	}
 	cmp := func(x, y qparam) int { return bytes.Compare(name(x), name(y)) }
 	if slices.IsSortedFunc(params, cmp) {
 		return b

@@ -66,10 +66,12 @@ var ErrInvalid = errors.New("urlcanon: invalid URL")
 //   - Query: split on '&' (empty pieces dropped), each piece split into name
 //     and value at the first '='; percent-encoding normalized as in paths,
 //     '+' kept as is (not equated with %20). Parameters whose decoded name is
-//     ignored are dropped; the rest are sorted by name, bytewise and stably,
-//     so repeated parameters keep their relative order ("a=2&a=1" differs
-//     from "a=1&a=2": servers read the first or the last one). "a" and "a="
-//     differ. A query left empty drops the '?'.
+//     ignored are dropped; the rest are sorted by name as a form decoder
+//     reads it ('+' a space, escapes decoded), bytewise and stably, so
+//     repeated parameters keep their relative order ("a=2&a=1" differs from
+//     "a=1&a=2": servers read the first or the last one), also when they
+//     are spelled differently ("a+b=1&a%20b=2"). "a" and "a=" differ. A
+//     query left empty drops the '?'.
 //   - A '%' that does not start a valid escape is taken literally and
 //     written as "%25".
 func Append(dst []byte, u *url.URL, ignoreParams []string) ([]byte, error) {

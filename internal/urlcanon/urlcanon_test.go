@@ -97,6 +97,10 @@ var appendTests = []struct {
 
 	// Query.
 	{name: "query sort", in: "http://e.com/?b=2&a=1&c=3", want: "http://e.com/?a=1&b=2&c=3"},
+	// One name to a form decoder, spelled two ways: its values keep their
+	// order ("a+b" first here, "a%20b" first below), so the two stay apart.
+	{name: "query one name spelled two ways", in: "http://e.com/?a+b=1&c=3&a%20b=2", want: "http://e.com/?a+b=1&a%20b=2&c=3"},
+	{name: "query one name spelled two ways, reversed", in: "http://e.com/?a%20b=2&a+b=1", want: "http://e.com/?a%20b=2&a+b=1"},
 	{name: "query tracking removed", in: "http://e.com/?b=2&utm_source=x&a=1&gclid=y&utm_medium=z&fbclid=w", want: "http://e.com/?a=1&b=2"},
 	{name: "query all removed", in: "http://e.com/p?utm_source=x&_ga=1", want: "http://e.com/p"},
 	{name: "query escaped name removed", in: "http://e.com/p?utm%5Fsource=x&a=1", want: "http://e.com/p?a=1"},
