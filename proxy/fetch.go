@@ -17,7 +17,7 @@ import (
 const fetchPath = "/fetch"
 
 // fetch serves fetchPath: it turns the call into the absolute-form request
-// it stands for and hands that to goproxy, so the two paths cannot drift
+// it stands for and forwards that, so the two paths cannot drift
 // apart.
 func (s *Server) fetch(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet && r.Method != http.MethodHead {
@@ -44,7 +44,7 @@ func (s *Server) fetch(w http.ResponseWriter, r *http.Request) {
 			out.Header.Del("Authorization")
 		}
 	}
-	s.gp.ServeHTTP(w, out)
+	s.forward(w, out)
 }
 
 // fetchTarget checks the url parameter of a fetch: exactly one, absolute,

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -77,9 +78,10 @@ func hintHeaders(info clientinfo.Info, h http.Header) (clientinfo.Info, error) {
 	return info, nil
 }
 
-// oneValue returns the value of header name in h, if it was sent once.
+// oneValue returns the value of header name (canonical: it indexes the map
+// as net/http filled it) in h, if it was sent once.
 func oneValue(h http.Header, name, hint string) (v string, ok bool, err error) {
-	vs := h.Values(name)
+	vs := h[name]
 	switch len(vs) {
 	case 0:
 		return "", false, nil
@@ -416,3 +418,52 @@ type rwBody struct {
 }
 
 func (b *rwBody) Write(p []byte) (int, error) { return b.w.Write(p) }
+
+// forward serves a proxied request (absolute form, or a decrypted one
+// completed to it) as goproxy's handleHttp would: handle's answer, its
+// header, body and trailers written to w. It spares goproxy's per-request
+// work the answer does not need: a context, the URL rendered for a debug
+// line that is discarded, and a copy of every header value (the values are
+// handed to net/http as they are: nothing writes into them, see
+// dedup.Entry's). What goproxy does that this does not, it still does: a
+// protocol switch (goproxy splices the two streams after the 101) and a
+// request that is not in absolute form (its non-proxy handler).
+func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
+	if !r.URL.IsAbs() || isUpgrade(r.Header) {
+		s.gp.ServeHTTP(w, r)
+		return
+	}
+	_, resp := s.handle(r, nil)
+	// Closed on the way out even when the copy aborts the handler (see
+	// finish): the request's line is logged in Close.
+	defer resp.Body.Close()
+	h := w.Header()
+	for k, vs := range resp.Header {
+		h[k] = vs
+	}
+	// Trailers announced before the head commit net/http to chunked
+	// encoding (HTTP/1.1) or a trailing HEADERS frame (HTTP/2), without
+	// which they are dropped; as goproxy and httputil.ReverseProxy do.
+	announced := len(resp.Trailer)
+	if announced > 0 {
+		names := make([]string, 0, announced)
+		for k := range resp.Trailer {
+			names = append(names, k)
+		}
+		h.Add("Trailer", strings.Join(names, ", "))
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = io.Copy(w, resp.Body)
+	if len(resp.Trailer) == 0 {
+		return
+	}
+	// Trailers the body's end added, beyond those announced, go out with
+	// net/http's prefix after a flush that forces chunked encoding.
+	_ = http.NewResponseController(w).Flush()
+	for k, vs := range resp.Trailer {
+		if len(resp.Trailer) != announced {
+			k = http.TrailerPrefix + k
+		}
+		h[k] = vs
+	}
+}

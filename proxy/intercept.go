@@ -301,7 +301,7 @@ func (s *Server) terminateTLS(client, stream net.Conn, t *tunnel) (*tls.Conn, *f
 }
 
 // serveIntercepted completes a decrypted request into the absolute form a
-// proxy request has, then runs it through goproxy like one.
+// proxy request has, then forwards it like one.
 func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 	t := tunnelFrom(r.Context())
 	if t == nil {
@@ -331,7 +331,7 @@ func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 			s.clientFPs.Add(fp, time.Now())
 		}
 	}
-	s.gp.ServeHTTP(streamTo(w), r)
+	s.forward(streamTo(w), r)
 }
 
 // clientFingerprintsShown is how many fingerprints the status page lists;

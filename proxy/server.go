@@ -199,20 +199,20 @@ func New(cfg Config, o Options) (*Server, error) {
 	return s, nil
 }
 
-// front is the proxy port's handler: goproxy, with the bytes a client sent
-// right behind its CONNECT (a TLS ClientHello in the same write) kept for
-// whoever takes the tunnel over.
+// front is the proxy port's handler: a CONNECT goes to goproxy, with the
+// bytes a client sent right behind it (a TLS ClientHello in the same
+// write) kept for whoever takes the tunnel over; a request, to forward.
 func (s *Server) front(w http.ResponseWriter, r *http.Request) {
 	if r.Method == http.MethodConnect {
-		w = keepBufferedOnHijack{w}
-	} else {
-		w = streamTo(w)
-		if !r.URL.IsAbs() && r.URL.Path == fetchPath {
-			s.fetch(w, r)
-			return
-		}
+		s.gp.ServeHTTP(keepBufferedOnHijack{w}, r)
+		return
 	}
-	s.gp.ServeHTTP(w, r)
+	fw := streamTo(w)
+	if !r.URL.IsAbs() && r.URL.Path == fetchPath {
+		s.fetch(fw, r)
+		return
+	}
+	s.forward(fw, r)
 }
 
 // keepBufferedOnHijack hands the hijacker a connection that replays what

@@ -76,12 +76,26 @@ func (e *Entry) varyMatches(h http.Header) bool {
 	return true
 }
 
+// shareHeader copies h's map but shares its values, each slice capped at
+// its length so that an Add to the copy allocates rather than writes into
+// h's. A stored entry's header is never written into (what a response
+// changes, it changes with Set or Del on its own map), so a hit costs a
+// map instead of a copy of every value. Room is left for the fields every
+// answer adds (X-Cache, X-Cache-Key, Age).
+func shareHeader(h http.Header) http.Header {
+	out := make(http.Header, len(h)+3)
+	for k, vs := range h {
+		out[k] = vs[:len(vs):len(vs)]
+	}
+	return out
+}
+
 // response builds a fresh *http.Response for one client from the entry.
 // A non-nil body and header replace the entry's (a decoded copy).
 func (e *Entry) response(req *http.Request, body []byte, header http.Header) *http.Response {
 	decoded := body != nil
 	if header == nil {
-		header = e.Header.Clone()
+		header = shareHeader(e.Header)
 	}
 	if !decoded {
 		body = e.Body
