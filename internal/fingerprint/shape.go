@@ -1,7 +1,6 @@
 package fingerprint
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"strings"
@@ -39,17 +38,26 @@ type H1Request struct {
 // header lines, through the empty line (CRLF or bare LF line ends, as
 // net/http accepts). Folded continuation lines (obsolete, RFC 9112 §5.2)
 // belong to the field before them and add no name.
-func ParseH1Head(head []byte) (*H1Request, error) {
+//
+// It runs for every request of every intercepted HTTP/1.x connection, so
+// it copies the head once and every name and value is a piece of that
+// copy: four allocations whatever the number of fields.
+func ParseH1Head(raw []byte) (*H1Request, error) {
+	head := string(raw)
 	line, rest, ok := cutLine(head)
 	if !ok {
 		return nil, errors.New("fingerprint: h1: no request line")
 	}
-	method, after, ok1 := strings.Cut(string(line), " ")
+	method, after, ok1 := strings.Cut(line, " ")
 	target, proto, ok2 := strings.Cut(after, " ")
 	if !ok1 || !ok2 || method == "" || target == "" || !strings.HasPrefix(proto, "HTTP/") {
 		return nil, errors.New("fingerprint: h1: malformed request line")
 	}
 	r := &H1Request{Method: method, Target: target, Proto: proto}
+	if n := strings.Count(rest, "\n"); n > 1 {
+		r.Fields = make([]H1Field, 0, n-1)
+		r.Shape.HeaderOrder = make([]string, 0, n-1)
+	}
 	for {
 		line, rest, ok = cutLine(rest)
 		if !ok {
@@ -66,30 +74,30 @@ func ParseH1Head(head []byte) (*H1Request, error) {
 				return nil, errors.New("fingerprint: h1: continuation line before any field")
 			}
 			last := &r.Fields[len(r.Fields)-1]
-			last.Value += " " + string(bytes.TrimSpace(line))
+			last.Value += " " + strings.TrimSpace(line)
 			continue
 		}
-		name, value, ok := bytes.Cut(line, []byte(":"))
+		name, value, ok := strings.Cut(line, ":")
 		if !ok || len(name) == 0 || !isToken(name) {
 			return nil, errors.New("fingerprint: h1: malformed header line")
 		}
-		r.Fields = append(r.Fields, H1Field{Name: string(name), Value: string(bytes.TrimSpace(value))})
-		r.Shape.HeaderOrder = append(r.Shape.HeaderOrder, string(name))
+		r.Fields = append(r.Fields, H1Field{Name: name, Value: strings.TrimSpace(value)})
+		r.Shape.HeaderOrder = append(r.Shape.HeaderOrder, name)
 	}
 }
 
 // cutLine splits off one line ending in LF (its CR, if any, dropped).
-func cutLine(b []byte) (line, rest []byte, ok bool) {
-	i := bytes.IndexByte(b, '\n')
-	if i < 0 {
-		return nil, nil, false
+func cutLine(s string) (line, rest string, ok bool) {
+	line, rest, ok = strings.Cut(s, "\n")
+	if !ok {
+		return "", "", false
 	}
-	return bytes.TrimSuffix(b[:i], []byte("\r")), b[i+1:], true
+	return strings.TrimSuffix(line, "\r"), rest, true
 }
 
 // isToken reports whether b is an RFC 9110 token, which a field name is.
-func isToken(b []byte) bool {
-	for _, c := range b {
+func isToken(b string) bool {
+	for _, c := range []byte(b) {
 		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
 			return false
 		}
