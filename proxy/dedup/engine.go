@@ -279,12 +279,18 @@ func (e *Engine) readBody(req *http.Request) (body []byte, tooBig bool, err erro
 
 func setBody(req *http.Request, body []byte) {
 	req.ContentLength = int64(len(body))
+	if len(body) == 0 {
+		// An HTTP/2 GET without END_STREAM on its HEADERS ends up here,
+		// on every request: no readers to allocate for no bytes.
+		req.Body = http.NoBody
+		req.GetBody = noBody
+		return
+	}
 	req.Body = io.NopCloser(bytes.NewReader(body))
 	req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	if len(body) == 0 {
-		req.Body = http.NoBody
-	}
 }
+
+func noBody() (io.ReadCloser, error) { return http.NoBody, nil }
 
 // readLimited reads r up to limit bytes. If r holds more, rest is a body
 // that replays what was read and then continues with r (and closes r).
