@@ -45,7 +45,8 @@ type Cache struct {
 	// connections out of the pool (whose exhaustion would read as Redis
 	// being slow and open the breaker exactly when sharing matters most).
 	gets   singleflight.Group
-	leases sync.WaitGroup // lease renewals running
+	held   heldLeases     // the flights this process leads
+	leases sync.WaitGroup // the renewer, renewLeases
 	// peer is the address of this instance's peer listener, named by
 	// the leases it takes (AdvertisePeer); nil or "": none.
 	peer atomic.Pointer[string]
@@ -77,7 +78,9 @@ var (
 func (s *Cache) maxBody() int64 { return storecodec.BodyLimit(int64(s.cfg.MaxValueBytes)) }
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
-	s := &Cache{client: c, local: local}
+	s := &Cache{client: c, local: local, held: heldLeases{m: make(map[*lease]time.Time)}}
+	s.leases.Add(1)
+	go s.renewLeases()
 	s.marks = otter.Must(&otter.Options[string, mark]{
 		MaximumSize: maxMarks,
 		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, mark]) time.Duration {

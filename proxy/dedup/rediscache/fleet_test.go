@@ -709,3 +709,44 @@ func TestOnReconnectAfterOutage(t *testing.T) {
 		return calls.Load() == 1
 	}, "OnReconnect to run")
 }
+
+// TestLongFetchKeepsItsLease: a fetch that takes several leases keeps its
+// lock (renewed in the background, by its hash and, after Redis lost its
+// scripts, whole): a second instance asking meanwhile waits for it rather
+// than fetching again, and gets its answer.
+func TestLongFetchKeepsItsLease(t *testing.T) {
+	release := make(chan struct{})
+	f := newFleet(t, 2, Config{Timeout: 100 * time.Millisecond, Lease: 300 * time.Millisecond}, dedup.Config{FlightTimeout: 30 * time.Second}, func(w http.ResponseWriter, r *http.Request) {
+		<-release
+		io.WriteString(w, "slow")
+	})
+	var once sync.Once
+	let := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(let) // before the origin closes: a failed test must not hang it
+	a, b := f.insts[0], f.insts[1]
+	first := make(chan got, 1)
+	go func() { first <- a.get(f.origin.URL + "/long") }()
+	testkit.Eventually(t, 10*time.Second, func() bool { return f.hits.Load() == 1 }, "the fetch reaching the origin")
+
+	// Four leases in, with the scripts flushed half-way.
+	time.Sleep(600 * time.Millisecond)
+	if err := f.redis.Client().ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond)
+	second := make(chan got, 1)
+	go func() { second <- b.get(f.origin.URL + "/long") }()
+	testkit.Eventually(t, 10*time.Second, func() bool { return f.fleetWaiting() == 1 }, "the second instance waiting on the first")
+	time.Sleep(600 * time.Millisecond) // the waiter polls, and must keep waiting
+	let()
+
+	for _, ch := range []chan got{first, second} {
+		g := <-ch
+		if g.err != nil || g.body != "slow" {
+			t.Fatalf("got %+v", g)
+		}
+	}
+	if n := f.hits.Load(); n != 1 {
+		t.Fatalf("the origin was asked %d times; a renewed lease keeps it at 1", n)
+	}
+}

@@ -340,13 +340,12 @@ func stringAt(res []any, i int) string {
 	return ""
 }
 
-// lease is one fleet flight this process leads. It renews its lock until
-// Finish or Release.
+// lease is one fleet flight this process leads. Its lock is renewed by
+// the Cache's renewer (see renewLeases) until Finish or Release.
 type lease struct {
 	s     *Cache
 	tag   string
 	token string
-	stop  context.CancelFunc
 	once  sync.Once
 	// streamed: the waiters read the body from our peer listener; the
 	// renewals keep the outcome that says so beside the lock.
@@ -354,33 +353,108 @@ type lease struct {
 }
 
 func (s *Cache) newLease(tag, token string) *lease {
-	ctx, stop := context.WithCancel(s.life)
-	l := &lease{s: s, tag: tag, token: token, stop: stop}
-	s.leases.Add(1)
-	go l.renew(ctx)
+	l := &lease{s: s, tag: tag, token: token}
+	s.held.Lock()
+	s.held.m[l] = time.Now()
+	s.held.Unlock()
 	return l
 }
 
-// renew keeps the lock while the fetch runs: a leader whose process is
-// gone stops renewing, and its waiters take over within one lease (sooner
-// when its presence key lapses first).
-func (l *lease) renew(ctx context.Context) {
-	defer l.s.leases.Done()
-	t := time.NewTicker(l.s.cfg.Lease / 3)
+// stop ends l's renewals.
+func (l *lease) stop() {
+	l.s.held.Lock()
+	delete(l.s.held.m, l)
+	l.s.held.Unlock()
+}
+
+// heldLeases are the leases this process holds, each with when its lock
+// was taken or last renewed.
+type heldLeases struct {
+	sync.Mutex
+	m map[*lease]time.Time
+}
+
+// renewLeases keeps the locks of the flights this process leads while
+// their fetches run: every sixth of a lease it renews, in one pipeline,
+// those taken or renewed a third of a lease ago or more, so a lock is
+// renewed well before it lapses (at most half a lease after the last
+// time). A leader whose process is gone stops renewing, and its waiters
+// take over within one lease (sooner when its presence key lapses first).
+// One goroutine for them all: a lease costs a map entry, not a goroutine,
+// a ticker and a context of its own, and most flights end long before
+// their first renewal.
+func (s *Cache) renewLeases() {
+	defer s.leases.Done()
+	if s.cfg.Lease <= 0 {
+		return // an unset lease (Validate refuses it): nothing can be renewed
+	}
+	t := time.NewTicker(s.cfg.Lease / 6)
 	defer t.Stop()
-	ms := strconv.FormatInt(l.s.cfg.Lease.Milliseconds(), 10)
 	for {
 		select {
-		case <-ctx.Done():
+		case <-s.life.Done():
 			return
-		case <-t.C:
-			_ = l.s.exec(ctx, func(ctx context.Context) error {
-				streamed := "0"
-				if l.streamed.Load() {
-					streamed = "1"
+		case now := <-t.C:
+			if due := s.dueLeases(now); len(due) > 0 {
+				s.renew(due, now)
+			}
+		}
+	}
+}
+
+// dueLeases returns the held leases last renewed a third of a lease ago
+// or more.
+func (s *Cache) dueLeases(now time.Time) []*lease {
+	s.held.Lock()
+	defer s.held.Unlock()
+	var due []*lease
+	for l, at := range s.held.m {
+		if now.Sub(at) >= s.cfg.Lease/3 {
+			due = append(due, l)
+		}
+	}
+	return due
+}
+
+// renew extends due's locks (and a streaming lease's outcome) in one
+// pipeline, the script by its hash, or whole when Redis does not have it
+// (restarted, flushed). A lock that is not ours any more is left alone by
+// the script. On failure the next tick tries again, within the lease.
+func (s *Cache) renew(due []*lease, now time.Time) {
+	ms := strconv.FormatInt(s.cfg.Lease.Milliseconds(), 10)
+	err := s.exec(s.life, func(ctx context.Context) error {
+		send := func(whole bool) error {
+			_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				for _, l := range due {
+					keys := []string{s.lockKey(l.tag), s.outcomeKey(l.tag)}
+					streamed := "0"
+					if l.streamed.Load() {
+						streamed = "1"
+					}
+					if whole {
+						renewScript.Eval(ctx, p, keys, l.token, ms, streamed)
+					} else {
+						renewScript.EvalSha(ctx, p, keys, l.token, ms, streamed)
+					}
 				}
-				return renewScript.Run(ctx, l.s.rdb, []string{l.s.lockKey(l.tag), l.s.outcomeKey(l.tag)}, l.token, ms, streamed).Err()
+				return nil
 			})
+			return err
+		}
+		err := send(false)
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			err = send(true)
+		}
+		return err
+	})
+	if err != nil {
+		return
+	}
+	s.held.Lock()
+	defer s.held.Unlock()
+	for _, l := range due {
+		if _, ok := s.held.m[l]; ok {
+			s.held.m[l] = now
 		}
 	}
 }
