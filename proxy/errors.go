@@ -32,6 +32,9 @@ const (
 	kindTooManyConns errorKind = "too_many_connections"
 	kindForbidden    errorKind = "forbidden_target"
 	headerProxyError           = "X-Onceproxy-Error"
+	// headerCache is dedup's X-Cache (dedup.HeaderCache), which the proxy
+	// also sets on the answers it makes itself.
+	headerCache = "X-Cache"
 )
 
 // classify maps an error from forwarding to the status a client gets. It
@@ -80,7 +83,7 @@ func failureResponse(req *http.Request, err error) (*http.Response, int, errorKi
 	var cl cacheLabeled
 	if errors.As(err, &cl) {
 		xcache, key := cl.CacheHeaders()
-		resp.Header.Set("X-Cache", xcache)
+		resp.Header.Set(headerCache, xcache)
 		if key != "" {
 			resp.Header.Set("X-Cache-Key", key)
 		}

@@ -78,6 +78,15 @@ func hintHeaders(info clientinfo.Info, h http.Header) (clientinfo.Info, error) {
 	return info, nil
 }
 
+// firstValue is h.Get(name) for a canonical name, without canonicalizing
+// it again.
+func firstValue(h http.Header, name string) string {
+	if vs := h[name]; len(vs) > 0 {
+		return vs[0]
+	}
+	return ""
+}
+
 // oneValue returns the value of header name (canonical: it indexes the map
 // as net/http filled it) in h, if it was sent once.
 func oneValue(h http.Header, name, hint string) (v string, ok bool, err error) {
@@ -274,7 +283,11 @@ func (s *Server) finish(req *http.Request, resp *http.Response, user string, sta
 	var tb *trackedBody
 	done := func(n int64) {
 		s.inflight.Add(-1)
-		s.metrics.Request(resp.Header.Get("X-Cache"), resp.StatusCode, time.Since(start))
+		// Read by their canonical names, straight from the map: this runs
+		// once per request.
+		xc := firstValue(resp.Header, headerCache)
+		dur := time.Since(start)
+		s.metrics.Request(xc, resp.StatusCode, dur)
 		if !s.accessLog {
 			return
 		}
@@ -283,12 +296,12 @@ func (s *Server) finish(req *http.Request, resp *http.Response, user string, sta
 			slog.String("host", req.URL.Host),
 			slog.Int("status", resp.StatusCode),
 			slog.Int64("bytes", n),
-			slog.Duration("dur", time.Since(start)),
+			slog.Duration("dur", dur),
 		}
-		if xc := resp.Header.Get("X-Cache"); xc != "" {
+		if xc != "" {
 			attrs = append(attrs, slog.String("cache", xc))
 		}
-		if e := resp.Header.Get(headerProxyError); e != "" {
+		if e := firstValue(resp.Header, headerProxyError); e != "" {
 			attrs = append(attrs, slog.String("error", e))
 		}
 		if err := tb.failed(); err != nil {

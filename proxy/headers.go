@@ -7,7 +7,9 @@ import (
 )
 
 // hopHeaders are meaningful only for one connection and must not be
-// forwarded (RFC 9110 §7.6.1), plus the proxy's own credentials.
+// forwarded (RFC 9110 §7.6.1), plus the proxy's own credentials. They are
+// spelled canonically: removeHopHeaders deletes them from the map as
+// net/http filled it, without canonicalizing each name on every request.
 var hopHeaders = []string{
 	"Connection",
 	"Proxy-Connection", // non-standard, sent by curl and old browsers
@@ -37,7 +39,7 @@ func removeHopHeaders(h http.Header, keepUpgrade bool) {
 		if keepUpgrade && (name == "Connection" || name == "Upgrade") {
 			continue
 		}
-		h.Del(name)
+		delete(h, name)
 	}
 	if keepUpgrade {
 		h.Set("Connection", "Upgrade")
