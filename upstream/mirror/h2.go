@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -56,11 +57,13 @@ type H2Conn struct {
 	opts Options
 	pre  *fingerprint.H2
 
-	wmu  sync.Mutex // serializes writes; guards bw, fr's writing side, henc, hbuf
-	bw   *bufio.Writer
-	fr   *http2.Framer
-	henc *hpack.Encoder
-	hbuf bytes.Buffer
+	wmu sync.Mutex // serializes writes; guards bw, fr's writing side, henc, hbuf
+	// queued counts the writers waiting for wmu (see lockWrite, flush).
+	queued atomic.Int32
+	bw     *bufio.Writer
+	fr     *http2.Framer
+	henc   *hpack.Encoder
+	hbuf   bytes.Buffer
 
 	// Lock order: wmu before mu.
 	mu      sync.Mutex
@@ -142,7 +145,7 @@ func NewH2Conn(c net.Conn, pre *fingerprint.H2, opts Options) (*H2Conn, error) {
 }
 
 func (cc *H2Conn) writePreface() error {
-	cc.wmu.Lock()
+	cc.lockWrite()
 	defer cc.wmu.Unlock()
 	cc.bw.WriteString(http2.ClientPreface)
 	settings := make([]http2.Setting, len(cc.pre.Settings))
@@ -165,8 +168,22 @@ func (cc *H2Conn) writePreface() error {
 	return cc.flush()
 }
 
-// flush writes the buffered frames, bounded by the write timeout. wmu held.
+// lockWrite takes wmu, counted while it waits.
+func (cc *H2Conn) lockWrite() {
+	cc.queued.Add(1)
+	cc.wmu.Lock()
+	cc.queued.Add(-1)
+}
+
+// flush writes the buffered frames, bounded by the write timeout, unless
+// another writer waits for wmu: its frames then join these and its flush
+// sends them all, in one write where concurrent requests would each have
+// cost one. Every writer ends with a flush (or a fatal error), so the
+// last one in a row always writes. wmu held, taken with lockWrite.
 func (cc *H2Conn) flush() error {
+	if cc.queued.Load() > 0 {
+		return nil
+	}
 	cc.conn.SetWriteDeadline(time.Now().Add(cc.opts.writeTimeout()))
 	return cc.bw.Flush()
 }
@@ -266,7 +283,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		cc.mu.Unlock()
 	})
 	for {
-		cc.wmu.Lock()
+		cc.lockWrite()
 		cc.mu.Lock()
 		if cc.closed || cc.nextID > maxStreamID {
 			cc.mu.Unlock()
@@ -281,6 +298,8 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		if uint32(len(cc.streams)) < cc.peerMaxStreams && (cc.seenSettings || len(cc.streams) == 0) {
 			break
 		}
+		// Frames another writer left for us to flush must not wait with us.
+		_ = cc.flush()
 		cc.wmu.Unlock()
 		if err := ctx.Err(); err != nil {
 			cc.mu.Unlock()
@@ -597,7 +616,7 @@ func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
 				cs.abort(fmt.Errorf("mirror: request body longer than its Content-Length %d", length), true)
 				return
 			}
-			cc.wmu.Lock()
+			cc.lockWrite()
 			err := cc.fr.WriteData(cs.id, end, data[:k])
 			if err == nil {
 				err = cc.flush()
@@ -625,7 +644,7 @@ func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
 		cs.abort(fmt.Errorf("mirror: request body of %d bytes, Content-Length %d", sent, length), true)
 		return
 	}
-	cc.wmu.Lock()
+	cc.lockWrite()
 	var err error
 	if len(trailer) > 0 {
 		var fields []hpack.HeaderField
@@ -718,7 +737,7 @@ func (cc *H2Conn) writeControl(id uint32, rst http2.ErrCode, streamInc, connInc 
 	if rst == 0 && streamInc <= 0 && connInc <= 0 {
 		return nil
 	}
-	cc.wmu.Lock()
+	cc.lockWrite()
 	defer cc.wmu.Unlock()
 	if rst != 0 {
 		if err := cc.fr.WriteRSTStream(id, rst); err != nil {
@@ -911,7 +930,7 @@ func (cc *H2Conn) handle(f http2.Frame, push *pushBlock) error {
 		if f.IsAck() {
 			return nil
 		}
-		cc.wmu.Lock()
+		cc.lockWrite()
 		defer cc.wmu.Unlock()
 		if err := cc.fr.WritePing(true, f.Data); err != nil {
 			return err
@@ -982,7 +1001,7 @@ func (cc *H2Conn) refusePush(push *pushBlock) error {
 	}
 	id := push.promised
 	*push = pushBlock{}
-	cc.wmu.Lock()
+	cc.lockWrite()
 	defer cc.wmu.Unlock()
 	if err := cc.fr.WriteRSTStream(id, http2.ErrCodeRefusedStream); err != nil {
 		return err
@@ -991,7 +1010,7 @@ func (cc *H2Conn) refusePush(push *pushBlock) error {
 }
 
 func (cc *H2Conn) handleSettings(f *http2.SettingsFrame) error {
-	cc.wmu.Lock()
+	cc.lockWrite()
 	defer cc.wmu.Unlock()
 	cc.mu.Lock()
 	err := f.ForeachSetting(func(s http2.Setting) error {
