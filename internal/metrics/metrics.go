@@ -7,7 +7,9 @@ package metrics
 
 import (
 	"net/http"
+	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -26,6 +28,19 @@ type Metrics struct {
 	ssrfRefused  prometheus.Counter
 	authFailures prometheus.Counter
 	tunnels      prometheus.Counter
+	// series caches the two series each answer updates, per X-Cache value
+	// the engine sets and status class: resolving them by label values
+	// hashes the labels (and builds the class's string) on every request.
+	series [len(cacheLabels)][6]atomic.Pointer[requestSeries]
+}
+
+// cacheLabels are the X-Cache values whose series are cached; others (an
+// origin's own X-Cache on a protocol switch) are looked up each time.
+var cacheLabels = [...]string{"HIT", "MISS", "COALESCED", "BYPASS", "none"}
+
+type requestSeries struct {
+	count prometheus.Counter
+	dur   prometheus.Observer
 }
 
 // New returns metrics on a fresh registry (Go runtime and process
@@ -72,8 +87,24 @@ func (m *Metrics) Request(xcache string, status int, d time.Duration) {
 	if xcache == "" {
 		xcache = "none"
 	}
-	m.requests.WithLabelValues(xcache, strconv.Itoa(status/100)+"xx").Inc()
-	m.duration.WithLabelValues(xcache).Observe(d.Seconds())
+	class := status / 100
+	i := slices.Index(cacheLabels[:], xcache)
+	if i < 0 || class < 1 || class > 5 {
+		m.requests.WithLabelValues(xcache, strconv.Itoa(class)+"xx").Inc()
+		m.duration.WithLabelValues(xcache).Observe(d.Seconds())
+		return
+	}
+	rs := m.series[i][class].Load()
+	if rs == nil {
+		// Racing first uses resolve the same series: either may be kept.
+		rs = &requestSeries{
+			count: m.requests.WithLabelValues(xcache, strconv.Itoa(class)+"xx"),
+			dur:   m.duration.WithLabelValues(xcache),
+		}
+		m.series[i][class].Store(rs)
+	}
+	rs.count.Inc()
+	rs.dur.Observe(d.Seconds())
 }
 
 // RateLimited counts a 429 from the client rate limit.
