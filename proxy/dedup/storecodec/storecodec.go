@@ -13,7 +13,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"mime"
 	"net/http"
 	"strings"
 	"sync"
@@ -52,6 +51,12 @@ var (
 	zstdOnce sync.Once
 )
 
+// zbufs are Encode's compression buffers; one that grew past maxPooledZ
+// is left to the collector, so the pool holds small ones only.
+var zbufs = sync.Pool{New: func() any { b := make([]byte, 0, 4<<10); return &b }}
+
+const maxPooledZ = 256 << 10
+
 func zstdCodecs() (*zstd.Encoder, *zstd.Decoder) {
 	zstdOnce.Do(func() {
 		// EncodeAll/DecodeAll are safe for concurrent use on one codec.
@@ -68,8 +73,17 @@ func Encode(e *dedup.Entry) []byte {
 	body, flags := e.Body, byte(0)
 	if len(body) >= compressMin && compressible(e.Header) {
 		enc, _ := zstdCodecs()
-		if z := enc.EncodeAll(body, make([]byte, 0, len(body)/3)); len(z) < len(body)*9/10 {
+		// Compressed into a pooled buffer: the value below copies it
+		// anyway, and a miss should not allocate its body twice.
+		zp := zbufs.Get().(*[]byte)
+		defer func() {
+			if cap(*zp) <= maxPooledZ {
+				zbufs.Put(zp)
+			}
+		}()
+		if z := enc.EncodeAll(body, (*zp)[:0]); len(z) < len(body)*9/10 {
 			body, flags = z, flagZstd
+			*zp = z
 		}
 	}
 	b := make([]byte, 0, 64+len(body)+len(e.URLKey)+headerSize(e.Header))
@@ -117,10 +131,10 @@ func compressible(h http.Header) bool {
 	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
 		return false
 	}
-	mt, _, err := mime.ParseMediaType(h.Get("Content-Type"))
-	if err != nil {
-		return false
-	}
+	// The media type alone, as mime.ParseMediaType would return it, without
+	// the map of parameters it builds: this runs for every value stored.
+	mt, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	mt = strings.ToLower(strings.TrimSpace(mt))
 	switch {
 	case strings.HasPrefix(mt, "text/"),
 		strings.HasSuffix(mt, "+json"), strings.HasSuffix(mt, "+xml"),

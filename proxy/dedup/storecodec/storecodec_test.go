@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"net/http"
 	"reflect"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -167,4 +170,46 @@ func FuzzDecodeOutcome(f *testing.F) {
 			t.Fatalf("both an entry and a failure: %+v", o)
 		}
 	})
+}
+
+// TestCompressibleMediaTypes: the media type is read without its
+// parameters and case, as mime.ParseMediaType reads it.
+func TestCompressibleMediaTypes(t *testing.T) {
+	for ct, want := range map[string]bool{
+		"text/html":                    true,
+		"Text/HTML; charset=utf-8":     true,
+		" application/json ;q=1":       true,
+		"application/problem+json;x=y": true,
+		"image/svg+xml":                true,
+		"application/octet-stream":     false,
+		"image/png":                    false,
+		"":                             false,
+	} {
+		if got := compressible(http.Header{"Content-Type": {ct}}); got != want {
+			t.Errorf("compressible(%q) = %v, want %v", ct, got, want)
+		}
+	}
+	if compressible(http.Header{"Content-Type": {"text/html"}, "Content-Encoding": {"gzip"}}) {
+		t.Error("a gzip-encoded body counted as compressible")
+	}
+}
+
+// TestConcurrentEncodes: values encoded at once through the pooled
+// compression buffers each decode to their own body.
+func TestConcurrentEncodes(t *testing.T) {
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 200 {
+				body := []byte(strings.Repeat(fmt.Sprintf("<p>%d-%d</p>", g, i), 200+i))
+				e := &dedup.Entry{Status: 200, Header: http.Header{"Content-Type": {"text/html"}}, Body: body}
+				got, err := Decode(Encode(e))
+				if err != nil || !bytes.Equal(got.Body, body) {
+					t.Errorf("goroutine %d value %d: %v, body equal %v", g, i, err, err == nil && bytes.Equal(got.Body, body))
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
 }
