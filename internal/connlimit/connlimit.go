@@ -7,8 +7,10 @@
 //
 // Near the cap it sheds idle connections, longest idle first, so that
 // silent tunnels (a CONNECT and then nothing, thousands of them) cannot
-// lock new clients out: a connection its server marks busy (a request being
-// served) or that moved bytes within the last second is never shed.
+// lock new clients out; a client at its own cap likewise gives up its
+// idlest connection rather than being refused a new one. A connection its
+// server marks busy (a request being served) or that moved bytes within
+// the last second is never shed.
 package connlimit
 
 import (
@@ -120,8 +122,15 @@ func (l *Listener) accept() (net.Conn, error) {
 	l.clients[tc.key]++
 	over := l.cfg.MaxPerClient > 0 && l.clients[tc.key] > l.cfg.MaxPerClient
 	var victims []*conn
-	if !over && len(l.conns) > l.highWater() {
-		victims = l.idlestLocked(len(l.conns) - l.highWater())
+	switch {
+	case over:
+		// A client that opens a connection per request and leaves each
+		// idle gives its idlest one up instead of being refused.
+		if victims = l.idlestLocked(1, tc.key); len(victims) > 0 {
+			over = false
+		}
+	case len(l.conns) > l.highWater():
+		victims = l.idlestLocked(len(l.conns)-l.highWater(), "")
 	}
 	l.mu.Unlock()
 	for _, v := range victims {
@@ -147,13 +156,14 @@ func refuse(c net.Conn, max int) {
 		http.StatusTooManyRequests, http.StatusText(http.StatusTooManyRequests), len(msg), msg)
 }
 
-// idlestLocked picks up to n connections to shed: neither busy nor active
-// within shedIdle, longest idle first. Caller holds mu.
-func (l *Listener) idlestLocked(n int) []*conn {
+// idlestLocked picks up to n connections to shed, of client key (any
+// client for ""): neither busy nor active within shedIdle, longest idle
+// first. Caller holds mu.
+func (l *Listener) idlestLocked(n int, key string) []*conn {
 	cutoff := time.Now().Add(-shedIdle).UnixNano()
 	var idle []*conn
 	for c := range l.conns {
-		if !c.busy.Load() && c.last.Load() < cutoff {
+		if !c.busy.Load() && c.last.Load() < cutoff && (key == "" || c.key == key) {
 			idle = append(idle, c)
 		}
 	}
@@ -222,6 +232,11 @@ var ErrTooManyConns = errors.New("too many connections from this client")
 // account the front door authenticated) instead of its address. It fails
 // with ErrTooManyConns when that client already holds MaxPerClient
 // connections; the caller refuses and closes.
+//
+// A client at its cap with a connection idle for a while (neither serving
+// a request nor moving bytes within shedIdle) gives that one up instead:
+// a scraper that opens a connection per request and leaves the old ones
+// idle is not refused until they time out.
 func Attribute(c net.Conn, client string) error {
 	tc := find(c)
 	if tc == nil || client == "" {
@@ -229,19 +244,31 @@ func Attribute(c net.Conn, client string) error {
 	}
 	l := tc.l
 	l.mu.Lock()
-	defer l.mu.Unlock()
 	if tc.key == client {
+		l.mu.Unlock()
 		return nil
 	}
+	var victim *conn
 	if l.cfg.MaxPerClient > 0 && l.clients[client] >= l.cfg.MaxPerClient {
-		l.refused.Add(1)
-		return fmt.Errorf("%w (proxy.max_conns_per_client = %d)", ErrTooManyConns, l.cfg.MaxPerClient)
+		idle := l.idlestLocked(1, client)
+		if len(idle) == 0 {
+			l.mu.Unlock()
+			l.refused.Add(1)
+			return fmt.Errorf("%w (proxy.max_conns_per_client = %d)", ErrTooManyConns, l.cfg.MaxPerClient)
+		}
+		victim = idle[0]
 	}
 	if _, live := l.conns[tc]; live {
 		l.release(tc.key)
 		l.clients[client]++
 	}
 	tc.key = client
+	l.mu.Unlock()
+	if victim != nil {
+		// Closed outside mu: Close gives its slot back under it.
+		l.shed.Add(1)
+		victim.Close()
+	}
 	return nil
 }
 

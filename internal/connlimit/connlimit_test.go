@@ -218,3 +218,70 @@ func TestShedsIdleFirst(t *testing.T) {
 	}
 	_ = cBusy
 }
+
+// TestClientAtItsCapGivesUpAnIdleConnection: a client that opens a
+// connection per request and leaves each idle is not refused at its cap
+// while one of its connections has been idle past shedIdle: the idlest
+// goes, by address and by account. Busy or recently active ones are never
+// given up, and the refusal still comes when nothing is idle.
+func TestClientAtItsCapGivesUpAnIdleConnection(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := New(ln, Config{MaxConns: 100, MaxPerClient: 2})
+	defer l.Close()
+	accept1 := func(src string) net.Conn {
+		dialFrom(t, ln, src)
+		select {
+		case c := <-accept(t, l):
+			return c
+		case <-time.After(5 * time.Second):
+			t.Fatalf("a connection from %s was not accepted", src)
+			return nil
+		}
+	}
+	old := accept1("127.0.0.1")
+	busy := accept1("127.0.0.1")
+	SetBusy(busy, true)
+	time.Sleep(1100 * time.Millisecond) // past shedIdle
+
+	third := accept1("127.0.0.1") // the idle one gives way
+	if _, err := old.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("the idle connection was not given up: %v", err)
+	}
+	// Now busy (busy) and third (new, not idle): the next one is refused
+	// (inside an Accept, which goes on to the connection after it).
+	pending := accept(t, l)
+	over := dialFrom(t, ln, "127.0.0.1")
+	_ = over.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if b, _ := io.ReadAll(over); !strings.Contains(string(b), "429 Too Many Requests") {
+		t.Fatalf("with nothing idle, the third connection got %q", b)
+	}
+
+	// By account: two connections of alice, one idle; a third moved to
+	// her takes the idle one's place.
+	dialFrom(t, ln, "127.0.0.2")
+	a1 := <-pending
+	a2 := accept1("127.0.0.3")
+	for _, c := range []net.Conn{a1, a2} {
+		if err := Attribute(c, "user:alice"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	SetBusy(a2, true)
+	time.Sleep(1100 * time.Millisecond)
+	if err := Attribute(third, "user:alice"); err != nil {
+		t.Fatalf("alice at her cap with an idle connection: %v", err)
+	}
+	if _, err := a1.Read(make([]byte, 1)); !errors.Is(err, net.ErrClosed) {
+		t.Fatalf("alice's idle connection was not given up: %v", err)
+	}
+	third.Write([]byte("x")) // alice's other one moved a byte just now
+	if err := Attribute(busy, "user:alice"); !errors.Is(err, ErrTooManyConns) {
+		t.Fatalf("alice at her cap with nothing idle: %v, want ErrTooManyConns", err)
+	}
+	if st := l.Stats(); st.Shed != 2 || st.Refused != 2 {
+		t.Fatalf("stats %+v, want 2 shed, 2 refused", st)
+	}
+}
