@@ -3,7 +3,6 @@ package metrics
 import (
 	"testing"
 	"time"
-
 )
 
 // TestRequestSeries: each answer counts once in its X-Cache and status
