@@ -37,9 +37,14 @@ func NewPolite(cfg Config, next http.RoundTripper) *Polite {
 }
 
 // Reconfigure sets the pace from cfg while requests flow (a reload of the
-// configuration). Hosts start with a full bucket at the new pace.
+// configuration). A new pace starts every host with a full bucket; a
+// reload that leaves the pace as it was keeps the buckets, so that it does
+// not let a burst through to every host.
 func (p *Polite) Reconfigure(cfg Config) {
 	cfg = cfg.WithDefaults()
+	if cur := p.pace.Load(); cur != nil && cur.rps == rate.Limit(cfg.PerHostRPS) && cur.burst == cfg.PerHostBurst {
+		return
+	}
 	var next *pace
 	if cfg.PerHostRPS > 0 {
 		next = &pace{

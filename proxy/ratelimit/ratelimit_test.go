@@ -120,3 +120,35 @@ func TestPolitePacesPerHost(t *testing.T) {
 		t.Fatal("PerHostRPS 0 keeps a per-host table")
 	}
 }
+
+// TestReloadKeepsThePace: a reload that leaves per_host_rps and
+// per_host_burst alone keeps each host's bucket (a host that just had its
+// turn still waits); one that changes them starts every host afresh.
+func TestReloadKeepsThePace(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
+	defer origin.Close()
+	cfg := Config{PerHostRPS: 0.5, PerHostBurst: 1}
+	rt := NewPolite(cfg, http.DefaultTransport)
+	defer rt.Close()
+	send := func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, origin.URL, nil)
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := send(); err != nil {
+		t.Fatalf("the first request: %v", err)
+	}
+	rt.Reconfigure(cfg)
+	if err := send(); err == nil {
+		t.Fatal("a reload with the same pace gave the host a fresh bucket")
+	}
+	rt.Reconfigure(Config{PerHostRPS: 0.5, PerHostBurst: 2})
+	if err := send(); err != nil {
+		t.Fatalf("after a new pace: %v", err)
+	}
+}
