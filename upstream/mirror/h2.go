@@ -227,9 +227,10 @@ type h2Stream struct {
 	recvUnacked int64
 	buf         [][]byte
 	bufLen      int64
-	recvEnded   bool // END_STREAM received
-	sendEnded   bool // END_STREAM sent
-	over        bool // done is closed, the stream is out of the map
+	recvEnded   bool        // END_STREAM received
+	trailer     http.Header // trailers received, moved to resp.Trailer at the body's EOF
+	sendEnded   bool        // END_STREAM sent
+	over        bool        // done is closed, the stream is out of the map
 	err         error
 	readCond    *sync.Cond
 	continued   bool
@@ -799,6 +800,10 @@ func (b h2Body) Read(p []byte) (int, error) {
 			if cs.wantLen >= 0 && cs.gotLen != cs.wantLen {
 				err = fmt.Errorf("mirror: response body of %d bytes, Content-Length %d", cs.gotLen, cs.wantLen)
 			}
+			for k, vs := range cs.trailer {
+				cs.resp.Trailer[k] = vs
+			}
+			clear(cs.trailer)
 			cs.maybeDone()
 		} else if err == nil {
 			err = errors.New("mirror: stream closed")
@@ -1064,9 +1069,15 @@ func (cc *H2Conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 			cs.end(errors.New("mirror: h2 trailers without END_STREAM"))
 			return nil
 		}
+		// Kept aside: the reader of the body fills resp.Trailer at EOF,
+		// as net/http's transports do, since whoever holds the response
+		// may read the map until then.
+		if cs.trailer == nil {
+			cs.trailer = http.Header{}
+		}
 		for _, hf := range f.RegularFields() {
 			k := http.CanonicalHeaderKey(hf.Name)
-			cs.resp.Trailer[k] = append(cs.resp.Trailer[k], hf.Value)
+			cs.trailer[k] = append(cs.trailer[k], hf.Value)
 		}
 		cs.recvEnded = true
 		cs.readCond.Broadcast()
