@@ -69,12 +69,14 @@ type config struct {
 	origin      loadgen.OriginOptions
 	serveOrigin bool
 
-	// The comparison with a plain goproxy MITM (compare.go).
+	// The comparisons with a plain goproxy MITM (compare.go) and of hits
+	// with going direct (hits.go).
 	servePlain    bool
 	plainAddr     string
 	plainOriginCA string
 	plainCAOut    string
 	compare       bool
+	compareHits   bool
 	onceproxyBin  string
 	onceproxyEnv  string
 }
@@ -116,9 +118,10 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 	flags.StringVar(&cfg.origin.CertDir, "origin-cert-dir", filepath.Join(os.TempDir(), "onceload"),
 		`directory keeping the origin's origin.pem and origin-key.pem, also trusted for a direct https -target ("": new in-memory certificate each run)`)
 	flags.BoolVar(&cfg.serveOrigin, "serve-origin", false, "only run the origin, print how to make onceproxy trust it, and serve until interrupted")
+	flags.BoolVar(&cfg.compareHits, "compare-hits", false, "compare hits through onceproxy (-onceproxy) with the same requests sent directly to the origin: -n requests over -k hot keys at -c each way, https and http, in alternating rounds; req/s and their ratio")
 	flags.BoolVar(&cfg.compare, "compare", false, "compare onceproxy (-onceproxy) with a plain goproxy MITM: -n unique https URLs at -c through each, HTTP/1.1 and HTTP/2; req/s, CPU per request, latency")
-	flags.StringVar(&cfg.onceproxyBin, "onceproxy", "", "with -compare: the onceproxy binary to run (go build -o /tmp/onceproxy .)")
-	flags.StringVar(&cfg.onceproxyEnv, "onceproxy-env", "", "with -compare: extra KEY=VALUE,... for onceproxy (ONCEPROXY_UPSTREAM_FINGERPRINT=go, say)")
+	flags.StringVar(&cfg.onceproxyBin, "onceproxy", "", "with -compare and -compare-hits: the onceproxy binary to run (go build -o /tmp/onceproxy .)")
+	flags.StringVar(&cfg.onceproxyEnv, "onceproxy-env", "", "with -compare and -compare-hits: extra KEY=VALUE,... for onceproxy (ONCEPROXY_UPSTREAM_FINGERPRINT=go, say)")
 	flags.BoolVar(&cfg.servePlain, "serve-plain-mitm", false, "only run the plain goproxy MITM baseline, until interrupted")
 	flags.StringVar(&cfg.plainAddr, "plain-addr", "127.0.0.1:0", "with -serve-plain-mitm: its listen address")
 	flags.StringVar(&cfg.plainOriginCA, "plain-origin-ca", "", "with -serve-plain-mitm: a PEM file trusted for origins")
@@ -203,6 +206,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return servePlainMITM(ctx, cfg, stdout, stderr)
 	case cfg.compare:
 		return compareWithPlainMITM(ctx, cfg, stdout, stderr)
+	case cfg.compareHits:
+		return compareHits(ctx, cfg, stdout, stderr)
 	}
 	return load(ctx, cfg, stdout, stderr)
 }

@@ -206,8 +206,9 @@ func TestLoadDirectToServedOrigin(t *testing.T) {
 }
 
 // TestCompareRuns: onceload -compare starts both proxies, sends the load
-// through each, and prints both rows (the tool works; its numbers are a
-// benchmark's business).
+// through each, and prints both rows; onceload -compare-hits prints a row
+// per scheme whose proxied answers were all hits (the tools work; their
+// numbers are a benchmark's business).
 func TestCompareRuns(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds two binaries")
@@ -227,5 +228,25 @@ func TestCompareRuns(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
+	}
+
+	// -compare-hits: both schemes, every answer through the proxy a HIT
+	// once the keys are warm.
+	out, err = exec.Command(self, "-compare-hits", "-onceproxy", bin, "-n", "500", "-k", "10", "-c", "8").CombinedOutput()
+	if err != nil {
+		t.Fatalf("onceload -compare-hits: %v\n%s", err, out)
+	}
+	rows := 0
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) == 7 && (f[0] == "https" || f[0] == "http") {
+			rows++
+			if f[4] != "100.0%" {
+				t.Errorf("%s: HIT share %s, want 100.0%%\n%s", f[0], f[4], out)
+			}
+		}
+	}
+	if rows != 2 {
+		t.Errorf("want a row for https and one for http:\n%s", out)
 	}
 }
