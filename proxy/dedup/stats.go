@@ -22,12 +22,13 @@ const (
 
 // counters are the engine's running totals.
 type counters struct {
-	hit, coalesced, miss, bypass atomic.Uint64
-	upstream                     atomic.Uint64 // requests actually sent upstream
-	bytesAvoided                 atomic.Uint64 // body bytes served without an upstream request
-	moneyNano                    atomic.Int64  // money saved, in billionths of the currency
-	flights                      atomic.Int64  // flights fetching right now
-	waiters                      atomic.Int64  // requests waiting on a flight right now
+	// answers counts answers by X-Cache, body bytes avoided and money
+	// saved (in billionths of the currency), as the stores' per-day
+	// counters do.
+	answers  DayCounts
+	upstream atomic.Uint64 // requests actually sent upstream
+	flights  atomic.Int64  // flights fetching right now
+	waiters  atomic.Int64  // requests waiting on a flight right now
 	// Flights that read their body from another instance: whole from it
 	// (ok), from the origin after all (fallback: the peer could not be
 	// asked or failed mid-body), or neither (failed).
@@ -35,22 +36,7 @@ type counters struct {
 }
 
 func (c *counters) count(xcache string, avoided int, moneyNano int64) {
-	if moneyNano != 0 {
-		c.moneyNano.Add(moneyNano)
-	}
-	switch xcache {
-	case CacheHit:
-		c.hit.Add(1)
-	case CacheCoalesced:
-		c.coalesced.Add(1)
-	case CacheMiss:
-		c.miss.Add(1)
-	case CacheBypass:
-		c.bypass.Add(1)
-	}
-	if avoided > 0 {
-		c.bytesAvoided.Add(uint64(avoided))
-	}
+	c.answers.Record(xcache, avoided, moneyNano)
 }
 
 // Stats is a snapshot of what deduplication saved, for /cache/stats.
@@ -103,15 +89,16 @@ type SpoolStats struct {
 }
 
 func (c *counters) snapshot() Stats {
-	hit, co, miss, by := c.hit.Load(), c.coalesced.Load(), c.miss.Load(), c.bypass.Load()
+	a := &c.answers
+	hit, co, miss, by := uint64(a.Hit.Load()), uint64(a.Coalesced.Load()), uint64(a.Miss.Load()), uint64(a.Bypass.Load())
 	s := Stats{
 		Requests:         hit + co + miss + by,
 		XCache:           map[string]uint64{CacheHit: hit, CacheCoalesced: co, CacheMiss: miss, CacheBypass: by},
 		BySource:         map[string]uint64{"api": miss + by, "dedup_cache": hit, "dedup_wait": co},
 		UpstreamRequests: c.upstream.Load(),
 		RequestsAvoided:  hit + co,
-		BytesAvoided:     c.bytesAvoided.Load(),
-		MoneySaved:       float64(c.moneyNano.Load()) / 1e9,
+		BytesAvoided:     uint64(a.Avoided.Load()),
+		MoneySaved:       float64(a.MoneyNano.Load()) / 1e9,
 		Flights:          c.flights.Load(),
 		Waiters:          c.waiters.Load(),
 		PeerFetches:      PeerStats{OK: c.peerOK.Load(), Fallback: c.peerFallback.Load(), Failed: c.peerFailed.Load()},
@@ -135,9 +122,12 @@ type DayCounts struct {
 	Hit, Coalesced, Miss, Bypass, Avoided, MoneyNano atomic.Int64
 }
 
-// Record counts one response, as a Recorder does.
+// Record counts one response, as a Recorder does. It runs for every
+// answer: an add of nothing is skipped.
 func (c *DayCounts) Record(xcache string, avoided int, moneyNano int64) {
-	c.MoneyNano.Add(moneyNano)
+	if moneyNano != 0 {
+		c.MoneyNano.Add(moneyNano)
+	}
 	switch xcache {
 	case CacheHit:
 		c.Hit.Add(1)
@@ -148,7 +138,9 @@ func (c *DayCounts) Record(xcache string, avoided int, moneyNano int64) {
 	case CacheBypass:
 		c.Bypass.Add(1)
 	}
-	c.Avoided.Add(int64(avoided))
+	if avoided > 0 {
+		c.Avoided.Add(int64(avoided))
+	}
 }
 
 // NewDayStats is the report of one day (or span) of a shared store's
