@@ -14,19 +14,24 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 )
 
+// startBatcher runs a batcher on a private redis-server until t ends,
+// logging the round trips it makes.
+func startBatcher(t *testing.T) (*batcher, *tripLog) {
+	rdb := redistest.Start(t).Client()
+	trips := &tripLog{}
+	rdb.AddHook(trips)
+	life, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	t.Cleanup(func() { stop(); wg.Wait() })
+	return newBatcher(life, &wg, rdb, 5*time.Second), trips
+}
+
 // TestBatcherSharesRoundTrips: 200 steps sent at once from 200 goroutines,
 // each a pipeline of its own (SET then GET of its key), reach Redis in far
 // fewer round trips than steps, and every step gets its own commands back,
 // answered, in the order it queued them.
 func TestBatcherSharesRoundTrips(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	trips := &tripLog{}
-	rdb.AddHook(trips)
-	life, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	b := newBatcher(life, &wg, rdb, 5*time.Second)
-	defer func() { stop(); wg.Wait() }()
+	b, trips := startBatcher(t)
 
 	const n = 200
 	start := make(chan struct{})
@@ -71,14 +76,7 @@ func TestBatcherSharesRoundTrips(t *testing.T) {
 // TestBatcherAlone: a step with nothing else queued goes at once, in a
 // round trip of its own.
 func TestBatcherAlone(t *testing.T) {
-	srv := redistest.Start(t)
-	rdb := srv.Client()
-	trips := &tripLog{}
-	rdb.AddHook(trips)
-	life, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	b := newBatcher(life, &wg, rdb, 5*time.Second)
-	defer func() { stop(); wg.Wait() }()
+	b, trips := startBatcher(t)
 	for i := range 3 {
 		cmds, err := b.do(context.Background(), func(p redis.Pipeliner) { p.Ping(context.Background()) })
 		if err != nil || len(cmds) != 1 || cmds[0].Err() != nil {
