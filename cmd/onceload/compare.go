@@ -138,12 +138,16 @@ func freeAddr() (string, error) {
 	return ln.Addr().String(), nil
 }
 
-// waitReady waits until addr accepts connections and file exists.
+// waitReady waits until addr accepts connections and file ("": none)
+// exists.
 func waitReady(ctx context.Context, addr, file string) error {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if c, err := net.Dial("tcp", addr); err == nil {
 			c.Close()
+			if file == "" {
+				return nil
+			}
 			if _, err := os.Stat(file); err == nil {
 				return nil
 			}
@@ -157,6 +161,20 @@ func waitReady(ctx context.Context, addr, file string) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// startChild starts cmd, a server that listens on addr, and waits until
+// it is ready (see waitReady); what names it in errors.
+func startChild(ctx context.Context, what string, cmd *exec.Cmd, addr, ca, ready string) (*child, error) {
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s: %w", cmd.Path, err)
+	}
+	c := &child{cmd: cmd, addr: addr, ca: ca}
+	if err := waitReady(ctx, addr, ready); err != nil {
+		c.stop()
+		return nil, fmt.Errorf("%s: %w", what, err)
+	}
+	return c, nil
 }
 
 // startOnceproxy runs the onceproxy binary at bin with its shipped
@@ -180,15 +198,8 @@ func startOnceproxy(ctx context.Context, bin, originCA, dir string, env []string
 	}
 	defer logFile.Close()
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", bin, err)
-	}
-	c := &child{cmd: cmd, addr: addr, ca: filepath.Join(certs, "ca.pem")}
-	if err := waitReady(ctx, addr, c.ca); err != nil {
-		c.stop()
-		return nil, fmt.Errorf("onceproxy: %w", err)
-	}
-	return c, nil
+	ca := filepath.Join(certs, "ca.pem")
+	return startChild(ctx, "onceproxy", cmd, addr, ca, ca)
 }
 
 // startPlainMITM runs `self -serve-plain-mitm` (self is an onceload
@@ -201,15 +212,7 @@ func startPlainMITM(ctx context.Context, self, originCA, dir string, stderr io.W
 	ca := filepath.Join(dir, "plain-ca.pem")
 	cmd := exec.CommandContext(ctx, self, "-serve-plain-mitm", "-plain-addr", addr, "-plain-origin-ca", originCA, "-plain-ca-out", ca)
 	cmd.Stdout, cmd.Stderr = io.Discard, stderr
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", self, err)
-	}
-	c := &child{cmd: cmd, addr: addr, ca: ca}
-	if err := waitReady(ctx, addr, ca); err != nil {
-		c.stop()
-		return nil, fmt.Errorf("plain MITM: %w", err)
-	}
-	return c, nil
+	return startChild(ctx, "plain MITM", cmd, addr, ca, ca)
 }
 
 // servePlainMITM is onceload -serve-plain-mitm: the baseline proxy alone,
@@ -247,14 +250,9 @@ func servePlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Writer) 
 // by -onceproxy) against a plain goproxy MITM, on unique https URLs, over
 // HTTP/1.1 and HTTP/2.
 func compareWithPlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
-	if cfg.onceproxyBin == "" {
-		fmt.Fprintln(stderr, "onceload: -compare needs -onceproxy, the path of an onceproxy binary (go build -o /tmp/onceproxy .)")
-		return 2
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintf(stderr, "onceload: %v\n", err)
-		return 1
+	self, code := comparisonBinaries(cfg, "-compare", stderr)
+	if code != 0 {
+		return code
 	}
 	rows, err := runComparison(ctx, cfg.onceproxyBin, self, cfg.n, cfg.c, cfg.origin.BodySize, envList(cfg.onceproxyEnv), stderr)
 	if err != nil {
@@ -266,6 +264,22 @@ func compareWithPlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Wr
 		fmt.Fprintln(stdout)
 	}
 	return 0
+}
+
+// comparisonBinaries checks that a comparison (flag) was given the
+// onceproxy binary to run, and returns this program's own, which serves
+// the comparison's other processes. code is the exit status when not 0.
+func comparisonBinaries(cfg *config, flag string, stderr io.Writer) (self string, code int) {
+	if cfg.onceproxyBin == "" {
+		fmt.Fprintf(stderr, "onceload: %s needs -onceproxy, the path of an onceproxy binary (go build -o /tmp/onceproxy .)\n", flag)
+		return "", 2
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "onceload: %v\n", err)
+		return "", 1
+	}
+	return self, 0
 }
 
 // comparisonRow is one load's results.

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -36,14 +35,9 @@ type hitRow struct {
 // http, in alternating rounds. It reports both sides' req/s and their
 // ratio: what answering from the cache costs against the origin itself.
 func compareHits(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
-	if cfg.onceproxyBin == "" {
-		fmt.Fprintln(stderr, "onceload: -compare-hits needs -onceproxy, the path of an onceproxy binary (go build -o /tmp/onceproxy .)")
-		return 2
-	}
-	self, err := os.Executable()
-	if err != nil {
-		fmt.Fprintf(stderr, "onceload: %v\n", err)
-		return 1
+	self, code := comparisonBinaries(cfg, "-compare-hits", stderr)
+	if code != 0 {
+		return code
 	}
 	rows, err := runHitComparison(ctx, cfg.onceproxyBin, self, cfg.n, cfg.c, cfg.k, cfg.origin.BodySize, envList(cfg.onceproxyEnv))
 	if err != nil {
@@ -74,9 +68,9 @@ func runHitComparison(ctx context.Context, bin, self string, n, c, k, bodySize i
 	}
 	defer os.RemoveAll(dir)
 	var rows []hitRow
-	for _, tls := range []bool{true, false} {
+	for _, scheme := range []string{"https", "http"} {
 		row, err := func() (hitRow, error) {
-			origin, err := startOriginProcess(ctx, self, tls, bodySize, filepath.Join(dir, fmt.Sprint("origin-", tls)))
+			origin, err := startOriginProcess(ctx, self, scheme == "https", bodySize, filepath.Join(dir, "origin-"+scheme))
 			if err != nil {
 				return hitRow{}, err
 			}
@@ -86,11 +80,7 @@ func runHitComparison(ctx context.Context, bin, self string, n, c, k, bodySize i
 				return hitRow{}, err
 			}
 			defer once.stop()
-			scheme := "http"
-			if tls {
-				scheme = "https"
-			}
-			return hitLoad(ctx, scheme+"://"+origin.addr, origin.ca, &url.URL{Scheme: "http", Host: once.addr}, once.ca, n, c, k)
+			return hitLoad(ctx, scheme, origin.addr, origin.ca, &url.URL{Scheme: "http", Host: once.addr}, once.ca, n, c, k)
 		}()
 		if err != nil {
 			return nil, err
@@ -110,33 +100,21 @@ func startOriginProcess(ctx context.Context, self string, tls bool, bodySize int
 	cmd := exec.CommandContext(ctx, self, "-serve-origin", "-origin-latency", "0", "-origin-addr", addr,
 		"-origin-size", fmt.Sprint(bodySize), fmt.Sprint("-origin-tls=", tls), "-origin-cert-dir", dir)
 	cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", self, err)
-	}
-	c := &child{cmd: cmd, addr: addr}
-	ready := os.Args[0] // any file that exists: a plain origin has no certificate
+	ca := ""
 	if tls {
-		c.ca = filepath.Join(dir, "origin.pem")
-		ready = c.ca
+		ca = filepath.Join(dir, "origin.pem")
 	}
-	if err := waitReady(ctx, addr, ready); err != nil {
-		c.stop()
-		return nil, fmt.Errorf("origin: %w", err)
-	}
-	return c, nil
+	return startChild(ctx, "origin", cmd, addr, ca, ca)
 }
 
 // hitLoad runs one scheme's alternating rounds against the origin at
-// base (trusted through originCA for https).
-func hitLoad(ctx context.Context, base, originCA string, proxy *url.URL, proxyCA string, n, c, k int) (hitRow, error) {
+// addr (trusted through originCA for https).
+func hitLoad(ctx context.Context, scheme, addr, originCA string, proxy *url.URL, proxyCA string, n, c, k int) (hitRow, error) {
 	targets := make([]string, k)
 	for i := range targets {
-		targets[i] = fmt.Sprintf("%s/hot/%d", base, i)
+		targets[i] = fmt.Sprintf("%s://%s/hot/%d", scheme, addr, i)
 	}
-	row := hitRow{scheme: "https"}
-	if strings.HasPrefix(base, "http:") {
-		row.scheme = "http"
-	}
+	row := hitRow{scheme: scheme}
 	send := func(via bool, n int) (*loadgen.Result, error) {
 		opts := loadgen.Options{CAFile: originCA, Targets: targets, N: n, C: c, Timeout: 30 * time.Second}
 		if via {
