@@ -288,38 +288,50 @@ func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waite
 // evalWith runs script in one pipeline, after the commands before queues
 // and before those after queues (either may be nil), and returns the
 // script's command once every command has an answer. The pipeline goes in
-// the batcher's next round trip, with other requests' steps. The script
-// goes by its hash; when Redis does not have it (restarted, flushed) the
-// pipeline runs again with the script sent whole.
+// the batcher's next round trip, with other requests' steps.
 func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []string, args []any, before, after func(redis.Pipeliner)) (*redis.Cmd, error) {
-	run := func(eval func(redis.Pipeliner) *redis.Cmd) (*redis.Cmd, error) {
-		var cmd *redis.Cmd
+	var cmd *redis.Cmd
+	err := byHash(func(whole bool) error {
 		cmds, err := c.batch.do(ctx, func(p redis.Pipeliner) {
 			if before != nil {
 				before(p)
 			}
-			cmd = eval(p)
+			cmd = eval(ctx, p, script, whole, keys, args...)
 			if after != nil {
 				after(p)
 			}
 		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		// A GET of a missing key answers redis.Nil: an answer, not a
 		// failure.
 		for _, c := range cmds {
 			if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) && c != cmd {
-				return cmd, err
+				return err
 			}
 		}
-		return cmd, cmd.Err()
-	}
-	cmd, err := run(func(p redis.Pipeliner) *redis.Cmd { return script.EvalSha(ctx, p, keys, args...) })
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
-		cmd, err = run(func(p redis.Pipeliner) *redis.Cmd { return script.Eval(ctx, p, keys, args...) })
-	}
+		return cmd.Err()
+	})
 	return cmd, err
+}
+
+// byHash runs send with its scripts sent by their hash and, when Redis
+// does not have one (restarted, flushed), once more with them sent whole.
+func byHash(send func(whole bool) error) error {
+	err := send(false)
+	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+		err = send(true)
+	}
+	return err
+}
+
+// eval queues script on p, whole or by its hash.
+func eval(ctx context.Context, p redis.Pipeliner, script *redis.Script, whole bool, keys []string, args ...any) *redis.Cmd {
+	if whole {
+		return script.Eval(ctx, p, keys, args...)
+	}
+	return script.EvalSha(ctx, p, keys, args...)
 }
 
 // alone answers a Join without Redis: this process's copy, if it has one,
@@ -423,29 +435,19 @@ func (s *Cache) dueLeases(now time.Time) []*lease {
 func (s *Cache) renew(due []*lease, now time.Time) {
 	ms := strconv.FormatInt(s.cfg.Lease.Milliseconds(), 10)
 	err := s.exec(s.life, func(ctx context.Context) error {
-		send := func(whole bool) error {
+		return byHash(func(whole bool) error {
 			_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 				for _, l := range due {
-					keys := []string{s.lockKey(l.tag), s.outcomeKey(l.tag)}
 					streamed := "0"
 					if l.streamed.Load() {
 						streamed = "1"
 					}
-					if whole {
-						renewScript.Eval(ctx, p, keys, l.token, ms, streamed)
-					} else {
-						renewScript.EvalSha(ctx, p, keys, l.token, ms, streamed)
-					}
+					eval(ctx, p, renewScript, whole, []string{s.lockKey(l.tag), s.outcomeKey(l.tag)}, l.token, ms, streamed)
 				}
 				return nil
 			})
 			return err
-		}
-		err := send(false)
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			err = send(true)
-		}
-		return err
+		})
 	})
 	if err != nil {
 		return
