@@ -25,16 +25,36 @@ func accept(t *testing.T, l *Listener) <-chan net.Conn {
 	return ch
 }
 
-// TestCapSlotsAndCloseAll: beyond MaxConns, Accept waits for a slot; a
-// closed connection frees its slot; CloseAll cuts the live ones; Close
-// ends an Accept waiting for a slot.
-func TestCapSlotsAndCloseAll(t *testing.T) {
+// listen runs a Listener with cfg on a loopback port until t ends.
+func listen(t *testing.T, cfg Config) (net.Listener, *Listener) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := New(ln, Config{MaxConns: 1, IdleTimeout: time.Minute})
-	defer l.Close()
+	l := New(ln, cfg)
+	t.Cleanup(func() { l.Close() })
+	return ln, l
+}
+
+// acceptOne is the next connection l accepts, the one just dialled from
+// src; a refusal (Accept goes on waiting) fails t instead of hanging it.
+func acceptOne(t *testing.T, l *Listener, src string) net.Conn {
+	t.Helper()
+	select {
+	case c := <-accept(t, l):
+		return c
+	case <-time.After(5 * time.Second):
+		t.Fatalf("a connection from %s was not accepted", src)
+		return nil
+	}
+}
+
+// TestCapSlotsAndCloseAll: beyond MaxConns, Accept waits for a slot; a
+// closed connection frees its slot; CloseAll cuts the live ones; Close
+// ends an Accept waiting for a slot.
+func TestCapSlotsAndCloseAll(t *testing.T) {
+	ln, l := listen(t, Config{MaxConns: 1, IdleTimeout: time.Minute})
 	var clients []net.Conn
 	dial := func() {
 		c, err := net.Dial("tcp", ln.Addr().String())
@@ -127,12 +147,7 @@ func dialFrom(t *testing.T, ln net.Listener, src string) net.Conn {
 // next is told why (429) and closed, another address is not affected, and
 // Attribute moves a connection to its account's count.
 func TestPerClientCap(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := New(ln, Config{MaxConns: 100, MaxPerClient: 2})
-	defer l.Close()
+	ln, l := listen(t, Config{MaxConns: 100, MaxPerClient: 2})
 	accepted := make(chan net.Conn, 10)
 	go func() {
 		for {
@@ -182,16 +197,9 @@ func TestPerClientCap(t *testing.T) {
 // longest is shed to make room; one that moved bytes within the last
 // second, or that its server marked busy, never is.
 func TestShedsIdleFirst(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := New(ln, Config{MaxConns: 4}) // high water: 3
-	defer l.Close()
+	ln, l := listen(t, Config{MaxConns: 4}) // high water: 3
 	accept1 := func(src string) (client, server net.Conn) {
-		client = dialFrom(t, ln, src)
-		server = <-accept(t, l)
-		return
+		return dialFrom(t, ln, src), acceptOne(t, l, src)
 	}
 	_, silent := accept1("127.0.0.1")
 	cBusy, busy := accept1("127.0.0.2")
@@ -225,21 +233,10 @@ func TestShedsIdleFirst(t *testing.T) {
 // goes, by address and by account. Busy or recently active ones are never
 // given up, and the refusal still comes when nothing is idle.
 func TestClientAtItsCapGivesUpAnIdleConnection(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := New(ln, Config{MaxConns: 100, MaxPerClient: 2})
-	defer l.Close()
+	ln, l := listen(t, Config{MaxConns: 100, MaxPerClient: 2})
 	accept1 := func(src string) net.Conn {
 		dialFrom(t, ln, src)
-		select {
-		case c := <-accept(t, l):
-			return c
-		case <-time.After(5 * time.Second):
-			t.Fatalf("a connection from %s was not accepted", src)
-			return nil
-		}
+		return acceptOne(t, l, src)
 	}
 	old := accept1("127.0.0.1")
 	busy := accept1("127.0.0.1")
