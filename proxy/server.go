@@ -29,6 +29,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
+	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 )
@@ -116,6 +117,9 @@ type Server struct {
 	innerStarted bool
 	innerClosed  bool
 	innerWG      sync.WaitGroup
+	// handlers serve the HTTP/2 requests of intercepted tunnels
+	// (serveIntercepted).
+	handlers workers.Pool
 
 	doorsMu     sync.Mutex
 	doors       []*socks.Server // SOCKS5 doors (ServeSOCKS5), stopped by Shutdown
@@ -158,6 +162,7 @@ func New(cfg Config, o Options) (*Server, error) {
 	if s.next == nil {
 		s.next = o.Upstream
 	}
+	s.handlers.MaxIdle = maxIdleHandlers
 	if s.realm == "" {
 		s.realm = "onceproxy"
 	}
@@ -336,6 +341,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	cut()
 	doorsDone.Wait()
+	// The requests left end with their connections, and their workers
+	// with them.
+	_ = s.handlers.Stop(ctx)
 	if left > 0 {
 		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left)
 		if err == nil {
@@ -344,6 +352,10 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	return err
 }
+
+// maxIdleHandlers bounds the handler workers kept waiting: enough for the
+// HTTP/2 streams a loaded instance serves at once.
+const maxIdleHandlers = 256
 
 // Inflight returns the number of requests being served.
 func (s *Server) Inflight() int64 { return s.inflight.Load() }

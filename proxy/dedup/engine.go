@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 )
 
 // Options are the parts an Engine is wired from.
@@ -88,7 +89,7 @@ type Engine struct {
 	// removed, so the map holds only clients with a flight running).
 	perClient map[string]int
 	// workers run the flights.
-	workers workers
+	workers workers.Pool
 	// perUpstream prices each upstream on its own (Options.Prices); nil:
 	// the savings section prices them all.
 	perUpstream Prices
@@ -115,7 +116,7 @@ func New(cfg Config, o Options) (*Engine, error) {
 		e.wholeLimit = min(e.wholeLimit, l.MaxEntryBytes())
 	}
 	e.rules.Store(compileRules(cfg))
-	e.workers.maxIdle = maxIdleWorkers
+	e.workers.MaxIdle = maxIdleWorkers
 	e.pricing.Store(e.newPricing(savings))
 	e.peek = o.Store.Get
 	if t, ok := o.Store.(TieredStore); ok && o.Fleet != nil {
@@ -153,7 +154,7 @@ func (e *Engine) Close() {
 	if already {
 		return
 	}
-	e.workers.close()
+	e.workers.Close()
 	if e.disk != nil {
 		e.disk.close()
 	}
@@ -434,7 +435,7 @@ func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, bod
 		return false
 	}
 	e.wg.Add(1)
-	e.workers.run(func() { e.fly(f, req, rule, key, body) })
+	e.workers.Go(func() { e.fly(f, req, rule, key, body) })
 	return true
 }
 
