@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // A Shape is how one request looked on the wire beyond its header values:
@@ -78,7 +80,7 @@ func ParseH1Head(raw []byte) (*H1Request, error) {
 			continue
 		}
 		name, value, ok := strings.Cut(line, ":")
-		if !ok || len(name) == 0 || !isToken(name) {
+		if !ok || !httpguts.ValidHeaderFieldName(name) { // a non-empty RFC 9110 token
 			return nil, errors.New("fingerprint: h1: malformed header line")
 		}
 		r.Fields = append(r.Fields, H1Field{Name: name, Value: strings.TrimSpace(value)})
@@ -93,16 +95,6 @@ func cutLine(s string) (line, rest string, ok bool) {
 		return "", "", false
 	}
 	return strings.TrimSuffix(line, "\r"), rest, true
-}
-
-// isToken reports whether b is an RFC 9110 token, which a field name is.
-func isToken(b string) bool {
-	for _, c := range []byte(b) {
-		if c <= ' ' || c >= 0x7f || strings.IndexByte(`"(),/:;<=>?@[\]{}`, c) >= 0 {
-			return false
-		}
-	}
-	return true
 }
 
 type shapeKey struct{}

@@ -184,12 +184,14 @@ func (s *h1Scanner) framing(r *fingerprint.H1Request) {
 	var te, cl []string
 	upgrade := false
 	for _, f := range r.Fields {
-		switch strings.ToLower(f.Name) {
-		case "transfer-encoding":
+		// EqualFold, not a switch on ToLower: that allocated a lower-case
+		// copy of every field name with a capital in it, on every request.
+		switch {
+		case strings.EqualFold(f.Name, "Transfer-Encoding"):
 			te = append(te, f.Value)
-		case "content-length":
+		case strings.EqualFold(f.Name, "Content-Length"):
 			cl = append(cl, f.Value)
-		case "upgrade":
+		case strings.EqualFold(f.Name, "Upgrade"):
 			upgrade = true
 		}
 	}
