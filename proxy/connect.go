@@ -173,10 +173,10 @@ func (c *tunnelConn) Write(p []byte) (int, error) {
 func (c *tunnelConn) Close() error {
 	err := c.Conn.Close()
 	if c.closed.CompareAndSwap(false, true) && c.s.accessLog {
-		c.s.logger.LogAttrs(context.Background(), slog.LevelInfo, "tunnel",
+		logAccess(context.Background(), c.s.logger, "tunnel", []slog.Attr{
 			slog.String("target", c.addr), slog.String("client", c.client),
 			slog.Int64("bytes_up", c.wrote.Load()), slog.Int64("bytes_down", c.read.Load()),
-			slog.Duration("dur", time.Since(c.start)))
+			slog.Duration("dur", time.Since(c.start))})
 	}
 	return err
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -310,7 +311,7 @@ func (s *Server) finish(req *http.Request, resp *http.Response, user string, sta
 		if user != "" {
 			attrs = append(attrs, slog.String("user", user))
 		}
-		s.logger.LogAttrs(req.Context(), slog.LevelInfo, "request", attrs...)
+		logAccess(req.Context(), s.logger, "request", attrs)
 	}
 	if rw, ok := resp.Body.(io.ReadWriteCloser); ok {
 		// goproxy splices a 101 response's body as the upstream half of
@@ -322,6 +323,21 @@ func (s *Server) finish(req *http.Request, resp *http.Response, user string, sta
 		resp.Body = tb
 	}
 	return resp
+}
+
+// logAccess writes an access log line (request, tunnel) at Info. It
+// builds the record itself, without the caller's program counter:
+// slog.Logger.LogAttrs walks the stack for it on every call, for a source
+// position that access lines never show (BenchmarkAccessLine in
+// internal/logtext).
+func logAccess(ctx context.Context, l *slog.Logger, msg string, attrs []slog.Attr) {
+	h := l.Handler()
+	if !h.Enabled(ctx, slog.LevelInfo) {
+		return
+	}
+	r := slog.NewRecord(time.Now(), slog.LevelInfo, msg, 0)
+	r.AddAttrs(attrs...)
+	_ = h.Handle(ctx, r)
 }
 
 // flushingWriter is the ResponseWriter goproxy copies a response into:

@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/logtext"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
@@ -498,5 +499,5 @@ func NewLogger(c LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 	if c.Format == "json" {
 		return slog.New(slog.NewJSONHandler(w, opts)), lv
 	}
-	return slog.New(slog.NewTextHandler(w, opts)), lv
+	return slog.New(logtext.New(w, opts)), lv
 }
