@@ -516,22 +516,27 @@ func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
 			}
 		}
 	}
-	var b strings.Builder
-	b.WriteString(method)
-	b.WriteByte(' ')
-	b.WriteString(target)
-	b.WriteString(" HTTP/1.1\r\n")
-	for _, f := range orderFields(h, order, keepCase) {
+	fields := orderFields(h, order, keepCase)
+	// Sized up front: one allocation for the head, not one per doubling.
+	size := len(method) + len(target) + len(" HTTP/1.1\r\n\r\n")
+	for _, f := range fields {
+		size += len(f.name) + len(f.value) + len(": \r\n")
+	}
+	b := make([]byte, 0, size)
+	b = append(b, method...)
+	b = append(b, ' ')
+	b = append(b, target...)
+	b = append(b, " HTTP/1.1\r\n"...)
+	for _, f := range fields {
 		if !httpguts.ValidHeaderFieldName(f.name) || !validFieldValue(f.value) {
 			return nil, nil, fmt.Errorf("mirror: invalid header field %q", f.name)
 		}
-		b.WriteString(f.name)
-		b.WriteString(": ")
-		b.WriteString(f.value)
-		b.WriteString("\r\n")
+		b = append(b, f.name...)
+		b = append(b, ": "...)
+		b = append(b, f.value...)
+		b = append(b, "\r\n"...)
 	}
-	b.WriteString("\r\n")
-	return body, []byte(b.String()), nil
+	return body, append(b, "\r\n"...), nil
 }
 
 func hasName(order []string, name string) bool { return indexName(order, name) >= 0 }

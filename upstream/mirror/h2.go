@@ -537,7 +537,11 @@ func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, has
 				continue
 			}
 		}
-		h[c] = append(h[c], vs...)
+		if prev, ok := h[c]; ok {
+			h[c] = append(prev[:len(prev):len(prev)], vs...)
+		} else {
+			h[c] = vs // shared, not copied: only replaced below, never written into
+		}
 	}
 	var order []string
 	if shape != nil {
@@ -553,7 +557,9 @@ func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, has
 	if n := countName(order, "cookie"); n > 1 && len(h["Cookie"]) == 1 {
 		h["Cookie"] = strings.Split(h["Cookie"][0], "; ")
 	}
-	for _, f := range orderFields(h, order, false) {
+	// The names in the client's order as it spelled them: an HTTP/2
+	// client's are lower-case already, and ToLower then copies nothing.
+	for _, f := range orderFields(h, order, true) {
 		name := strings.ToLower(f.name)
 		if !httpguts.ValidHeaderFieldName(name) || !validFieldValue(f.value) {
 			return nil, fmt.Errorf("mirror: invalid header field %q", f.name)

@@ -16,11 +16,7 @@ type field struct{ name, value string }
 // occurrence, the last occurrence any values left over. Fields the client
 // did not send (added on the way) follow, sorted.
 func orderFields(h http.Header, order []string, keepCase bool) []field {
-	byKey := make(map[string][]string, len(h))
-	for k, vs := range h {
-		c := http.CanonicalHeaderKey(k)
-		byKey[c] = append(byKey[c], vs...)
-	}
+	byKey := byCanonicalKey(h)
 	last := make(map[string]int, len(order))
 	for i, n := range order {
 		last[http.CanonicalHeaderKey(n)] = i
@@ -60,6 +56,28 @@ func orderFields(h http.Header, order []string, keepCase bool) []field {
 		}
 	}
 	return out
+}
+
+// byCanonicalKey returns h with its keys canonical, values of keys that
+// differ only in case merged. A header net/http built is that already, and
+// is returned as it is: a copy cost an allocation per field per request.
+func byCanonicalKey(h http.Header) http.Header {
+	canonical := true
+	for k := range h {
+		if http.CanonicalHeaderKey(k) != k {
+			canonical = false
+			break
+		}
+	}
+	if canonical {
+		return h
+	}
+	byKey := make(http.Header, len(h))
+	for k, vs := range h {
+		c := http.CanonicalHeaderKey(k)
+		byKey[c] = append(byKey[c], vs...)
+	}
+	return byKey
 }
 
 // hopHeaders are connection-specific: they mean something for one
