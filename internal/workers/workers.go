@@ -78,8 +78,10 @@ func (w *Pool) start(j job) bool {
 // Do runs f on a worker and returns when f has. A panic in f is
 // recovered on the worker and raised again in the caller, with the same
 // value, so that a caller's recovery (net/http's for a handler, and its
-// http.ErrAbortHandler) works as if f had run there. After Close, f runs
-// on the caller's goroutine.
+// http.ErrAbortHandler) works as if f had run there. A stack trace taken
+// there is the caller's: code that wants f's own recovers inside f (the
+// proxy's handler does, and logs it). After Close, f runs on the caller's
+// goroutine.
 func (w *Pool) Do(f func()) {
 	c := calls.Get().(*call)
 	if !w.start(job{f: f, c: c}) {
