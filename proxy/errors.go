@@ -103,7 +103,7 @@ func errorResponse(req *http.Request, status int, kind errorKind, reason string)
 	h.Set("Cache-Control", "no-store")
 	h.Set(headerProxyError, string(kind))
 	return &http.Response{
-		Status:        fmt.Sprintf("%d %s", status, http.StatusText(status)),
+		Status:        httpstatus.Line(status),
 		StatusCode:    status,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,

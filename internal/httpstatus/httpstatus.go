@@ -2,10 +2,15 @@
 // deserves. An error anywhere in onceproxy (a refused target, an exhausted
 // session pool, an unknown session id) implements Carrier; the edges that
 // answer clients (the proxy port, the SOCKS5 door's reply codes, the admin
-// API) read it with Of, through any wrapping.
+// API) read it with Of, through any wrapping. Line is the one way a code
+// becomes the Status of a response onceproxy builds.
 package httpstatus
 
-import "errors"
+import (
+	"errors"
+	"net/http"
+	"strconv"
+)
 
 // Carrier is an error that knows its HTTP status.
 type Carrier interface {
@@ -20,4 +25,24 @@ func Of(err error) (int, bool) {
 		return c.HTTPStatus(), true
 	}
 	return 0, false
+}
+
+// lines are the Status of each code net/http names, built once: cache
+// hits and mirrored responses would otherwise allocate one each.
+var lines = func() (t [600]string) {
+	for code := range t {
+		if text := http.StatusText(code); text != "" {
+			t[code] = strconv.Itoa(code) + " " + text
+		}
+	}
+	return t
+}()
+
+// Line returns the Status of a response with code, as net/http's
+// transport sets it: "200 OK"; "299 " for a code it has no text for.
+func Line(code int) string {
+	if code >= 0 && code < len(lines) && lines[code] != "" {
+		return lines[code]
+	}
+	return strconv.Itoa(code) + " " + http.StatusText(code)
 }

@@ -25,3 +25,12 @@ func TestOf(t *testing.T) {
 		t.Error("nil error carries a status")
 	}
 }
+
+// TestLine is net/http's status line for every code, named or not.
+func TestLine(t *testing.T) {
+	for _, code := range []int{0, 99, 100, 200, 206, 299, 304, 418, 599, 600, 1000, -1} {
+		if got, want := httpstatus.Line(code), fmt.Sprintf("%d %s", code, http.StatusText(code)); got != want {
+			t.Errorf("Line(%d) = %q, want %q", code, got, want)
+		}
+	}
+}

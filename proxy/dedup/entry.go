@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // Entry is one cached upstream response. It is immutable once built:
@@ -90,25 +92,6 @@ func shareHeader(h http.Header) http.Header {
 	return out
 }
 
-// statusLines are the Status of a response with each code net/http names,
-// built once: every hit would otherwise allocate its own.
-var statusLines = func() (t [600]string) {
-	for code := range t {
-		if text := http.StatusText(code); text != "" {
-			t[code] = strconv.Itoa(code) + " " + text
-		}
-	}
-	return t
-}()
-
-// statusLine is the Status of a response with code, as net/http writes it.
-func statusLine(code int) string {
-	if code >= 0 && code < len(statusLines) && statusLines[code] != "" {
-		return statusLines[code]
-	}
-	return strconv.Itoa(code) + " " + http.StatusText(code)
-}
-
 // response builds a fresh *http.Response for one client from the entry.
 // A non-nil body and header replace the entry's (a decoded copy).
 func (e *Entry) response(req *http.Request, body []byte, header http.Header) *http.Response {
@@ -122,7 +105,7 @@ func (e *Entry) response(req *http.Request, body []byte, header http.Header) *ht
 		header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
 	resp := &http.Response{
-		Status:     statusLine(e.Status),
+		Status:     httpstatus.Line(e.Status),
 		StatusCode: e.Status,
 		Proto:      "HTTP/1.1",
 		ProtoMajor: 1,

@@ -8,6 +8,8 @@ import (
 	"os"
 	"strconv"
 	"strings"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // Range requests. The key of a request with Range (or If-Range) differs
@@ -100,7 +102,7 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 		header = http.Header{"Content-Range": {"bytes */" + strconv.FormatInt(size, 10)}, "Content-Length": {"0"}}
 		markCache(header, xcache, key)
 		e.tally(req, xcache, 0, 0)
-		return &http.Response{Status: "416 " + http.StatusText(http.StatusRequestedRangeNotSatisfiable), StatusCode: http.StatusRequestedRangeNotSatisfiable,
+		return &http.Response{Status: httpstatus.Line(http.StatusRequestedRangeNotSatisfiable), StatusCode: http.StatusRequestedRangeNotSatisfiable,
 			Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: http.NoBody, Request: req}, true
 	}
 	body, err := b.open(req.Context(), start, end-start)
@@ -116,7 +118,7 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 		header.Set("Age", age(meta))
 	}
 	e.tally(req, xcache, int(n), e.moneySaved(meta, xcache, int(n)))
-	return &http.Response{Status: "206 " + http.StatusText(http.StatusPartialContent), StatusCode: http.StatusPartialContent,
+	return &http.Response{Status: httpstatus.Line(http.StatusPartialContent), StatusCode: http.StatusPartialContent,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: body, ContentLength: n, Request: req}, true
 }
 

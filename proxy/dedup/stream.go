@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // serveObject answers req from a flight's response while its body
@@ -71,7 +73,7 @@ func (e *Engine) streamResponse(req *http.Request, meta *Entry, body io.ReadClos
 		header.Del("Content-Length")
 	}
 	resp := &http.Response{
-		Status:        strconv.Itoa(meta.Status) + " " + http.StatusText(meta.Status),
+		Status:        httpstatus.Line(meta.Status),
 		StatusCode:    meta.Status,
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,

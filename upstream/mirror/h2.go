@@ -23,6 +23,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // defaultPreface is sent when no client preface is given: Go's own
@@ -1102,7 +1103,7 @@ func (cc *H2Conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 		return nil // interim responses (103 Early Hints) are not passed on
 	}
 	resp := &http.Response{
-		Status:     strconv.Itoa(status) + " " + http.StatusText(status),
+		Status:     httpstatus.Line(status),
 		StatusCode: status,
 		Proto:      "HTTP/2.0",
 		ProtoMajor: 2,
