@@ -26,14 +26,16 @@ type hitRow struct {
 	direct, proxied   time.Duration // summed over the rounds
 	requests          int           // per side
 	hits              int           // proxied answers with X-Cache: HIT
-	directP50, viaP50 time.Duration // of the last round
+	// Latency of the last round: median and 99th percentile.
+	directP50, viaP50, directP99, viaP99 time.Duration
 }
 
 // compareHits is onceload -compare-hits: the same requests over -k hot
 // keys at -c, sent directly to a loopback origin and through onceproxy
 // (the binary given by -onceproxy, shipped defaults), over https and plain
 // http, in alternating rounds. It reports both sides' req/s and their
-// ratio: what answering from the cache costs against the origin itself.
+// ratio (what answering from the cache costs against the origin itself),
+// the share of HITs, and the last round's p50 and p99 on each side.
 func compareHits(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 	self, code := comparisonBinaries(cfg, "-compare-hits", stderr)
 	if code != 0 {
@@ -46,11 +48,12 @@ func compareHits(ctx context.Context, cfg *config, stdout, stderr io.Writer) int
 	}
 	fmt.Fprintf(stdout, "hits against direct: %d hot keys, c=%d, %d requests each side in %d alternating rounds\n", cfg.k, cfg.c, rows[0].requests, hitRounds)
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "scheme\tdirect req/s\tonceproxy req/s\tratio\tHIT share\tp50 direct\tp50 onceproxy\t")
+	fmt.Fprintln(tw, "scheme\tdirect req/s\tonceproxy req/s\tratio\tHIT share\tp50 direct\tp50 onceproxy\tp99 direct\tp99 onceproxy\t")
 	for _, r := range rows {
 		d, p := float64(r.requests)/r.direct.Seconds(), float64(r.requests)/r.proxied.Seconds()
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.2fx\t%.1f%%\t%s\t%s\t\n", r.scheme, d, p, p/d,
-			100*float64(r.hits)/float64(r.requests), r.directP50.Round(10*time.Microsecond), r.viaP50.Round(10*time.Microsecond))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f\t%.2fx\t%.1f%%\t%s\t%s\t%s\t%s\t\n", r.scheme, d, p, p/d,
+			100*float64(r.hits)/float64(r.requests), r.directP50.Round(10*time.Microsecond), r.viaP50.Round(10*time.Microsecond),
+			r.directP99.Round(10*time.Microsecond), r.viaP99.Round(10*time.Microsecond))
 	}
 	tw.Flush()
 	return 0
@@ -149,7 +152,7 @@ func hitLoad(ctx context.Context, scheme, addr, originCA string, proxy *url.URL,
 		row.proxied += p.Duration
 		row.requests += per
 		row.hits += p.XCache["HIT"]
-		row.directP50, row.viaP50 = d.P50, p.P50
+		row.directP50, row.viaP50, row.directP99, row.viaP99 = d.P50, p.P50, d.P99, p.P99
 	}
 	if row.hits == 0 {
 		return row, errors.New("no answer through the proxy was a HIT")

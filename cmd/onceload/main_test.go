@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/loadgen"
 )
@@ -239,10 +240,20 @@ func TestCompareRuns(t *testing.T) {
 	rows := 0
 	for line := range strings.Lines(string(out)) {
 		f := strings.Fields(line)
-		if len(f) == 7 && (f[0] == "https" || f[0] == "http") {
+		if len(f) == 9 && (f[0] == "https" || f[0] == "http") {
 			rows++
 			if f[4] != "100.0%" {
 				t.Errorf("%s: HIT share %s, want 100.0%%\n%s", f[0], f[4], out)
+			}
+			// p50 direct, p50 onceproxy, p99 direct, p99 onceproxy.
+			var lat [4]time.Duration
+			for i := range lat {
+				if lat[i], err = time.ParseDuration(f[5+i]); err != nil || lat[i] <= 0 {
+					t.Errorf("%s: latency column %d is %q (%v)\n%s", f[0], 5+i, f[5+i], err, out)
+				}
+			}
+			if lat[2] < lat[0] || lat[3] < lat[1] {
+				t.Errorf("%s: p99 below p50\n%s", f[0], out)
 			}
 		}
 	}
