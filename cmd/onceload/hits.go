@@ -22,10 +22,10 @@ const hitRounds = 5
 
 // hitRow is one scheme's hit comparison.
 type hitRow struct {
-	scheme            string
-	direct, proxied   time.Duration // summed over the rounds
-	requests          int           // per side
-	hits              int           // proxied answers with X-Cache: HIT
+	scheme          string
+	direct, proxied time.Duration // summed over the rounds
+	requests        int           // per side
+	hits            int           // proxied answers with X-Cache: HIT
 	// Latency of the last round: median and 99th percentile.
 	directP50, viaP50, directP99, viaP99 time.Duration
 }
