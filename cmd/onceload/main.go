@@ -118,7 +118,7 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 	flags.StringVar(&cfg.origin.CertDir, "origin-cert-dir", filepath.Join(os.TempDir(), "onceload"),
 		`directory keeping the origin's origin.pem and origin-key.pem, also trusted for a direct https -target ("": new in-memory certificate each run)`)
 	flags.BoolVar(&cfg.serveOrigin, "serve-origin", false, "only run the origin, print how to make onceproxy trust it, and serve until interrupted")
-	flags.BoolVar(&cfg.compareHits, "compare-hits", false, "compare hits through onceproxy (-onceproxy) with the same requests sent directly to the origin: -n requests over -k hot keys at -c each way, https and http, in alternating rounds; req/s and their ratio")
+	flags.BoolVar(&cfg.compareHits, "compare-hits", false, "compare hits through onceproxy (-onceproxy) with the same requests sent directly to the origin: -n requests over -k hot keys at -c each way, https and http, in alternating rounds; req/s and their ratio, the HIT share, p50 and p99")
 	flags.BoolVar(&cfg.compare, "compare", false, "compare onceproxy (-onceproxy) with a plain goproxy MITM: -n unique https URLs at -c through each, HTTP/1.1 and HTTP/2; req/s, CPU per request, latency")
 	flags.StringVar(&cfg.onceproxyBin, "onceproxy", "", "with -compare and -compare-hits: the onceproxy binary to run (go build -o /tmp/onceproxy .)")
 	flags.StringVar(&cfg.onceproxyEnv, "onceproxy-env", "", "with -compare and -compare-hits: extra KEY=VALUE,... for onceproxy (ONCEPROXY_UPSTREAM_FINGERPRINT=go, say)")

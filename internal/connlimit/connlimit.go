@@ -133,10 +133,7 @@ func (l *Listener) accept() (net.Conn, error) {
 		victims = l.idlestLocked(len(l.conns)-l.highWater(), "")
 	}
 	l.mu.Unlock()
-	for _, v := range victims {
-		l.shed.Add(1)
-		v.Close()
-	}
+	l.shedAll(victims)
 	if over {
 		l.refused.Add(1)
 		refuse(c, l.cfg.MaxPerClient)
@@ -248,15 +245,13 @@ func Attribute(c net.Conn, client string) error {
 		l.mu.Unlock()
 		return nil
 	}
-	var victim *conn
+	var victims []*conn
 	if l.cfg.MaxPerClient > 0 && l.clients[client] >= l.cfg.MaxPerClient {
-		idle := l.idlestLocked(1, client)
-		if len(idle) == 0 {
+		if victims = l.idlestLocked(1, client); len(victims) == 0 {
 			l.mu.Unlock()
 			l.refused.Add(1)
 			return fmt.Errorf("%w (proxy.max_conns_per_client = %d)", ErrTooManyConns, l.cfg.MaxPerClient)
 		}
-		victim = idle[0]
 	}
 	if _, live := l.conns[tc]; live {
 		l.release(tc.key)
@@ -264,12 +259,17 @@ func Attribute(c net.Conn, client string) error {
 	}
 	tc.key = client
 	l.mu.Unlock()
-	if victim != nil {
-		// Closed outside mu: Close gives its slot back under it.
-		l.shed.Add(1)
-		victim.Close()
-	}
+	l.shedAll(victims)
 	return nil
+}
+
+// shedAll closes the connections idlestLocked picked, counted as shed.
+// Outside mu: Close gives a connection's slot back under it.
+func (l *Listener) shedAll(victims []*conn) {
+	for _, v := range victims {
+		l.shed.Add(1)
+		v.Close()
+	}
 }
 
 // release drops one connection of key. Caller holds mu.

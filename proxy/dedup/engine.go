@@ -534,7 +534,7 @@ func (e *Engine) count(xcache string) { e.countSaved(xcache, 0, 0) }
 
 // countSaved records one response's outcome and the money it saved.
 func (e *Engine) countSaved(xcache string, avoided int, moneyNano int64) {
-	e.st.count(xcache, avoided, moneyNano)
+	e.st.answers.Record(xcache, avoided, moneyNano)
 	if e.rec != nil {
 		e.rec.Record(xcache, avoided, moneyNano)
 	}

@@ -35,10 +35,6 @@ type counters struct {
 	peerOK, peerFallback, peerFailed atomic.Uint64
 }
 
-func (c *counters) count(xcache string, avoided int, moneyNano int64) {
-	c.answers.Record(xcache, avoided, moneyNano)
-}
-
 // Stats is a snapshot of what deduplication saved, for /cache/stats.
 // by_source uses the names CAPTCHA-solver dedup layers report savings in:
 // api (went upstream), dedup_cache (HIT), dedup_wait (COALESCED).
