@@ -3,6 +3,7 @@ package rediscache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -49,7 +50,16 @@ type step struct {
 	cmds  []redis.Cmder         // its commands, answered
 	err   error                 // set when the step was never sent
 	done  chan struct{}
+	// late is when the step is refused if it has not been sent yet: a
+	// step waits at most timeout for a flusher, and its batch's round trip
+	// takes at most timeout, so do answers within twice timeout with no
+	// timer of the step's own.
+	late time.Time
 }
+
+// errLate answers a step that waited too long for a flusher: Redis is
+// slow, and the breaker should hear of it.
+var errLate = fmt.Errorf("rediscache: no flusher free in time: %w", context.DeadlineExceeded)
 
 // batcher owns the flushers; they stop with life.
 type batcher struct {
@@ -76,9 +86,11 @@ func newBatcher(life context.Context, wg *sync.WaitGroup, rdb redis.UniversalCli
 
 // do sends queue's commands in the next batch and returns them answered,
 // in the order queued. A command's own error is on the command; the error
-// returned is for a step that never reached Redis (ctx done, closed).
+// returned is for a step that never reached Redis (ctx done, closed, no
+// flusher free within the timeout). It answers within twice the timeout
+// whatever ctx allows: once to be sent, once for the round trip.
 func (b *batcher) do(ctx context.Context, queue func(redis.Pipeliner)) ([]redis.Cmder, error) {
-	s := &step{ctx: ctx, queue: queue, done: make(chan struct{})}
+	s := &step{ctx: ctx, queue: queue, done: make(chan struct{}), late: time.Now().Add(b.timeout)}
 	select {
 	case b.steps <- s:
 	case <-ctx.Done():
@@ -133,8 +145,13 @@ func (b *batcher) flusher() {
 // commands.
 func (b *batcher) send(batch []*step, bounds []int) []int {
 	live := batch[:0]
+	now := time.Now()
 	for _, s := range batch {
-		if err := s.ctx.Err(); err != nil {
+		err := s.ctx.Err()
+		if err == nil && now.After(s.late) {
+			err = errLate
+		}
+		if err != nil {
 			s.err = err
 			close(s.done)
 			continue

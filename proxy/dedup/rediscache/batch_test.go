@@ -141,3 +141,30 @@ func TestBatcherGivesUp(t *testing.T) {
 		t.Errorf("step after close: %v, want errClosed", err)
 	}
 }
+
+// TestBatcherRefusesLateSteps: a step that waited longer than the timeout
+// for a flusher is answered with errLate (a DeadlineExceeded, which the
+// breaker counts) and never sent; a step in time goes.
+func TestBatcherRefusesLateSteps(t *testing.T) {
+	b, trips := startBatcher(t)
+	late := &step{ctx: context.Background(), done: make(chan struct{}), late: time.Now().Add(-time.Millisecond),
+		queue: func(p redis.Pipeliner) { p.Echo(context.Background(), "late") }}
+	inTime := &step{ctx: context.Background(), done: make(chan struct{}), late: time.Now().Add(time.Minute),
+		queue: func(p redis.Pipeliner) { p.Echo(context.Background(), "in time") }}
+	b.send([]*step{late, inTime}, nil)
+	<-late.done
+	<-inTime.done
+	if !errors.Is(late.err, errLate) || !errors.Is(late.err, context.DeadlineExceeded) || late.cmds != nil {
+		t.Errorf("late step: err %v, cmds %v; want errLate and nothing sent", late.err, late.cmds)
+	}
+	if inTime.err != nil || len(inTime.cmds) != 1 || inTime.cmds[0].Err() != nil {
+		t.Errorf("step in time: err %v, cmds %v", inTime.err, inTime.cmds)
+	}
+	for _, trip := range trips.snapshot().trips {
+		for _, c := range trip {
+			if c == "echo late" {
+				t.Errorf("the late step was sent: %v", trip)
+			}
+		}
+	}
+}

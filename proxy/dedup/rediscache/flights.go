@@ -64,9 +64,9 @@ return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[3])}
 `)
 
 // finishScript ends a flight whose value, if any, a plain SET just before
-// it in the same round trip has stored: it releases our own lock only and,
-// when someone waits elsewhere, keeps the outcome for them and wakes every
-// process's waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2:
+// it in the same round trip has stored (finishValue): it releases our own
+// lock only and, when someone waits elsewhere, keeps the outcome for them
+// and wakes every process's waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2:
 // there are waiters and the outcome was too big to send before knowing
 // that (ARGV[6]), so the lock is kept and the caller stores the outcome and
 // runs the script again.
@@ -172,7 +172,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		gone = ""
 		switch kind, _ := res[0].(int64); kind {
 		case 1:
-			l := s.newLease(tag, token)
+			l := s.newLease(tag, token, keys)
 			if e := s.givenBack(key); e != nil {
 				// The fleet lost this copy, or never had it: give it
 				// back instead of fetching it again.
@@ -256,7 +256,7 @@ func (s *Cache) joinStep(ctx context.Context, keys []string, token string, waite
 		args[2] = "1"
 	}
 	present = true
-	err = s.exec(ctx, func(ctx context.Context) error {
+	err = s.execBatched(ctx, func(ctx context.Context) error {
 		var get *redis.StringCmd
 		var alive *redis.IntCmd
 		instance, checkHolder := holderOf(holder)
@@ -358,14 +358,15 @@ type lease struct {
 	s     *Cache
 	tag   string
 	token string
+	keys  []string // flightKeys(tag)
 	once  sync.Once
 	// streamed: the waiters read the body from our peer listener; the
 	// renewals keep the outcome that says so beside the lock.
 	streamed atomic.Bool
 }
 
-func (s *Cache) newLease(tag, token string) *lease {
-	l := &lease{s: s, tag: tag, token: token}
+func (s *Cache) newLease(tag, token string, keys []string) *lease {
+	l := &lease{s: s, tag: tag, token: token, keys: keys}
 	s.held.Lock()
 	s.held.m[l] = time.Now()
 	s.held.Unlock()
@@ -481,7 +482,7 @@ func (l *lease) Stream(ctx context.Context) error {
 	var kept int64
 	err := l.s.exec(ctx, func(ctx context.Context) error {
 		var err error
-		kept, err = streamScript.Run(ctx, l.s.rdb, l.s.flightKeys(l.tag), l.token,
+		kept, err = streamScript.Run(ctx, l.s.rdb, l.keys, l.token,
 			storecodec.EncodeOutcome(dedup.TooLarge(nil)), l.s.cfg.Lease.Milliseconds(), l.s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag)).Int64()
 		return err
 	})
@@ -511,53 +512,76 @@ func (l *lease) Release() {
 		ctx, cancel := context.WithTimeout(context.Background(), l.s.cfg.Timeout)
 		defer cancel()
 		_ = l.s.exec(ctx, func(ctx context.Context) error {
-			return releaseScript.Run(ctx, l.s.rdb, l.s.flightKeys(l.tag), l.token, l.s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag)).Err()
+			return releaseScript.Run(ctx, l.s.rdb, l.keys, l.token, l.s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag)).Err()
 		})
 	})
 }
 
-// finish ends l's flight in one round trip: the value (a plain SET, and
-// its place in the URL index, which lives in the URL's slot) pipelined with
-// the finish script or, for waiters elsewhere, the outcome. A value too big
-// for Redis stays in this process for its full TTL and reaches the waiters
-// elsewhere once, as the outcome.
+// finish ends l's flight in one round trip: its value, or without one
+// (failed, uncacheable, too big for Redis, streamed) its outcome, kept
+// only for waiters elsewhere. A value too big for Redis stays in
+// this process for its full TTL and reaches the waiters elsewhere once, as
+// the outcome.
 func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
 	key := fullKey(l.tag)
-	keys := s.flightKeys(l.tag)
-	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
-		value = storecodec.Encode(out.Entry)
-		if int64(len(value)) > int64(s.cfg.MaxValueBytes) {
-			value = nil
-			s.keepOwn(key, out.Entry, false)
+		value := storecodec.Encode(out.Entry)
+		if int64(len(value)) <= int64(s.cfg.MaxValueBytes) {
+			err := s.finishValue(ctx, l, value, out.Entry.URLKey, ttl)
+			if err == nil {
+				s.keepShared(key, out.Entry)
+			} else {
+				// Redis went away during the fetch: the memory tier is
+				// the cache now, and Redis gets the value back when it
+				// returns.
+				s.keepOwn(key, out.Entry, true)
+			}
+			return err
 		}
+		s.keepOwn(key, out.Entry, false)
 	}
-	if value == nil && l.streamed.Load() {
+	if l.streamed.Load() {
 		// The waiters read the body from our peer listener: the entry
 		// need not cross Redis too.
 		out = dedup.TooLarge(nil)
 	}
-	if value == nil {
-		outcome = storecodec.EncodeOutcome(out)
-		if len(outcome) > maxOutcomeBytes {
-			outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
-		}
+	return s.finishOutcome(ctx, l, out)
+}
+
+// finishValue stores a flight's value and indexes it under its URL (in
+// the URL's slot), pipelined with the finish script, which releases the
+// lock and wakes the waiters elsewhere, if any: one round trip whoever
+// waits. (Plain commands instead of the script cost Redis about as much,
+// measured, and a second trip whenever someone waits.)
+func (s *Cache) finishValue(ctx context.Context, l *lease, value []byte, urlKey string, ttl time.Duration) error {
+	keys := l.keys
+	args := []any{l.token, "", s.cfg.FailureTTL.Milliseconds(), s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag), ""}
+	return s.execBatched(ctx, func(ctx context.Context) error {
+		_, err := s.evalWith(ctx, finishScript, keys, args,
+			func(p redis.Pipeliner) { p.Set(ctx, keys[1], value, ttl) },
+			func(p redis.Pipeliner) { s.index(ctx, p, urlKey, fullKey(l.tag), ttl) })
+		return err
+	})
+}
+
+// finishOutcome ends a flight without a value in the finish script: the
+// outcome is kept for, and the message sent to, waiters elsewhere only.
+// An outcome too big to send before knowing whether anyone waits costs a
+// second trip when someone does.
+func (s *Cache) finishOutcome(ctx context.Context, l *lease, out dedup.Outcome) error {
+	keys := l.keys
+	outcome := storecodec.EncodeOutcome(out)
+	if len(outcome) > maxOutcomeBytes {
+		outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
 	}
 	blind, follows := outcome, ""
 	if len(outcome) > inlineOutcomeBytes {
 		blind, follows = nil, "1"
 	}
 	args := []any{l.token, blind, s.cfg.FailureTTL.Milliseconds(), s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag), follows}
-	var before, after func(redis.Pipeliner)
-	if value != nil {
-		before = func(p redis.Pipeliner) { p.Set(ctx, keys[1], value, ttl) }
-		if out.Entry.URLKey != "" {
-			after = func(p redis.Pipeliner) { s.index(ctx, p, out.Entry.URLKey, key, ttl) }
-		}
-	}
 	var kind int64
-	err := s.exec(ctx, func(ctx context.Context) error {
-		cmd, err := s.evalWith(ctx, finishScript, keys, args, before, after)
+	err := s.execBatched(ctx, func(ctx context.Context) error {
+		cmd, err := s.evalWith(ctx, finishScript, keys, args, nil, nil)
 		if err != nil {
 			return err
 		}
@@ -567,20 +591,11 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	if err == nil && kind == 2 {
 		// Someone waits for an outcome too big to have sent blind.
 		args[5] = ""
-		err = s.exec(ctx, func(ctx context.Context) error {
+		err = s.execBatched(ctx, func(ctx context.Context) error {
 			_, err := s.evalWith(ctx, finishScript, keys, args,
 				func(p redis.Pipeliner) { p.Set(ctx, keys[2], outcome, s.cfg.FailureTTL) }, nil)
 			return err
 		})
-	}
-	if value != nil {
-		if err == nil {
-			s.keepShared(key, out.Entry)
-		} else {
-			// Redis went away during the fetch: the memory tier is the
-			// cache now, and Redis gets the value back when it returns.
-			s.keepOwn(key, out.Entry, true)
-		}
 	}
 	return err
 }

@@ -3,6 +3,7 @@ package storecodec
 import (
 	"bytes"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/klauspost/compress/zstd"
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
@@ -22,9 +24,9 @@ func TestRoundTrip(t *testing.T) {
 	rand.Read(binary)
 	now := time.UnixMilli(time.Now().UnixMilli())
 	for _, tc := range []struct {
-		name     string
-		e        *dedup.Entry
-		wantZstd bool
+		name   string
+		e      *dedup.Entry
+		wantS2 bool
 	}{
 		{"binary body", &dedup.Entry{
 			Status: 200,
@@ -46,8 +48,8 @@ func TestRoundTrip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			blob := Encode(tc.e)
-			if zstd := blob[len(magic)+1]&flagZstd != 0; zstd != tc.wantZstd {
-				t.Errorf("compressed = %v, want %v", zstd, tc.wantZstd)
+			if s2 := blob[len(magic)+1]&flagS2 != 0; s2 != tc.wantS2 {
+				t.Errorf("compressed = %v, want %v", s2, tc.wantS2)
 			}
 			got, err := Decode(blob)
 			if err != nil {
@@ -65,9 +67,10 @@ func TestRoundTrip(t *testing.T) {
 func TestRejectsOtherFormats(t *testing.T) {
 	blob := Encode(&dedup.Entry{Status: 200, Header: http.Header{"A": {"b"}}, Body: []byte("body")})
 	big := Encode(&dedup.Entry{Status: 200, Header: http.Header{"Content-Type": {"text/plain"}}, Body: bytes.Repeat([]byte("ab"), 4000)})
-	if big[len(magic)+1]&flagZstd == 0 {
+	if big[len(magic)+1]&flagS2 == 0 {
 		t.Fatal("the compressible value was not compressed")
 	}
+	oldZstd := zstdValue(t, &dedup.Entry{Status: 200, Header: http.Header{}, Body: bytes.Repeat([]byte("ab"), 4000)})
 	for name, b := range map[string][]byte{
 		"empty":          nil,
 		"magic only":     []byte(magic),
@@ -77,7 +80,9 @@ func TestRejectsOtherFormats(t *testing.T) {
 		"truncated":      blob[:len(blob)-2],
 		"trailing":       append(append([]byte{}, blob...), 0),
 		"unknown flag":   append(append([]byte(magic), Version, 0x80), blob[len(magic)+2:]...),
-		"zstd truncated": big[:len(big)-3],
+		"s2 truncated":   big[:len(big)-3],
+		"both codecs":    append(append([]byte(magic), Version, flagS2|flagZstd), big[len(magic)+2:]...),
+		"zstd truncated": oldZstd[:len(oldZstd)-3],
 		"header CRLF":    Encode(&dedup.Entry{Status: 200, Header: http.Header{"A": {"b\r\nSet-Cookie: x=1"}}}),
 		"header name":    Encode(&dedup.Entry{Status: 200, Header: http.Header{"Bad Name": {"v"}}}),
 		"status 42":      Encode(&dedup.Entry{Status: 42, Header: http.Header{}}),
@@ -134,6 +139,42 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("re-encode changed a decoded entry: %v", err)
 		}
 	})
+}
+
+// TestReadsOlderZstdValues: values older versions wrote, zstd-compressed,
+// still read, within the same bound on what they inflate to.
+func TestReadsOlderZstdValues(t *testing.T) {
+	e := &dedup.Entry{Status: 200, Header: http.Header{"Content-Type": {"text/html"}}, Body: bytes.Repeat([]byte("<p>older</p>"), 1000), URLKey: "u1:ab"}
+	old := zstdValue(t, e)
+	got, err := Decode(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got.Body, e.Body) || !reflect.DeepEqual(got.Header, e.Header) || got.URLKey != e.URLKey {
+		t.Fatalf("decoded %+v", got)
+	}
+	if _, err := DecodeLimit(old, int64(len(e.Body))-1); !errors.Is(err, ErrFormat) {
+		t.Errorf("zstd body over the limit: %v", err)
+	}
+}
+
+// zstdValue encodes e as versions before S2 did: its body zstd-compressed.
+func zstdValue(t *testing.T, e *dedup.Entry) []byte {
+	t.Helper()
+	enc, err := zstd.NewWriter(nil, zstd.WithEncoderLevel(zstd.SpeedFastest))
+	if err != nil {
+		t.Fatal(err)
+	}
+	head := *e
+	head.Body = nil // too short to compress: ends with its length, 0
+	b := Encode(&head)
+	if b[len(magic)+1] != 0 || b[len(b)-1] != 0 {
+		t.Fatalf("unexpected encoding %x", b)
+	}
+	z := enc.EncodeAll(e.Body, nil)
+	b[len(magic)+1] = flagZstd
+	b = binary.AppendUvarint(b[:len(b)-1], uint64(len(z)))
+	return append(b, z...)
 }
 
 func TestOutcome(t *testing.T) {
