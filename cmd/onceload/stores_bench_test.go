@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -37,7 +38,10 @@ import (
 //	           with a shared store over two instances, so that the
 //	           waiters of one wait on the other's flight
 //
-// Reported per request: req/s; store-cmds and store-rtt, the store's own
+// Reported per request: req/s; cpu-µs, this process's CPU (the instances,
+// the load generator and the origins all run in it, so compare stores, not
+// absolute figures); store-cpu-µs, the store server's own (Redis: INFO's
+// used_cpu_*); store-cmds and store-rtt, the store's own
 // counters (Redis: INFO's commands processed, and its read events as the
 // round trips: one per command or pipeline received, background work such
 // as the heartbeat and the statistics included; PostgreSQL:
@@ -107,8 +111,12 @@ type storeUnderTest struct {
 }
 
 // storeCounts are a store's own counters of the work done for its clients;
-// trips is negative for a store that does not count round trips.
-type storeCounts struct{ commands, trips int64 }
+// trips is negative for a store that does not count round trips, cpu for
+// one that does not say what CPU it used.
+type storeCounts struct {
+	commands, trips int64
+	cpu             time.Duration
+}
 
 var storesUnderTest = []storeUnderTest{
 	{name: "memory", start: func(*testing.B) ([]string, func() storeCounts) { return nil, nil }},
@@ -122,11 +130,12 @@ func startRedisStore(b *testing.B) ([]string, func() storeCounts) {
 	srv := redistest.Start(b)
 	rc := srv.Client()
 	counts := func() storeCounts {
-		info, err := rc.Info(context.Background(), "stats").Result()
+		info, err := rc.Info(context.Background(), "stats", "cpu").Result()
 		if err != nil {
 			b.Fatalf("redis INFO: %v", err)
 		}
-		return storeCounts{commands: infoField(info, "total_commands_processed"), trips: infoField(info, "total_reads_processed")}
+		cpu := infoSeconds(info, "used_cpu_user") + infoSeconds(info, "used_cpu_sys")
+		return storeCounts{commands: infoField(info, "total_commands_processed"), trips: infoField(info, "total_reads_processed"), cpu: cpu}
 	}
 	return []string{"ONCEPROXY_REDIS_URL=" + srv.URL, "ONCEPROXY_REDIS_LOCAL_TTL=1ms"}, counts
 }
@@ -154,7 +163,7 @@ func startPostgresStore(b *testing.B) ([]string, func() storeCounts) {
 			b.Fatalf("pg_stat_statements: %v", err)
 		}
 		reads++
-		return storeCounts{commands: n - (reads - 1), trips: -1}
+		return storeCounts{commands: n - (reads - 1), trips: -1, cpu: -1}
 	}
 	return []string{"ONCEPROXY_POSTGRES_URL=" + srv.URL, "ONCEPROXY_POSTGRES_LOCAL_TTL=1ms"}, counts
 }
@@ -164,6 +173,17 @@ func infoField(info, name string) int64 {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
 			n, _ := strconv.ParseInt(v, 10, 64)
 			return n
+		}
+	}
+	return 0
+}
+
+// infoSeconds reads a field of seconds, such as used_cpu_user.
+func infoSeconds(info, name string) time.Duration {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			f, _ := strconv.ParseFloat(v, 64)
+			return time.Duration(f * float64(time.Second))
 		}
 	}
 	return 0
@@ -245,11 +265,13 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 		before = counts()
 	}
 	fetched := origin.Requests()
+	cpu := processCPU()
 	b.ResetTimer()
 	start := time.Now()
 	results := load()
 	elapsed := time.Since(start)
 	b.StopTimer()
+	cpu = processCPU() - cpu
 	n := 0
 	xcache := map[string]int{}
 	for _, r := range results {
@@ -261,14 +283,25 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 	per := func(v int64) float64 { return float64(v) / float64(n) }
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "req/s")
 	b.ReportMetric(per(origin.Requests()-fetched), "origin/op")
+	b.ReportMetric(per(cpu.Microseconds()), "cpu-µs/op")
 	if counts != nil {
 		after := counts()
 		b.ReportMetric(per(after.commands-before.commands), "store-cmds/op")
 		if after.trips >= 0 {
 			b.ReportMetric(per(after.trips-before.trips), "store-rtt/op")
 		}
+		if after.cpu >= 0 {
+			b.ReportMetric(per((after.cpu-before.cpu).Microseconds()), "store-cpu-µs/op")
+		}
 	}
 	b.Logf("%d requests, X-Cache %v", n, xcache)
+}
+
+// processCPU is the CPU time this process has used, user and system.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // uniqueURLs returns n URLs under base that no earlier call returned.

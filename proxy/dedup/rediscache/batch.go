@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"time"
 
@@ -18,7 +19,7 @@ import (
 // the instance from 4,500–5,400 to 7,100–7,300 misses/s. Batching costs a
 // request alone nothing: an idle flusher sends it at once. Requests wait
 // for company only when every flusher is busy, and then only for the round
-// trip already on the wire.
+// trip already on the wire, or while other goroutines are ready to run.
 //
 // Written here rather than with go-redis's AutoPipeline (v9.22, marked
 // experimental): that batches single commands, while a flight's step is a
@@ -127,6 +128,14 @@ func (b *batcher) flusher() {
 			return
 		}
 		batch = append(batch[:0], first)
+		// Let the goroutines already runnable go first: under load some of
+		// them are about to queue a step, which then shares this round
+		// trip. A flusher on an idle machine gets the processor straight
+		// back, so a request alone still goes at once. Measured with
+		// BenchmarkStores (unique misses, 2 cores): 0.45 round trips per
+		// miss instead of 0.57, and 11% less of redis-server's CPU and 7%
+		// less of the instance's per miss.
+		runtime.Gosched()
 	more:
 		for len(batch) < maxBatch {
 			select {
