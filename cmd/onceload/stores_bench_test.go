@@ -291,7 +291,7 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 			b.ReportMetric(per(after.trips-before.trips), "store-rtt/op")
 		}
 		if after.cpu >= 0 {
-			b.ReportMetric(per((after.cpu-before.cpu).Microseconds()), "store-cpu-µs/op")
+			b.ReportMetric(per((after.cpu - before.cpu).Microseconds()), "store-cpu-µs/op")
 		}
 	}
 	b.Logf("%d requests, X-Cache %v", n, xcache)
