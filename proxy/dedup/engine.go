@@ -846,9 +846,9 @@ func (e *Engine) joinFleet(ctx context.Context, key string) (Lease, *Outcome, er
 }
 
 func (e *Engine) finishLease(lease Lease, key string, out Outcome, ttl time.Duration) {
-	ctx, cancel := context.WithTimeout(e.base, 5*time.Second)
-	defer cancel()
-	if err := lease.Finish(ctx, out, ttl); err != nil {
+	// No deadline of ours: Finish is bounded by the store's own timeouts
+	// (Lease's contract), and a timer per miss is not free.
+	if err := lease.Finish(e.base, out, ttl); err != nil {
 		e.log.Warn("could not share a flight's outcome with the fleet", "key", key, "err", err)
 	}
 }

@@ -50,7 +50,10 @@ type step struct {
 	queue func(redis.Pipeliner) // queues this step's commands
 	cmds  []redis.Cmder         // its commands, answered
 	err   error                 // set when the step was never sent
-	done  chan struct{}
+	// done receives once when cmds or err are set. A buffered channel
+	// sent to rather than closed: a step is reused (steps) once its caller
+	// has read it.
+	done chan struct{}
 	// late is when the step is refused if it has not been sent yet: a
 	// step waits at most timeout for a flusher, and its batch's round trip
 	// takes at most timeout, so do answers within twice timeout with no
@@ -91,30 +94,53 @@ func newBatcher(life context.Context, wg *sync.WaitGroup, rdb redis.UniversalCli
 // flusher free within the timeout). It answers within twice the timeout
 // whatever ctx allows: once to be sent, once for the round trip.
 func (b *batcher) do(ctx context.Context, queue func(redis.Pipeliner)) ([]redis.Cmder, error) {
-	s := &step{ctx: ctx, queue: queue, done: make(chan struct{}), late: time.Now().Add(b.timeout)}
+	s := steps.Get().(*step)
+	s.ctx, s.queue, s.late = ctx, queue, time.Now().Add(b.timeout)
 	select {
 	case b.steps <- s:
 	case <-ctx.Done():
+		s.recycle()
 		return nil, ctx.Err()
 	case <-b.life.Done():
+		s.recycle()
 		return nil, errClosed
 	}
 	select {
 	case <-s.done:
-		return s.cmds, s.err
+		return s.answer()
 	case <-ctx.Done():
 		// The batch goes on without us; what it did stays done, as when
-		// a caller gives up on a command already sent.
+		// a caller gives up on a command already sent. The flusher still
+		// holds the step: it is not reused.
 		return nil, ctx.Err()
 	case <-b.stopped:
 		select {
 		case <-s.done:
-			return s.cmds, s.err
+			return s.answer()
 		default:
 			return nil, errClosed
 		}
 	}
 }
+
+// steps are reused: two per miss, each with its channel.
+var steps = sync.Pool{New: func() any { return &step{done: make(chan struct{}, 1)} }}
+
+// answer returns what the flusher set and recycles s.
+func (s *step) answer() ([]redis.Cmder, error) {
+	cmds, err := s.cmds, s.err
+	s.recycle()
+	return cmds, err
+}
+
+// recycle clears s, answered or never queued, and pools it.
+func (s *step) recycle() {
+	*s = step{done: s.done}
+	steps.Put(s)
+}
+
+// finish hands s its answer.
+func (s *step) finish() { s.done <- struct{}{} }
 
 func (b *batcher) flusher() {
 	batch := make([]*step, 0, maxBatch)
@@ -162,7 +188,7 @@ func (b *batcher) send(batch []*step, bounds []int) []int {
 		}
 		if err != nil {
 			s.err = err
-			close(s.done)
+			s.finish()
 			continue
 		}
 		live = append(live, s)
@@ -187,7 +213,7 @@ func (b *batcher) send(batch []*step, bounds []int) []int {
 		} else {
 			s.err = errClosed // Pipelined refused the batch before sending it
 		}
-		close(s.done)
+		s.finish()
 	}
 	return bounds
 }
@@ -198,7 +224,7 @@ func (b *batcher) drain() {
 		select {
 		case s := <-b.steps:
 			s.err = errClosed
-			close(s.done)
+			s.finish()
 		default:
 			return
 		}

@@ -147,9 +147,9 @@ func TestBatcherGivesUp(t *testing.T) {
 // breaker counts) and never sent; a step in time goes.
 func TestBatcherRefusesLateSteps(t *testing.T) {
 	b, trips := startBatcher(t)
-	late := &step{ctx: context.Background(), done: make(chan struct{}), late: time.Now().Add(-time.Millisecond),
+	late := &step{ctx: context.Background(), done: make(chan struct{}, 1), late: time.Now().Add(-time.Millisecond),
 		queue: func(p redis.Pipeliner) { p.Echo(context.Background(), "late") }}
-	inTime := &step{ctx: context.Background(), done: make(chan struct{}), late: time.Now().Add(time.Minute),
+	inTime := &step{ctx: context.Background(), done: make(chan struct{}, 1), late: time.Now().Add(time.Minute),
 		queue: func(p redis.Pipeliner) { p.Echo(context.Background(), "in time") }}
 	b.send([]*step{late, inTime}, nil)
 	<-late.done

@@ -2,6 +2,7 @@ package rediscache
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 )
@@ -25,5 +26,18 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (Config{URL: "http://nope"}).WithDefaults().Validate(); err == nil {
 		t.Fatal("bad URL accepted")
+	}
+}
+
+// TestFlightKeys: the keys cut from one string are the ones each name
+// gives, in the scripts' order.
+func TestFlightKeys(t *testing.T) {
+	c := &client{prefix: "onceproxy:v1:"}
+	for _, tag := range []string{"abc", "", "0123456789abcdef0123456789abcdef"} {
+		got := c.flightKeys(tag)
+		want := []string{c.lockKey(tag), c.valueKey(tag), c.outcomeKey(tag), c.waitersKey(tag)}
+		if !slices.Equal(got, want) {
+			t.Errorf("flightKeys(%q) = %q, want %q", tag, got, want)
+		}
 	}
 }
