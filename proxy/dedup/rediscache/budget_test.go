@@ -60,7 +60,7 @@ func (l *tripLog) record(cmds ...redis.Cmder) {
 }
 
 var scriptNames = map[string]string{
-	joinScript.Hash(): "(join)", finishScript.Hash(): "(finish)",
+	joinScript.Hash(): "(join)", finishScript.Hash(): "(finish)", storedScript.Hash(): "(stored)",
 	renewScript.Hash(): "(renew)", releaseScript.Hash(): "(release)",
 }
 

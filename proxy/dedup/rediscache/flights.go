@@ -63,10 +63,9 @@ redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
 return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[3])}
 `)
 
-// finishScript ends a flight whose value, if any, a plain SET just before
-// it in the same round trip has stored (finishValue): it releases our own
-// lock only and, when someone waits elsewhere, keeps the outcome for them
-// and wakes every process's waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2:
+// finishScript ends a flight without a value (storedScript ends the
+// others): it releases our own lock only and, when someone waits
+// elsewhere, keeps the outcome for them and wakes every process's waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2:
 // there are waiters and the outcome was too big to send before knowing
 // that (ARGV[6]), so the lock is kept and the caller stores the outcome and
 // runs the script again.
@@ -81,6 +80,25 @@ if not waited then return 0 end
 redis.call('DEL', KEYS[4])
 if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
 redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+`)
+
+// storedScript ends a flight whose value a plain SET just before it in
+// the same round trip has stored: it drops the lock and, when someone
+// elsewhere waited, the waiters flag, and wakes every process's waiters.
+// It returns 1 when it woke them.
+//
+// Unlike the other scripts it does not ask whose the lock is: the value is
+// there first, so whoever looks from now on finds it and takes no lock. A
+// lock that is not ours (our lease lapsed and another instance took the
+// flight over) is for the same value: its holder's waiters find ours, and
+// its own finish overwrites it. Asking would cost Redis a GET per miss.
+//
+// KEYS: lock, waiters. ARGV: channel, message.
+var storedScript = redis.NewScript(`
+redis.call('DEL', KEYS[1])
+if redis.call('DEL', KEYS[2]) == 0 then return 0 end
+redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 1
 `)
 
@@ -549,15 +567,14 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 }
 
 // finishValue stores a flight's value and indexes it under its URL (in
-// the URL's slot), pipelined with the finish script, which releases the
-// lock and wakes the waiters elsewhere, if any: one round trip whoever
-// waits. (Plain commands instead of the script cost Redis about as much,
+// the URL's slot), pipelined with storedScript, which drops the lock and
+// wakes the waiters elsewhere, if any: one round trip whoever waits.
+// (Plain commands instead of the script cost Redis about as much,
 // measured, and a second trip whenever someone waits.)
 func (s *Cache) finishValue(ctx context.Context, l *lease, value []byte, urlKey string, ttl time.Duration) error {
 	keys := l.keys
-	args := []any{l.token, "", s.cfg.FailureTTL.Milliseconds(), s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag), ""}
 	return s.execBatched(ctx, func(ctx context.Context) error {
-		_, err := s.evalWith(ctx, finishScript, keys, args,
+		_, err := s.evalWith(ctx, storedScript, []string{keys[0], keys[3]}, []any{s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag)},
 			func(p redis.Pipeliner) { p.Set(ctx, keys[1], value, ttl) },
 			func(p redis.Pipeliner) { s.index(ctx, p, urlKey, fullKey(l.tag), ttl) })
 		return err
