@@ -19,6 +19,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -137,12 +138,44 @@ func (t *Topics) Deliver(self, arg string) bool {
 type Waiters struct {
 	mu sync.Mutex
 	m  map[string]map[chan struct{}]struct{}
+	// woken counts the wake-ups of the keys of each bucket (keyBucket),
+	// written under mu, read by Mark without it.
+	woken [wakeBuckets]atomic.Uint64
 }
 
-// Add registers a waiter for key; its channel holds one pending wake-up.
-// Register before the first look at the store: a message between the look
-// and the wait must still wake it.
-func (w *Waiters) Add(key string) chan struct{} {
+// wakeBuckets is how many counters the keys share: a wake-up of another
+// key of the same bucket between a waiter's Mark and its Add costs that
+// waiter one more look at the store, never a missed wake-up.
+const wakeBuckets = 1024
+
+// Mark is where a key's bucket of wake-ups stood at Waiters.Mark.
+type Mark struct {
+	bucket uint32
+	woken  uint64
+}
+
+// Mark is taken before the first look at the store; the waiter registers
+// with Add only once it has to wait. A request that leads or finds the
+// value so registers nothing, and a message between the look and the wait
+// still wakes the waiter (Add sees it counted).
+func (w *Waiters) Mark(key string) Mark {
+	b := keyBucket(key)
+	return Mark{bucket: b, woken: w.woken[b].Load()}
+}
+
+// keyBucket is key's FNV-1a hash, cut to a bucket.
+func keyBucket(key string) uint32 {
+	h := uint32(2166136261)
+	for i := 0; i < len(key); i++ {
+		h ^= uint32(key[i])
+		h *= 16777619
+	}
+	return h % wakeBuckets
+}
+
+// Add registers a waiter for key; its channel holds one pending wake-up,
+// there at once when key's bucket woke since m (taken by Mark for key).
+func (w *Waiters) Add(key string, m Mark) chan struct{} {
 	ch := make(chan struct{}, 1)
 	w.mu.Lock()
 	if w.m == nil {
@@ -154,6 +187,9 @@ func (w *Waiters) Add(key string) chan struct{} {
 		w.m[key] = set
 	}
 	set[ch] = struct{}{}
+	if w.woken[m.bucket].Load() != m.woken {
+		notify(ch)
+	}
 	w.mu.Unlock()
 	return ch
 }
@@ -171,6 +207,7 @@ func (w *Waiters) Remove(key string, ch chan struct{}) {
 // Wake wakes key's waiters.
 func (w *Waiters) Wake(key string) {
 	w.mu.Lock()
+	w.woken[keyBucket(key)].Add(1)
 	for ch := range w.m[key] {
 		notify(ch)
 	}
@@ -181,6 +218,9 @@ func (w *Waiters) Wake(key string) {
 // listener was away are lost.
 func (w *Waiters) WakeAll() {
 	w.mu.Lock()
+	for i := range w.woken {
+		w.woken[i].Add(1)
+	}
 	for _, set := range w.m {
 		for ch := range set {
 			notify(ch)

@@ -55,9 +55,42 @@ func TestParseNote(t *testing.T) {
 	}
 }
 
+// TestWakeBetweenMarkAndAdd: a wake-up that comes after a waiter's Mark
+// (its first look at the store) but before it registers is pending in the
+// channel Add returns; one from before the Mark is not.
+func TestWakeBetweenMarkAndAdd(t *testing.T) {
+	var w Waiters
+	w.Wake("k") // before the look: the look saw its result
+	m := w.Mark("k")
+	quiet := w.Add("k", m)
+	select {
+	case <-quiet:
+		t.Error("a wake-up from before the Mark is pending")
+	default:
+	}
+	w.Remove("k", quiet)
+
+	m = w.Mark("k")
+	w.Wake("k") // between the look and the registration
+	late := w.Add("k", m)
+	select {
+	case <-late:
+	default:
+		t.Error("a wake-up between Mark and Add was lost")
+	}
+
+	m = w.Mark("k")
+	w.WakeAll() // a reconnect between the look and the registration
+	select {
+	case <-w.Add("k", m):
+	default:
+		t.Error("WakeAll between Mark and Add was lost")
+	}
+}
+
 func TestWaiters(t *testing.T) {
 	var w Waiters
-	a1, a2, b := w.Add("a"), w.Add("a"), w.Add("b")
+	a1, a2, b := w.Add("a", w.Mark("a")), w.Add("a", w.Mark("a")), w.Add("b", w.Mark("b"))
 	w.Wake("a")
 	w.Wake("a") // a second wake-up before the first is taken: one pending
 	for name, ch := range map[string]chan struct{}{"a1": a1, "a2": a2} {

@@ -56,10 +56,11 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	if !s.available() || !storable(key) {
 		return nil, nil, dedup.ErrUnavailable
 	}
-	// Register before the first check: a notification sent between the
-	// check and the wait must still wake us.
-	wake := s.waiters.Add(key)
-	defer s.waiters.Remove(key, wake)
+	// Marked before the first look, registered once we wait: a message
+	// between the look and the wait still wakes us, and a request that
+	// leads or finds the value registers nothing.
+	mark := s.waiters.Mark(key)
+	var wake chan struct{}
 	lock := s.lockID(key)
 	var poll *time.Ticker
 	// slot: this Join holds a flight connection's slot for its next step.
@@ -116,6 +117,8 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		// the safety net for a lost one or a dead leader.
 		waited = true
 		if poll == nil {
+			wake = s.waiters.Add(key, mark)
+			defer s.waiters.Remove(key, wake)
 			poll = time.NewTicker(s.cfg.PollInterval)
 			defer poll.Stop()
 			s.fleetWaits.Add(1)

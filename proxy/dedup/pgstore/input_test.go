@@ -195,7 +195,7 @@ func FuzzEvent(f *testing.F) {
 	b.Bus.topics.Set("session", func(string, time.Duration) { delivered++ })
 	// A waiter and a cached value, so wake-ups and invalidations have
 	// something to act on.
-	wake := b.Cache.waiters.Add("v1:abc")
+	wake := b.Cache.waiters.Add("v1:abc", b.Cache.waiters.Mark("v1:abc"))
 	f.Fuzz(func(t *testing.T, payload string) {
 		_ = local.Set(context.Background(), "v1:abc", &dedup.Entry{Status: 200, Header: http.Header{}, URLKey: "u1:abc", StoredAt: time.UnixMilli(1000)}, time.Minute)
 		before, rejected := delivered, c.rejected.Load()

@@ -65,9 +65,10 @@ return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[3])}
 
 // finishScript ends a flight without a value (storedScript ends the
 // others): it releases our own lock only and, when someone waits
-// elsewhere, keeps the outcome for them and wakes every process's waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2:
-// there are waiters and the outcome was too big to send before knowing
-// that (ARGV[6]), so the lock is kept and the caller stores the outcome and
+// elsewhere, keeps the outcome for them and wakes every process's
+// waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2: there are
+// waiters and the outcome was too big to send before knowing that
+// (ARGV[6]), so the lock is kept and the caller stores the outcome and
 // runs the script again.
 //
 // KEYS: lock, value, outcome, waiters. ARGV: token, outcome or "", outcome
@@ -160,10 +161,11 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		return s.alone(key)
 	}
 	tag := tagOf(key)
-	// Register before the first check: a completion published between the
-	// check and the wait must still wake us.
-	wake := s.waiters.Add(tag)
-	defer s.waiters.Remove(tag, wake)
+	// Marked before the first look, registered once we wait: a message
+	// between the look and the wait still wakes us, and a request that
+	// leads or finds the value registers nothing.
+	mark := s.waiters.Mark(tag)
+	var wake chan struct{}
 	token := s.leaseToken()
 	keys := s.flightKeys(tag)
 	var (
@@ -248,6 +250,8 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		// for a lost message or a dead leader.
 		waited, again = true, 0
 		if poll == nil {
+			wake = s.waiters.Add(tag, mark)
+			defer s.waiters.Remove(tag, wake)
 			poll = time.NewTicker(s.cfg.PollInterval)
 			defer poll.Stop()
 			s.fleetWaits.Add(1)
