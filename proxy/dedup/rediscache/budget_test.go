@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -245,5 +246,53 @@ func TestRoundTripBudget(t *testing.T) {
 	}
 	if others > allowed {
 		t.Errorf("%d other round trips during 40 requests (allowed %d): %q", others, allowed, sample)
+	}
+}
+
+// TestCommandBudget counts what Redis itself executes per unique miss,
+// the scripts' own calls included (INFO's total_commands_processed, which
+// the sizing plan in the README multiplies out), and fails above the
+// budget: GET, the join script and its 3 calls, SET, storedScript and its
+// 2 calls, SADD and PEXPIRE of the URL index. The background (heartbeat,
+// its presence key) is allowed for on top.
+func TestCommandBudget(t *testing.T) {
+	const budget = 11
+	f := newFleet(t, 1, Config{StatsFlush: time.Hour}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/plain")
+		fmt.Fprintf(w, "page %s", r.URL.Path)
+	})
+	a := f.insts[0]
+	if g := a.get(f.origin.URL + "/warm"); g.status != 200 { // loads the scripts
+		t.Fatalf("warm-up: %+v", g)
+	}
+	rc := f.redis.Client()
+	processed := func() int64 {
+		info, err := rc.Info(context.Background(), "stats").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "total_commands_processed:"); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				return n
+			}
+		}
+		t.Fatal("INFO stats without total_commands_processed")
+		return 0
+	}
+	const misses = 200
+	before, start := processed(), time.Now()
+	for i := range misses {
+		if g := a.get(fmt.Sprintf("%s/u/%d", f.origin.URL, i)); g.xcache != dedup.CacheMiss {
+			t.Fatalf("miss %d: %+v", i, g)
+		}
+	}
+	// The INFO itself, and the heartbeat: a few commands per beat.
+	background := 1 + 4*(1+int64(time.Since(start)/(a.store.cfg.PresenceTTL/3)))
+	used := processed() - before
+	perMiss := float64(used-background) / misses
+	t.Logf("%d misses: %d commands processed (%.2f each beyond the background)", misses, used, perMiss)
+	if used > budget*misses+background {
+		t.Errorf("%d misses cost Redis %d commands, budget %d each (+%d background)", misses, used, budget, background)
 	}
 }
