@@ -239,7 +239,7 @@ func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 	err := s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			p.Set(ctx, s.valueKey(tagOf(key)), blob, ttl)
-			s.index(ctx, p, e.URLKey, key, ttl)
+			s.index(ctx, p, e.URLKey, tagOf(key), ttl)
 			return nil
 		})
 		return err

@@ -192,7 +192,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		gone = ""
 		switch kind, _ := res[0].(int64); kind {
 		case 1:
-			l := s.newLease(tag, token, keys)
+			l := s.newLease(key, tag, token, keys)
 			if e := s.givenBack(key); e != nil {
 				// The fleet lost this copy, or never had it: give it
 				// back instead of fetching it again.
@@ -378,6 +378,7 @@ func stringAt(res []any, i int) string {
 // the Cache's renewer (see renewLeases) until Finish or Release.
 type lease struct {
 	s     *Cache
+	key   string // the flight's key, as Join was given it
 	tag   string
 	token string
 	keys  []string // flightKeys(tag)
@@ -387,8 +388,8 @@ type lease struct {
 	streamed atomic.Bool
 }
 
-func (s *Cache) newLease(tag, token string, keys []string) *lease {
-	l := &lease{s: s, tag: tag, token: token, keys: keys}
+func (s *Cache) newLease(key, tag, token string, keys []string) *lease {
+	l := &lease{s: s, key: key, tag: tag, token: token, keys: keys}
 	s.held.Lock()
 	s.held.m[l] = time.Now()
 	s.held.Unlock()
@@ -545,7 +546,7 @@ func (l *lease) Release() {
 // process for its full TTL and reaches the waiters elsewhere once, as the
 // outcome.
 func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
-	key := fullKey(l.tag)
+	key := l.key
 	if out.Entry != nil && ttl > 0 {
 		value := storecodec.Encode(out.Entry)
 		if int64(len(value)) <= int64(s.cfg.MaxValueBytes) {
@@ -581,7 +582,7 @@ func (s *Cache) finishValue(ctx context.Context, l *lease, value []byte, urlKey 
 	return s.execBatched(ctx, func(ctx context.Context) error {
 		_, err := s.evalWith(ctx, storedScript, []string{keys[0], keys[3]}, []any{s.channel, fleetevent.Format(fleetevent.FlightEnded, l.tag)},
 			func(p redis.Pipeliner) { p.Set(ctx, keys[1], value, ttl) },
-			func(p redis.Pipeliner) { s.index(ctx, p, urlKey, fullKey(l.tag), ttl) })
+			func(p redis.Pipeliner) { s.index(ctx, p, urlKey, l.tag, ttl) })
 		return err
 	})
 }
