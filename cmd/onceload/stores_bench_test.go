@@ -98,6 +98,73 @@ func BenchmarkStores(b *testing.B) {
 	}
 }
 
+// BenchmarkMissRatio measures what a shared store costs a unique miss as
+// a ratio, which this machine's drifting speed disturbs far less than the
+// req/s it is taken from: one instance per store (as in BenchmarkStores),
+// then rounds in which each instance in turn serves its share of b.N
+// unique https misses, so that every store sees the machine in the same
+// state. It reports each store's req/s over all rounds and its ratio to
+// memory-only (redis/memory), and for a store that says what CPU it used
+// the same ratio of CPU per miss, the store's own included
+// (redis/memory-cpu: memory-only's CPU per miss over Redis's):
+//
+//	go test -run '^$' -bench MissRatio -benchtime 60000x ./cmd/onceload/
+func BenchmarkMissRatio(b *testing.B) {
+	const rounds = 12
+	fast := startBenchOrigin(b, 0)
+	slow := startBenchOrigin(b, 20*time.Millisecond)
+	type contender struct {
+		name     string
+		inst     *benchInstance
+		counts   func() storeCounts
+		n        int
+		elapsed  time.Duration
+		cpu      time.Duration // this process's and the store's
+		storeCPU bool          // the store says what CPU it used
+	}
+	var all []*contender
+	for _, st := range storesUnderTest {
+		env, counts := st.start(b)
+		all = append(all, &contender{name: st.name, inst: startBenchInstance(b, fast, slow, env), counts: counts, storeCPU: counts == nil})
+	}
+	per := max(b.N/(rounds*len(all)), 1)
+	b.ResetTimer()
+	for range rounds {
+		for _, c := range all {
+			targets := uniqueURLs(fast.URL(), per)
+			var before storeCounts
+			if c.counts != nil {
+				before = c.counts()
+			}
+			start, cpu := time.Now(), processCPU()
+			c.inst.run(b, targets, per, 1)
+			c.elapsed += time.Since(start)
+			c.cpu += processCPU() - cpu
+			if c.counts != nil {
+				after := c.counts()
+				if c.storeCPU = after.cpu >= 0; c.storeCPU {
+					c.cpu += after.cpu - before.cpu
+				}
+			}
+			c.n += per
+		}
+	}
+	b.StopTimer()
+	base := all[0]
+	rateOf := func(c *contender) float64 { return float64(c.n) / c.elapsed.Seconds() }
+	cpuOf := func(c *contender) float64 { return c.cpu.Seconds() / float64(c.n) }
+	for _, c := range all {
+		b.ReportMetric(rateOf(c), c.name+"-req/s")
+		if c == base {
+			continue
+		}
+		b.ReportMetric(rateOf(c)/rateOf(base), c.name+"/"+base.name)
+		if c.storeCPU {
+			b.ReportMetric(cpuOf(base)/cpuOf(c), c.name+"/"+base.name+"-cpu")
+		}
+	}
+}
+
 // storeUnderTest is one way for the instances of a fleet to share their
 // cache and flights.
 type storeUnderTest struct {

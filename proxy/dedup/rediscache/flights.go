@@ -548,10 +548,17 @@ func (l *lease) Release() {
 func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
 	key := l.key
 	if out.Entry != nil && ttl > 0 {
-		value := storecodec.Encode(out.Entry)
+		buf := values.Get().(*[]byte)
+		value := storecodec.AppendEncode((*buf)[:0], out.Entry)
 		if int64(len(value)) <= int64(s.cfg.MaxValueBytes) {
 			err := s.finishValue(ctx, l, value, out.Entry.URLKey, ttl)
 			if err == nil {
+				// Redis has answered: nothing holds the bytes any more.
+				// (After an error the pipeline may still be writing them.)
+				if cap(value) <= maxPooledValue {
+					*buf = value
+					values.Put(buf)
+				}
 				s.keepShared(key, out.Entry)
 			} else {
 				// Redis went away during the fetch: the memory tier is
@@ -570,6 +577,13 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	}
 	return s.finishOutcome(ctx, l, out)
 }
+
+// values are the buffers values are encoded into, for one round trip
+// each: a miss need not leave its encoded body to the collector.
+var values = sync.Pool{New: func() any { b := make([]byte, 0, 8<<10); return &b }}
+
+// maxPooledValue bounds the buffers values keeps.
+const maxPooledValue = 256 << 10
 
 // finishValue stores a flight's value and indexes it under its URL (in
 // the URL's slot), pipelined with storedScript, which drops the lock and

@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -75,7 +76,12 @@ func zstdDecoder() *zstd.Decoder {
 // against 0.70 ms of the miss's CPU, more than the rest of the miss path)
 // and decompresses faster still, for values about a third bigger (0.45 of
 // the page against 0.33).
-func Encode(e *dedup.Entry) []byte {
+func Encode(e *dedup.Entry) []byte { return AppendEncode(nil, e) }
+
+// AppendEncode is Encode appending to dst (which it grows once, to the
+// value's size): a store that writes values from buffers of its own
+// reuses them.
+func AppendEncode(dst []byte, e *dedup.Entry) []byte {
 	body, flags := e.Body, byte(0)
 	if len(body) >= compressMin && compressible(e.Header) {
 		// Compressed into a pooled buffer: the value below copies it
@@ -93,7 +99,7 @@ func Encode(e *dedup.Entry) []byte {
 			body, flags = z, flagS2
 		}
 	}
-	b := make([]byte, 0, 64+len(body)+len(e.URLKey)+headerSize(e.Header))
+	b := slices.Grow(dst, 64+len(body)+len(e.URLKey)+headerSize(e.Header))
 	b = append(b, magic...)
 	b = append(b, Version, flags)
 	b = binary.AppendUvarint(b, uint64(e.Status))

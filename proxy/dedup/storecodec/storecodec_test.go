@@ -254,3 +254,22 @@ func TestConcurrentEncodes(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestAppendEncode: AppendEncode keeps what dst holds and appends the very
+// bytes Encode returns, into dst's own array when it has room.
+func TestAppendEncode(t *testing.T) {
+	e := &dedup.Entry{Status: 200, Header: http.Header{"Content-Type": {"text/html"}}, Body: bytes.Repeat([]byte("<p>x</p>"), 500), URLKey: "u1:ab"}
+	want := Encode(e)
+	dst := make([]byte, 3, 64<<10)
+	copy(dst, "abc")
+	got := AppendEncode(dst, e)
+	if string(got[:3]) != "abc" || !bytes.Equal(got[3:], want) {
+		t.Fatalf("AppendEncode = %q…, want abc + Encode's %d bytes", got[:min(len(got), 16)], len(want))
+	}
+	if &got[0] != &dst[0] {
+		t.Error("AppendEncode allocated although dst had room")
+	}
+	if _, err := Decode(got[3:]); err != nil {
+		t.Fatal(err)
+	}
+}
