@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -119,32 +118,31 @@ func BenchmarkMissRatio(b *testing.B) {
 		counts   func() storeCounts
 		n        int
 		elapsed  time.Duration
-		cpu      time.Duration // this process's and the store's
-		storeCPU bool          // the store says what CPU it used
+		cpu      time.Duration // this process's, and the store's when storeCPU
+		storeCPU bool          // no store, or one that says what CPU it used
 	}
 	var all []*contender
 	for _, st := range storesUnderTest {
 		env, counts := st.start(b)
-		all = append(all, &contender{name: st.name, inst: startBenchInstance(b, fast, slow, env), counts: counts, storeCPU: counts == nil})
+		all = append(all, &contender{name: st.name, inst: startBenchInstance(b, fast, slow, env), counts: counts,
+			storeCPU: counts == nil || counts().cpu >= 0})
 	}
 	per := max(b.N/(rounds*len(all)), 1)
 	b.ResetTimer()
 	for range rounds {
 		for _, c := range all {
 			targets := uniqueURLs(fast.URL(), per)
+			withStore := c.counts != nil && c.storeCPU
 			var before storeCounts
-			if c.counts != nil {
+			if withStore {
 				before = c.counts()
 			}
 			start, cpu := time.Now(), processCPU()
 			c.inst.run(b, targets, per, 1)
 			c.elapsed += time.Since(start)
 			c.cpu += processCPU() - cpu
-			if c.counts != nil {
-				after := c.counts()
-				if c.storeCPU = after.cpu >= 0; c.storeCPU {
-					c.cpu += after.cpu - before.cpu
-				}
+			if withStore {
+				c.cpu += c.counts().cpu - before.cpu
 			}
 			c.n += per
 		}
@@ -195,14 +193,9 @@ var storesUnderTest = []storeUnderTest{
 // hit asks Redis: the cost of a hit whose memory copy has aged out.
 func startRedisStore(b *testing.B) ([]string, func() storeCounts) {
 	srv := redistest.Start(b)
-	rc := srv.Client()
 	counts := func() storeCounts {
-		info, err := rc.Info(context.Background(), "stats", "cpu").Result()
-		if err != nil {
-			b.Fatalf("redis INFO: %v", err)
-		}
-		cpu := infoSeconds(info, "used_cpu_user") + infoSeconds(info, "used_cpu_sys")
-		return storeCounts{commands: infoField(info, "total_commands_processed"), trips: infoField(info, "total_reads_processed"), cpu: cpu}
+		st := srv.Stats()
+		return storeCounts{commands: st.Commands, trips: st.Reads, cpu: st.CPU}
 	}
 	return []string{"ONCEPROXY_REDIS_URL=" + srv.URL, "ONCEPROXY_REDIS_LOCAL_TTL=1ms"}, counts
 }
@@ -233,27 +226,6 @@ func startPostgresStore(b *testing.B) ([]string, func() storeCounts) {
 		return storeCounts{commands: n - (reads - 1), trips: -1, cpu: -1}
 	}
 	return []string{"ONCEPROXY_POSTGRES_URL=" + srv.URL, "ONCEPROXY_POSTGRES_LOCAL_TTL=1ms"}, counts
-}
-
-func infoField(info, name string) int64 {
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			n, _ := strconv.ParseInt(v, 10, 64)
-			return n
-		}
-	}
-	return 0
-}
-
-// infoSeconds reads a field of seconds, such as used_cpu_user.
-func infoSeconds(info, name string) time.Duration {
-	for line := range strings.Lines(info) {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			f, _ := strconv.ParseFloat(v, 64)
-			return time.Duration(f * float64(time.Second))
-		}
-	}
-	return 0
 }
 
 func startBenchOrigin(b *testing.B, latency time.Duration) *loadgen.Origin {

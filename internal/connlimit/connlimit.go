@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
 )
 
@@ -149,8 +150,8 @@ func (l *Listener) accept() (net.Conn, error) {
 func refuse(c net.Conn, max int) {
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	msg := fmt.Sprintf("onceproxy: 429 too many connections from this client (proxy.max_conns_per_client = %d)\n", max)
-	_, _ = fmt.Fprintf(c, "HTTP/1.1 %d %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\nX-Onceproxy-Error: too_many_connections\r\n\r\n%s",
-		http.StatusTooManyRequests, http.StatusText(http.StatusTooManyRequests), len(msg), msg)
+	_, _ = fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\nX-Onceproxy-Error: too_many_connections\r\n\r\n%s",
+		httpstatus.Line(http.StatusTooManyRequests), len(msg), msg)
 }
 
 // idlestLocked picks up to n connections to shed, of client key (any

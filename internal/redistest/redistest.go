@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,7 +29,8 @@ type Server struct {
 	URL  string // redis://host:port/0
 	cmd  *exec.Cmd
 	dir  string
-	own  bool // started by us (can Kill/Restart)
+	own  bool          // started by us (can Kill/Restart)
+	info *redis.Client // Stats's
 }
 
 // Start starts a private redis-server and stops it when the test ends.
@@ -125,3 +127,45 @@ func (s *Server) Client() *redis.Client {
 
 // String describes the server for test logs.
 func (s *Server) String() string { return fmt.Sprintf("redis %s (own=%v)", s.Addr, s.own) }
+
+// Stats is what the server counts of its own work so far, from INFO.
+type Stats struct {
+	// Commands is total_commands_processed: every command, a script's own
+	// calls included.
+	Commands int64
+	// Reads is total_reads_processed: one per command or pipeline read.
+	Reads int64
+	// CPU is used_cpu_user plus used_cpu_sys.
+	CPU time.Duration
+}
+
+// Stats reads the server's INFO stats and cpu sections.
+func (s *Server) Stats() Stats {
+	s.t.Helper()
+	if s.info == nil {
+		// One connection for every read, set up before the first one:
+		// a new connection's own commands would count in between.
+		s.info = s.Client()
+	}
+	info, err := s.info.Info(context.Background(), "stats", "cpu").Result()
+	if err != nil {
+		s.t.Fatalf("redis INFO: %v", err)
+	}
+	var st Stats
+	for line := range strings.Lines(info) {
+		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch name {
+		case "total_commands_processed":
+			st.Commands, _ = strconv.ParseInt(v, 10, 64)
+		case "total_reads_processed":
+			st.Reads, _ = strconv.ParseInt(v, 10, 64)
+		case "used_cpu_user", "used_cpu_sys":
+			f, _ := strconv.ParseFloat(v, 64)
+			st.CPU += time.Duration(f * float64(time.Second))
+		}
+	}
+	return st
+}

@@ -51,7 +51,7 @@ type step struct {
 	cmds  []redis.Cmder         // its commands, answered
 	err   error                 // set when the step was never sent
 	// done receives once when cmds or err are set. A buffered channel
-	// sent to rather than closed: a step is reused (steps) once its caller
+	// sent to rather than closed: a step is reused (stepPool) once its caller
 	// has read it.
 	done chan struct{}
 	// late is when the step is refused if it has not been sent yet: a
@@ -94,7 +94,7 @@ func newBatcher(life context.Context, wg *sync.WaitGroup, rdb redis.UniversalCli
 // flusher free within the timeout). It answers within twice the timeout
 // whatever ctx allows: once to be sent, once for the round trip.
 func (b *batcher) do(ctx context.Context, queue func(redis.Pipeliner)) ([]redis.Cmder, error) {
-	s := steps.Get().(*step)
+	s := stepPool.Get().(*step)
 	s.ctx, s.queue, s.late = ctx, queue, time.Now().Add(b.timeout)
 	select {
 	case b.steps <- s:
@@ -123,8 +123,8 @@ func (b *batcher) do(ctx context.Context, queue func(redis.Pipeliner)) ([]redis.
 	}
 }
 
-// steps are reused: two per miss, each with its channel.
-var steps = sync.Pool{New: func() any { return &step{done: make(chan struct{}, 1)} }}
+// stepPool holds steps for reuse: two per miss, each with its channel.
+var stepPool = sync.Pool{New: func() any { return &step{done: make(chan struct{}, 1)} }}
 
 // answer returns what the flusher set and recycles s.
 func (s *step) answer() ([]redis.Cmder, error) {
@@ -136,7 +136,7 @@ func (s *step) answer() ([]redis.Cmder, error) {
 // recycle clears s, answered or never queued, and pools it.
 func (s *step) recycle() {
 	*s = step{done: s.done}
-	steps.Put(s)
+	stepPool.Put(s)
 }
 
 // finish hands s its answer.

@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -30,7 +28,6 @@ import (
 //	go test -run '^$' -bench FleetMiss -benchtime 30000x ./proxy/dedup/rediscache/
 func BenchmarkFleetMiss(b *testing.B) {
 	srv := redistest.Start(b)
-	rc := srv.Client()
 	cfg := Config{URL: srv.URL, StatsFlush: time.Hour}
 	local := dedup.NewMemoryStore(256 << 20)
 	b.Cleanup(local.Close)
@@ -63,7 +60,7 @@ func BenchmarkFleetMiss(b *testing.B) {
 	if err := miss(ctx); err != nil {
 		b.Fatal(err)
 	}
-	before, cpuBefore := redisCounts(b, rc), selfCPU()
+	before, cpuBefore := srv.Stats(), selfCPU()
 	b.SetParallelism(16) // 32 goroutines on 2 cores, as BenchmarkStores' clients
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
@@ -75,42 +72,12 @@ func BenchmarkFleetMiss(b *testing.B) {
 		}
 	})
 	b.StopTimer()
-	after, cpuAfter := redisCounts(b, rc), selfCPU()
+	after, cpuAfter := srv.Stats(), selfCPU()
 	per := func(v float64) float64 { return v / float64(b.N) }
 	b.ReportMetric(per((cpuAfter-cpuBefore).Seconds()*1e6), "client-cpu-µs/op")
-	b.ReportMetric(per((after.cpu-before.cpu)*1e6), "redis-cpu-µs/op")
-	b.ReportMetric(per(float64(after.commands-before.commands)), "cmds/op")
-	b.ReportMetric(per(float64(after.reads-before.reads)), "rtt/op")
-}
-
-// redisCount is what redis-server says it has done so far.
-type redisCount struct {
-	cpu             float64 // seconds, user and system
-	commands, reads int64
-}
-
-func redisCounts(b *testing.B, rc *redis.Client) redisCount {
-	info, err := rc.Info(context.Background(), "stats", "cpu").Result()
-	if err != nil {
-		b.Fatalf("redis INFO: %v", err)
-	}
-	var c redisCount
-	for line := range strings.Lines(info) {
-		name, v, ok := strings.Cut(strings.TrimSpace(line), ":")
-		if !ok {
-			continue
-		}
-		switch name {
-		case "used_cpu_sys", "used_cpu_user":
-			f, _ := strconv.ParseFloat(v, 64)
-			c.cpu += f
-		case "total_commands_processed":
-			c.commands, _ = strconv.ParseInt(v, 10, 64)
-		case "total_reads_processed":
-			c.reads, _ = strconv.ParseInt(v, 10, 64)
-		}
-	}
-	return c
+	b.ReportMetric(per((after.CPU-before.CPU).Seconds()*1e6), "redis-cpu-µs/op")
+	b.ReportMetric(per(float64(after.Commands-before.Commands)), "cmds/op")
+	b.ReportMetric(per(float64(after.Reads-before.Reads)), "rtt/op")
 }
 
 // selfCPU is the CPU time this process has used, user and system.

@@ -255,15 +255,15 @@ func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 	return nil
 }
 
-// index records key under its URL so invalidation by URL finds every
-// variant. The set lives in the URL's own slot (not the key's): it is
-// written next to the value, not in the same script.
-func (s *Cache) index(ctx context.Context, p redis.Pipeliner, urlKey, key string, ttl time.Duration) {
+// index records a key's tag under its URL so invalidation by URL finds
+// every variant. The set lives in the URL's own slot (not the key's): it
+// is written next to the value, not in the same script.
+func (s *Cache) index(ctx context.Context, p redis.Pipeliner, urlKey, tag string, ttl time.Duration) {
 	if urlKey == "" {
 		return
 	}
 	ik := s.urlKey(urlKey)
-	p.SAdd(ctx, ik, tagOf(key))
+	p.SAdd(ctx, ik, tag)
 	// The set outlives each member's value a little; stale members only
 	// cost a DEL of a missing key at invalidation time.
 	p.PExpire(ctx, ik, ttl+time.Minute)
