@@ -33,13 +33,17 @@ type client struct {
 	log *slog.Logger
 	cb  *gobreaker.CircuitBreaker[any]
 
-	// pool runs the short statements; flights holds the connections that
-	// keep a flight's lock while its leader fetches, at most FlightConns
-	// (slots); listen is the configuration of the one LISTEN connection.
-	pool    *pgxpool.Pool
-	flights *pgxpool.Pool
-	slots   chan struct{}
-	listen  *pgx.ConnConfig
+	// pool runs the short statements; flights has the FlightConns
+	// connections of the sessions, which hold the locks of the flights
+	// this instance leads, at most FlightLocks at once (slots); listen is
+	// the configuration of the one LISTEN connection.
+	pool        *pgxpool.Pool
+	flights     *pgxpool.Pool
+	sessions    []*lockSession
+	nextSession atomic.Uint32
+	held        heldLocks
+	slots       chan struct{}
+	listen      *pgx.ConnConfig
 
 	sql      statements
 	instance string        // random id of this process: marks its notes and claims
@@ -67,7 +71,7 @@ type client struct {
 	life   context.Context
 	cancel context.CancelFunc
 	bg     sync.WaitGroup // onBack functions running
-	leases sync.WaitGroup // flight connections out of the flights pool
+	leases sync.WaitGroup // flights holding a lock
 }
 
 // The server-side settings of every connection.
@@ -136,11 +140,14 @@ func newClient(cfg Config, logger *slog.Logger, tracer pgx.QueryTracer) (*client
 		log:      logger,
 		pool:     pool,
 		flights:  flights,
-		slots:    make(chan struct{}, cfg.FlightConns),
+		slots:    make(chan struct{}, cfg.FlightLocks),
 		listen:   listen,
 		sql:      newStatements(cfg.Schema),
 		instance: randomHex(6),
 		channel:  cfg.Schema + "_events",
+	}
+	for range cfg.FlightConns {
+		c.sessions = append(c.sessions, newLockSession())
 	}
 	c.life, c.cancel = context.WithCancel(context.Background())
 	c.cb = gobreaker.NewCircuitBreaker[any](gobreaker.Settings{

@@ -23,9 +23,16 @@ type Config struct {
 	// MaxConns is this instance's whole budget of connections: the pool
 	// for short statements, FlightConns, and one listener. Default 10.
 	MaxConns int `yaml:"max_conns"`
-	// FlightConns bounds the connections that hold a flight's lock while
-	// its leader fetches, part of MaxConns. Default 4.
+	// FlightConns is how many connections hold the locks of the flights
+	// this instance leads, part of MaxConns: each holds any number, and
+	// its statements (take a lock, end a flight) take turns. Default 2.
 	FlightConns int `yaml:"flight_conns"`
+	// FlightLocks bounds the flights this instance leads with a lock at
+	// once; beyond it a new flight leads without one. Every advisory lock
+	// takes a slot of the server's shared lock table
+	// (max_locks_per_transaction × max_connections: 6,400 by default),
+	// which the whole fleet shares. Default 512.
+	FlightLocks int `yaml:"flight_locks"`
 	// DialTimeout bounds connecting. Default 500ms.
 	DialTimeout time.Duration `yaml:"dial_timeout"`
 	// Timeout bounds each statement (statement_timeout, and the client's
@@ -85,7 +92,10 @@ func (c Config) WithDefaults() Config {
 		c.MaxConns = 10
 	}
 	if c.FlightConns == 0 {
-		c.FlightConns = 4
+		c.FlightConns = 2
+	}
+	if c.FlightLocks == 0 {
+		c.FlightLocks = 512
 	}
 	if c.BreakerFailures == 0 {
 		c.BreakerFailures = 3
@@ -132,7 +142,10 @@ func (c Config) Validate() error {
 	if c.FlightConns < 1 {
 		errs = append(errs, fmt.Errorf("flight_conns: must be at least 1, got %d", c.FlightConns))
 	}
-	// One listener, the flight connections, and at least one pooled
+	if c.FlightLocks < 1 {
+		errs = append(errs, fmt.Errorf("flight_locks: must be at least 1, got %d", c.FlightLocks))
+	}
+	// One listener, the lock sessions, and at least one pooled
 	// connection for everything else.
 	if c.MaxConns < c.FlightConns+2 {
 		errs = append(errs, fmt.Errorf("max_conns: must be at least flight_conns + 2 (%d: the listener and one pooled connection), got %d", c.FlightConns+2, c.MaxConns))

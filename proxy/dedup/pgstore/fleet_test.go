@@ -73,16 +73,19 @@ func TestHitOnAnotherInstance(t *testing.T) {
 	}
 }
 
-// TestLeaderSessionEndsTakeover: the leading instance's flight connection
+// TestLeaderSessionEndsTakeover: the leading instance's lock session
 // ends mid-flight (what its process dying does): PostgreSQL drops the
 // lock, a waiter on another instance takes over, and every client still
-// gets an answer.
+// gets an answer. The session reconnects for the leader's next flight.
 func TestLeaderSessionEndsTakeover(t *testing.T) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 4)
-	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		<-release
+	// One lock session: the next flight is on the one that ended.
+	f := newFleet(t, 2, Config{FlightConns: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/crash" {
+			arrived <- struct{}{}
+			<-release
+		}
 		io.WriteString(w, "answer")
 	})
 	a, b := f.insts[0], f.insts[1]
@@ -122,6 +125,12 @@ func TestLeaderSessionEndsTakeover(t *testing.T) {
 	}
 	if f.hits.Load() != 2 {
 		t.Fatalf("origin saw %d requests, want 2 (the dead leader's and the takeover)", f.hits.Load())
+	}
+	if g := a.get(f.origin.URL + "/after"); g.status != 200 || g.xcache != dedup.CacheMiss {
+		t.Fatalf("A's next flight: %+v", g)
+	}
+	if n := a.store.unlocked.Load(); n != 0 {
+		t.Fatalf("%d of A's flights led without the lock, want none: the session should reconnect", n)
 	}
 }
 

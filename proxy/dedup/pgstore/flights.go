@@ -35,23 +35,24 @@ var errUnreadable = errors.New("pgstore: the shared store keeps returning values
 
 // Join implements dedup.Fleet.
 //
-// The first step tries to take the key's advisory lock on a flight
-// connection (one round trip: read the value, or take the lock and read it
-// again). The instance that takes it leads and keeps that connection for
-// the flight; PostgreSQL releases the lock by itself if the leader dies,
-// because its connection ends. The others give the connection back at
-// once and wait for the leader's notification on the instance's one
-// LISTEN connection, re-checking on a pooled connection after each
-// notification, after the listener reconnects, and every poll_interval
-// (which is also how they notice that the lock is free again). A waiter
-// never holds a connection while it waits.
+// The first step tries to take the key's advisory lock on one of the
+// instance's lock sessions (one round trip: read the value, or take the
+// lock and read it again). The instance that takes it leads; the lock
+// stays with that session, which serves other flights' statements
+// meanwhile (see lockSession), and PostgreSQL releases it by itself if the
+// leader dies, because its connections end. The others wait for the
+// leader's notification on the instance's one LISTEN connection,
+// re-checking on a pooled connection after each notification, after the
+// listener reconnects, and every poll_interval (which is also how they
+// notice that the lock is free again). A waiter never holds a connection
+// while it waits.
 //
-// With every flight connection taken, a step only looks, on a pooled
-// connection: a value, an outcome or a lock held elsewhere work as usual.
-// A key nobody leads waits up to poll_interval for a flight connection
-// (they are also busy with lookups, for a round trip each), and past that
-// gets a lease without a lock: the flight still stores its value and wakes
-// the fleet, but another instance could fetch the same key meanwhile.
+// With flight_locks flights of this instance leading already, a step only
+// looks, on a pooled connection: a value, an outcome or a lock held
+// elsewhere work as usual. A key nobody leads waits up to poll_interval
+// for a flight to end, and past that gets a lease without a lock: the
+// flight still stores its value and wakes the fleet, but another instance
+// could fetch the same key meanwhile.
 func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outcome, error) {
 	if !s.available() || !storable(key) {
 		return nil, nil, dedup.ErrUnavailable
@@ -63,7 +64,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	var wake chan struct{}
 	lock := s.lockID(key)
 	var poll *time.Ticker
-	// slot: this Join holds a flight connection's slot for its next step.
+	// slot: this Join holds a flight slot (of flight_locks) for its next step.
 	waited, take, slot, unreadable := false, true, false, 0
 	for {
 		if take && !slot {
@@ -135,43 +136,42 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	}
 }
 
-// step runs the acquire function once: with a flight slot, on a flight
-// connection, taking the lock; without, only looking, on a pooled
-// connection. A taken lock comes back as a lease that holds the connection
-// and the slot; otherwise the slot is given back.
+// step runs the acquire function once: with a flight slot, on one of the
+// lock sessions, taking the lock; without, only looking, on a pooled
+// connection. A taken lock comes back as a lease that holds the slot;
+// otherwise the slot is given back.
 func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot bool) (state int32, val []byte, l *lease, err error) {
+	if slot && !s.held.take(lock) {
+		// One of our sessions holds this lock already (a key whose ID
+		// collides with a flight of ours): look, as if it were held
+		// elsewhere.
+		<-s.slots
+		slot = false
+	}
 	if !slot {
 		err = s.exec(ctx, func(ctx context.Context) error {
 			return s.pool.QueryRow(ctx, s.sql.acquire, lock, key, waited, false).Scan(&state, &val)
 		})
 		return state, val, nil, err
 	}
-	var conn *pgxpool.Conn
+	ls := s.session()
+	var gen uint64
 	err = s.exec(ctx, func(ctx context.Context) error {
-		var err error
-		if conn, err = s.flights.Acquire(ctx); err != nil {
-			return err
-		}
-		if err = conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val); err != nil {
-			// The lock may have been taken before the error: only the
-			// end of the session releases it for sure.
-			destroy(conn)
-			conn = nil
-		}
-		return err
+		return s.onSession(ctx, ls, lock, func(ctx context.Context, conn *pgxpool.Conn, g uint64) error {
+			gen = g
+			return conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val)
+		})
 	})
 	if err != nil || state != stateLocked {
-		if conn != nil {
-			conn.Release()
-		}
+		s.held.drop(lock)
 		<-s.slots
 		return state, val, nil, err
 	}
 	s.leases.Add(1)
-	return state, nil, &lease{s: s, key: key, lock: lock, conn: conn}, nil
+	return state, nil, &lease{s: s, key: key, lock: lock, sess: ls, gen: gen}, nil
 }
 
-// trySlot takes a flight connection's slot if one is free now.
+// trySlot takes a flight slot (of flight_locks) if one is free now.
 func (s *Cache) trySlot() bool {
 	select {
 	case s.slots <- struct{}{}:
@@ -181,7 +181,7 @@ func (s *Cache) trySlot() bool {
 	}
 }
 
-// waitSlot takes a flight connection's slot, waiting up to poll_interval.
+// waitSlot takes a flight slot, waiting up to poll_interval.
 func (s *Cache) waitSlot(ctx context.Context) bool {
 	if s.trySlot() {
 		return true
@@ -203,8 +203,8 @@ func (s *Cache) unlockedLease(key string) *lease {
 	s.unlocked.Add(1)
 	now := time.Now().Unix()
 	if last := s.lastUnlockedLog.Load(); now-last >= 60 && s.lastUnlockedLog.CompareAndSwap(last, now) {
-		s.log.Warn("postgres: every flight connection is leading a flight; new flights run without the fleet lock (raise postgres.flight_conns)",
-			"flight_conns", s.cfg.FlightConns)
+		s.log.Warn("postgres: this instance leads flight_locks flights with a lock already; new flights run without the fleet lock (raise postgres.flight_locks)",
+			"flight_locks", s.cfg.FlightLocks)
 	}
 	return &lease{s: s, key: key}
 }
@@ -234,34 +234,46 @@ func destroy(conn *pgxpool.Conn) {
 	_ = conn.Hijack().Close(ctx)
 }
 
-// lease is one fleet flight this process leads: with conn, it holds the
-// key's lock on that connection until Finish or Release.
+// lease is one fleet flight this process leads: with sess, it holds the
+// key's lock on that session (while its connection is the one of
+// generation gen) until Finish or Release.
 type lease struct {
 	s    *Cache
 	key  string
 	lock int64
-	conn *pgxpool.Conn // nil: led without a lock
+	sess *lockSession // nil: led without a lock
+	gen  uint64
 	once sync.Once
 	// streamed: the waiters read the body from our peer listener (a row
 	// beside the outcome names it), until the end of the download.
 	streamed bool
 }
 
-// done gives the flight connection back, or ends its session when the
-// last statement on it failed (the lock may still be held), and frees the
-// flight slot.
-func (l *lease) done(err error) {
-	if l.conn == nil {
+// done forgets the lease's lock and frees its flight slot.
+func (l *lease) done() {
+	if l.sess == nil {
 		return
 	}
-	if err != nil {
-		destroy(l.conn)
-	} else {
-		l.conn.Release()
-	}
-	l.conn = nil
+	l.sess = nil
+	l.s.held.drop(l.lock)
 	<-l.s.slots
 	l.s.leases.Done()
+}
+
+// onLock runs locked on the session that holds l's lock, or lost, on the
+// pool, when the lock went with a dropped connection (lost reports that
+// with its own log line).
+func (l *lease) onLock(ctx context.Context, locked func(ctx context.Context, conn *pgxpool.Conn) error, lost func(ctx context.Context) error) error {
+	if l.sess == nil {
+		return lost(ctx)
+	}
+	return l.s.onSession(ctx, l.sess, l.lock, func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error {
+		if gen != l.gen {
+			l.s.log.Warn("postgres: a flight's lock went with its session's connection; ending it without the lock", "key", l.key)
+			return lost(ctx)
+		}
+		return locked(ctx, conn)
+	})
 }
 
 // StreamAbove implements dedup.StreamingLease: bodies bigger than a value
@@ -269,7 +281,7 @@ func (l *lease) done(err error) {
 // peer listener and holds the key's lock (a flight led without it would
 // send waiters to a download another instance may duplicate).
 func (l *lease) StreamAbove() int64 {
-	if l.conn == nil || l.s.peerAddr() == "" {
+	if l.sess == nil || l.s.peerAddr() == "" {
 		return 0
 	}
 	return int64(l.s.cfg.MaxValueBytes)
@@ -308,23 +320,25 @@ func (l *lease) Release() {
 		s := l.s
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout+s.cfg.Timeout)
 		defer cancel()
-		err := s.exec(ctx, func(ctx context.Context) error {
-			if l.conn == nil {
-				_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, fleetevent.Format(fleetevent.FlightEnded, l.key))
+		payload := fleetevent.Format(fleetevent.FlightEnded, l.key)
+		_ = s.exec(ctx, func(ctx context.Context) error {
+			return l.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
+				_, err := conn.Exec(ctx, s.sql.release, l.lock, s.channel, payload)
 				return err
-			}
-			_, err := l.conn.Exec(ctx, s.sql.release, l.lock, s.channel, fleetevent.Format(fleetevent.FlightEnded, l.key))
-			return err
+			}, func(ctx context.Context) error {
+				_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, payload)
+				return err
+			})
 		})
-		l.done(err)
+		l.done()
 	})
 }
 
 // finish stores the value (or the short-lived outcome for waiters),
 // notifies every instance, and releases the lock, in one round trip on the
-// flight connection: BEGIN, the write with its notification, COMMIT, and
-// the unlock after the commit, so that whoever takes the lock next sees
-// the value.
+// lock's session: BEGIN, the write with its notification, COMMIT, and the
+// unlock after the commit, so that whoever takes the lock next sees the
+// value.
 func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl time.Duration) error {
 	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
@@ -355,33 +369,37 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		sql = s.sql.setOutcome
 		args = []any{l.key, outcome, s.cfg.FailureTTL.Milliseconds(), s.channel, payload}
 	}
-	unlocked := l.conn == nil
 	err := s.exec(ctx, func(ctx context.Context) error {
-		if l.conn == nil {
+		return l.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
+			b := &pgx.Batch{}
+			b.Queue("BEGIN")
+			b.Queue(sql, args...)
+			if l.streamed {
+				// Kept only as long as an outcome: the body may still be
+				// in our cache for a late waiter.
+				b.Queue(s.sql.expirePeer, peerRowKey(l.key), s.cfg.FailureTTL.Milliseconds())
+			}
+			b.Queue("COMMIT")
+			var unlocked bool
+			b.Queue(s.sql.unlock, l.lock).QueryRow(func(r pgx.Row) error { return r.Scan(&unlocked) })
+			if err := conn.SendBatch(ctx, b).Close(); err != nil {
+				return err
+			}
+			if !unlocked {
+				// The value is stored, but the lock was not this
+				// session's any more (the session was reset under the
+				// flight, and the other flights' locks with it): ending
+				// the session is the only sure way none of them lingers.
+				s.log.Warn("postgres: a flight's lock was not held at its end; closing its session", "key", l.key)
+				s.dropSession(l.sess)
+			}
+			return nil
+		}, func(ctx context.Context) error {
 			_, err := s.pool.Exec(ctx, sql, args...)
 			return err
-		}
-		b := &pgx.Batch{}
-		b.Queue("BEGIN")
-		b.Queue(sql, args...)
-		if l.streamed {
-			// Kept only as long as an outcome: the body may still be in
-			// our cache for a late waiter.
-			b.Queue(s.sql.expirePeer, peerRowKey(l.key), s.cfg.FailureTTL.Milliseconds())
-		}
-		b.Queue("COMMIT")
-		b.Queue(s.sql.unlock, l.lock).QueryRow(func(r pgx.Row) error { return r.Scan(&unlocked) })
-		return l.conn.SendBatch(ctx, b).Close()
+		})
 	})
-	if err == nil && !unlocked {
-		// The value is stored, but the lock was not this session's any
-		// more (the session was reset under the flight): ending the
-		// session is the only sure way no lock of it lingers.
-		s.log.Warn("postgres: a flight's lock was not held at its end; closing its connection", "key", l.key)
-		l.done(errLockLost)
-	} else {
-		l.done(err)
-	}
+	l.done()
 	if value != nil {
 		if err == nil {
 			s.putLocal(l.key, out.Entry)
@@ -391,8 +409,6 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	}
 	return err
 }
-
-var errLockLost = errors.New("pgstore: the flight's lock was not held at its end")
 
 // The peer listener of a flight's leader that streams its body is a row of
 // the outcomes table beside the flight's TooLarge outcome, under

@@ -7,9 +7,10 @@
 //     (dedup.Store, dedup.Fleet). An unlogged table holds the values, in
 //     the versioned format of package storecodec, with a small in-process
 //     tier in front. A flight's leader is the instance that takes the
-//     key's advisory lock, on a connection it keeps for the flight:
-//     PostgreSQL drops the lock by itself when that connection ends, so a
-//     dead leader is replaced without leases to renew.
+//     key's advisory lock, on one of its lock sessions, which hold the
+//     locks of any number of flights (see lockSession): PostgreSQL drops
+//     the locks by itself when the session ends, so a dead leader is
+//     replaced without leases to renew.
 //   - Bus: notes, claims and counters, what the upstream pool, the rate
 //     limiter and the statistics declare (upstream.Bus and Claimer,
 //     ratelimit.Counter, dedup.Recorder, the fleet's per-day statistics).
@@ -115,8 +116,8 @@ func (b *Backend) Rejected() int64 { return b.c.rejected.Load() }
 // breaker is open are not counted.
 func (b *Backend) Errors() int64 { return b.c.failed.Load() }
 
-// closeWait bounds how long Close waits for flights still holding a
-// flight connection (the engine ends them before).
+// closeWait bounds how long Close waits for flights still holding a lock
+// (the engine ends them before).
 const closeWait = 5 * time.Second
 
 // Close stops the background work and closes the connections. Call it
@@ -126,14 +127,17 @@ func (b *Backend) Close() error {
 	b.c.bg.Wait()
 	done := make(chan struct{})
 	go func() { b.c.leases.Wait(); close(done) }()
+	t := time.NewTimer(closeWait)
+	defer t.Stop()
 	select {
 	case <-done:
+	case <-t.C:
+		b.c.log.Warn("postgres: flights still running at shutdown; their locks go with their sessions")
+	}
+	// pgxpool.Close waits for every connection out of the pool: only
+	// once every session's is back (ended).
+	if b.c.closeSessions(closeWait) {
 		b.c.flights.Close()
-	case <-time.After(closeWait):
-		// pgxpool.Close waits for every connection: do not hang the
-		// shutdown on a flight that never finished; the process exit
-		// ends its session.
-		b.c.log.Warn("postgres: flights still running at shutdown; their connections close with the process")
 	}
 	b.c.pool.Close()
 	return nil

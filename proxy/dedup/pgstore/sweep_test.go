@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -99,13 +100,13 @@ func TestSweepExpiresAndBoundsTheTable(t *testing.T) {
 	}
 }
 
-// TestFlightsBeyondFlightConns: with every flight connection leading a
-// flight, a new flight of this instance runs without the lock: it is still
-// answered, still stored for the fleet, and counted.
-func TestFlightsBeyondFlightConns(t *testing.T) {
+// TestFlightsBeyondFlightLocks: with flight_locks flights of this
+// instance leading already, a new flight runs without the lock: it is
+// still answered, still stored for the fleet, and counted.
+func TestFlightsBeyondFlightLocks(t *testing.T) {
 	release := make(chan struct{})
 	arrived := make(chan struct{}, 1)
-	f := newFleet(t, 2, Config{MaxConns: 3, FlightConns: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+	f := newFleet(t, 2, Config{MaxConns: 3, FlightConns: 1, FlightLocks: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			arrived <- struct{}{}
 			<-release
@@ -118,14 +119,14 @@ func TestFlightsBeyondFlightConns(t *testing.T) {
 	a, b := f.insts[0], f.insts[1]
 	slow := make(chan got, 1)
 	go func() { slow <- a.get(f.origin.URL + "/slow") }()
-	<-arrived // A leads, on its only flight connection
+	<-arrived // A leads, with its only lock
 	// Another instance asking for the slow page waits on A's lock.
 	slowB := make(chan got, 1)
 	go func() { slowB <- b.get(f.origin.URL + "/slow") }()
 	waitFor(t, "B waiting on A's flight", func() bool { return b.store.fleetWaits.Load() == 1 })
 
 	if g := a.get(f.origin.URL + "/other"); g.status != 200 || g.xcache != dedup.CacheMiss || g.body != "page /other" {
-		t.Fatalf("a flight beyond flight_conns: %+v", g)
+		t.Fatalf("a flight beyond flight_locks: %+v", g)
 	}
 	if n := a.store.unlocked.Load(); n != 1 {
 		t.Errorf("%d flights counted without the lock, want 1", n)
@@ -140,10 +141,151 @@ func TestFlightsBeyondFlightConns(t *testing.T) {
 	if g := <-slowB; g.xcache != dedup.CacheCoalesced {
 		t.Fatalf("B on the slow page: %+v", g)
 	}
-	if !strings.Contains(f.logs.String(), "raise postgres.flight_conns") {
-		t.Error("no warning about the exhausted flight connections")
+	if !strings.Contains(f.logs.String(), "raise postgres.flight_locks") {
+		t.Error("no warning about the exhausted flight locks")
 	}
 	if f.hits.Load() != 2 {
 		t.Errorf("origin saw %d requests, want 2", f.hits.Load())
+	}
+}
+
+// TestManyFlightsOnOneSession: one flight connection holds the locks of
+// every flight its instance leads at once, while their fetches run: each
+// is led with its lock, the other instance waits on every one of them
+// (one fetch per key fleet-wide), and the session then serves the next
+// flights, all of it on a single server session.
+func TestManyFlightsOnOneSession(t *testing.T) {
+	const n = 6
+	release := make(chan struct{})
+	arrived := make(chan struct{}, n)
+	// A server of its own: the locks counted below are this fleet's only.
+	f := newFleetOn(t, pgtest.Start(t), 2, Config{MaxConns: 3, FlightConns: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/slow/") {
+			arrived <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "page "+r.URL.Path)
+	})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	a, b := f.insts[0], f.insts[1]
+	resA, resB := make(chan got, n), make(chan got, n)
+	for i := range n {
+		go func() { resA <- a.get(fmt.Sprintf("%s/slow/%d", f.origin.URL, i)) }()
+	}
+	for range n {
+		<-arrived // A leads all of them
+	}
+	for i := range n {
+		go func() { resB <- b.get(fmt.Sprintf("%s/slow/%d", f.origin.URL, i)) }()
+	}
+	waitFor(t, "B waiting on each of A's flights", func() bool { return b.store.fleetWaits.Load() == n })
+	c := f.conn()
+	var sessions, locks int
+	if err := c.QueryRow(context.Background(), `SELECT count(DISTINCT pid), count(*) FROM pg_locks
+		WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&sessions, &locks); err != nil {
+		t.Fatal(err)
+	}
+	if sessions != 1 || locks != n {
+		t.Errorf("%d advisory locks held by %d sessions, want %d by 1", locks, sessions, n)
+	}
+	unblock()
+	for range n {
+		if g := <-resA; g.status != 200 || g.xcache != dedup.CacheMiss {
+			t.Fatalf("A: %+v", g)
+		}
+		if g := <-resB; g.status != 200 || g.xcache != dedup.CacheCoalesced {
+			t.Fatalf("B: %+v", g)
+		}
+	}
+	if g := a.get(f.origin.URL + "/next"); g.xcache != dedup.CacheMiss {
+		t.Fatalf("A's next flight: %+v", g)
+	}
+	if n := a.store.unlocked.Load(); n != 0 {
+		t.Errorf("%d flights led without the lock, want none", n)
+	}
+	if got := f.hits.Load(); got != n+1 {
+		t.Errorf("origin saw %d requests, want %d: one per key", got, n+1)
+	}
+}
+
+// TestFailedEndKeepsTheSession: a flight whose end fails inside its
+// transaction (here a trigger refuses its row) gives up its own lock and
+// nothing else: another flight's lock on the same session stays held, so
+// the instance waiting on it still coalesces instead of fetching again.
+func TestFailedEndKeepsTheSession(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	big := make([]byte, 64<<10)
+	for i := range big {
+		big[i] = byte(i*7919 + i>>8) // not compressible to under the trigger's bound
+	}
+	f := newFleet(t, 2, Config{MaxConns: 3, FlightConns: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/slow":
+			arrived <- struct{}{}
+			<-release
+			io.WriteString(w, "slow page")
+		case "/refused":
+			w.Write(big)
+		}
+	})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	c := f.conn()
+	for _, sql := range []string{
+		fmt.Sprintf(`CREATE FUNCTION %s.refuse_big() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	IF octet_length(NEW.value) > 32768 THEN RAISE EXCEPTION 'test: refused'; END IF;
+	RETURN NEW;
+END $$`, f.schema),
+		fmt.Sprintf(`CREATE TRIGGER refuse_big BEFORE INSERT OR UPDATE ON %s.cache FOR EACH ROW EXECUTE FUNCTION %[1]s.refuse_big()`, f.schema),
+	} {
+		if _, err := c.Exec(context.Background(), sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b := f.insts[0], f.insts[1]
+	slow := make(chan got, 1)
+	go func() { slow <- a.get(f.origin.URL + "/slow") }()
+	<-arrived // A leads /slow, its lock on A's one session
+	slowB := make(chan got, 1)
+	go func() { slowB <- b.get(f.origin.URL + "/slow") }()
+	waitFor(t, "B waiting on A's flight", func() bool { return b.store.fleetWaits.Load() == 1 })
+
+	if g := a.get(f.origin.URL + "/refused"); g.status != 200 || len(g.body) != len(big) {
+		t.Fatalf("the flight whose end fails: %d, %d bytes", g.status, len(g.body))
+	}
+	if !strings.Contains(f.logs.String(), "test: refused") {
+		t.Fatal("the refused row was not reported")
+	}
+	ls := a.store.sessions[0]
+	<-ls.turn
+	pid := uint32(0)
+	if ls.conn != nil {
+		pid = ls.conn.Conn().PgConn().PID()
+	}
+	ls.turn <- struct{}{}
+	var held int
+	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1`, pid).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	if held != 1 {
+		t.Fatalf("A's session (pid %d) holds %d advisory locks after the failed end, want 1: the slow flight's", pid, held)
+	}
+	unblock()
+	if g := <-slow; g.xcache != dedup.CacheMiss {
+		t.Fatalf("A's slow flight: %+v", g)
+	}
+	if g := <-slowB; g.xcache != dedup.CacheCoalesced || g.body != "slow page" {
+		t.Fatalf("B on the slow page: %+v, want COALESCED: its lock should have outlived the other flight's failure", g)
+	}
+	if g := a.get(f.origin.URL + "/next"); g.status != 200 {
+		t.Fatalf("A's next flight: %+v", g)
+	}
+	if n := a.store.unlocked.Load(); n != 0 {
+		t.Errorf("%d flights led without the lock, want none", n)
 	}
 }

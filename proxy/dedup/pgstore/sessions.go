@@ -1,0 +1,154 @@
+package pgstore
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// A lockSession is one flight connection: a database session whose
+// advisory locks are the flights this instance leads there, any number at
+// once. Its statements (take a lock, end a flight, give one up) take turns,
+// since a connection runs one at a time, and each is a single round trip,
+// so a leader holds a lock, not a connection, while it fetches: a few
+// sessions serve every flight an instance leads, where a connection per
+// flight would cap them at the connection budget (or exhaust the server's
+// max_connections across a fleet).
+//
+// The session is the locks' life: if the process dies, its connections end
+// and PostgreSQL releases every lock they held. When a statement fails in
+// a way that may leave a lock behind, the session gives that lock up at
+// once (an unlock of a lock not held only warns); when even that fails, the
+// connection is dropped, and with it the locks of every flight on it: their
+// leaders find out at their end (gen) and store their values without them,
+// and their waiters elsewhere take over, at worst a second fetch.
+type lockSession struct {
+	turn chan struct{} // one token: the right to use conn
+	conn *pgxpool.Conn // nil until first used, and after it was dropped
+	gen  uint64        // how many connections were dropped: a lock taken on an older one is gone
+}
+
+func newLockSession() *lockSession {
+	ls := &lockSession{turn: make(chan struct{}, 1)}
+	ls.turn <- struct{}{}
+	return ls
+}
+
+// onSession runs f on ls's connection, in turn, connecting it first when
+// needed; gen is the connection's generation, for a lease to compare with
+// the one its lock was taken on. The statement runs detached from ctx's
+// cancellation, within the statement bounds: pgx drops a connection whose
+// query is cancelled, and this one holds other flights' locks. ctx only
+// bounds the wait for the turn.
+//
+// When f fails, lock (0: none) may be held without a flight to own it: it
+// is given up on the same session, and the connection is dropped if even
+// that fails.
+func (c *client) onSession(ctx context.Context, ls *lockSession, lock int64, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
+	select {
+	case <-ls.turn:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	defer func() { ls.turn <- struct{}{} }()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.DialTimeout+c.cfg.Timeout)
+	defer cancel()
+	if ls.conn != nil && ls.conn.Conn().IsClosed() {
+		c.dropSession(ls)
+	}
+	if ls.conn == nil {
+		conn, err := c.flights.Acquire(sctx)
+		if err != nil {
+			return err
+		}
+		ls.conn = conn
+	}
+	err := f(sctx, ls.conn, ls.gen)
+	if err == nil || lock == 0 {
+		return err
+	}
+	if ls.conn.Conn().IsClosed() {
+		c.dropSession(ls)
+		return err
+	}
+	uctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout+c.cfg.Timeout)
+	defer cancel()
+	var uerr error
+	if ls.conn.Conn().PgConn().TxStatus() != 'I' {
+		// A flight's end failed inside its BEGIN: the session refuses
+		// everything but the end of that transaction.
+		_, uerr = ls.conn.Exec(uctx, "ROLLBACK")
+	}
+	if uerr == nil {
+		_, uerr = ls.conn.Exec(uctx, c.sql.unlock, lock)
+	}
+	if uerr != nil {
+		c.dropSession(ls)
+	}
+	return err
+}
+
+// dropSession ends ls's session, and every lock it held, while holding its
+// turn.
+func (c *client) dropSession(ls *lockSession) {
+	if ls.conn == nil {
+		return
+	}
+	destroy(ls.conn)
+	ls.conn = nil
+	ls.gen++
+}
+
+// session picks the session a new flight takes its lock on.
+func (c *client) session() *lockSession {
+	return c.sessions[int(c.nextSession.Add(1)%uint32(len(c.sessions)))]
+}
+
+// closeSessions ends every session, waiting up to wait for a statement
+// still running on one; false when it gave up on one (its connection ends
+// with the process).
+func (c *client) closeSessions(wait time.Duration) bool {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for _, ls := range c.sessions {
+		select {
+		case <-ls.turn:
+		case <-t.C:
+			return false
+		}
+		c.dropSession(ls)
+		ls.turn <- struct{}{}
+	}
+	return true
+}
+
+// heldLocks are the lock IDs this process's sessions hold: a session's
+// advisory locks are re-entrant, so taking one it already holds would
+// succeed, and two flights (two keys whose IDs collide) would then lead on
+// one lock. A Join whose lock is held here only looks.
+type heldLocks struct {
+	mu sync.Mutex
+	m  map[int64]struct{}
+}
+
+// take records lock as held; false when it already is.
+func (h *heldLocks) take(lock int64) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.m[lock]; ok {
+		return false
+	}
+	if h.m == nil {
+		h.m = make(map[int64]struct{})
+	}
+	h.m[lock] = struct{}{}
+	return true
+}
+
+func (h *heldLocks) drop(lock int64) {
+	h.mu.Lock()
+	delete(h.m, lock)
+	h.mu.Unlock()
+}
