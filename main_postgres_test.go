@@ -173,6 +173,19 @@ func TestPostgresFleetOfThree(t *testing.T) {
 	if st.Fleet.Store != "postgres" || st.Fleet.Today.XCache["MISS"] != 1 || st.Fleet.Today.XCache["COALESCED"] != n-1 {
 		t.Fatalf("fleet stats: %+v", st.Fleet)
 	}
+	// The stampede's flight was led with the fleet's lock, as operators
+	// can see.
+	for i, admin := range admins {
+		resp, err := http.Get("http://" + admin + "/metrics")
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if line := grepLines(string(b), `onceproxy_fleet_flights_unlocked_total{store="postgres"} `); line != `onceproxy_fleet_flights_unlocked_total{store="postgres"} 0` {
+			t.Errorf("instance %d: /metrics has %q, want the flights led without the lock at 0", i, line)
+		}
+	}
 
 	// A page fetched by one is a HIT on the others.
 	_, xcache, page, err := get(clients[0], origin.URL+"/page")

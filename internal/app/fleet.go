@@ -42,6 +42,9 @@ type shared struct {
 		Available() bool
 		Rejected() int64
 		Errors() int64
+		// UnlockedFlights counts the flights led without the fleet's
+		// lock (PostgreSQL past flight_locks).
+		UnlockedFlights() int64
 	}
 }
 

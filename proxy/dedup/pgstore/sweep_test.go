@@ -128,7 +128,7 @@ func TestFlightsBeyondFlightLocks(t *testing.T) {
 	if g := a.get(f.origin.URL + "/other"); g.status != 200 || g.xcache != dedup.CacheMiss || g.body != "page /other" {
 		t.Fatalf("a flight beyond flight_locks: %+v", g)
 	}
-	if n := a.store.unlocked.Load(); n != 1 {
+	if n := a.be.UnlockedFlights(); n != 1 {
 		t.Errorf("%d flights counted without the lock, want 1", n)
 	}
 	if g := b.get(f.origin.URL + "/other"); g.xcache != dedup.CacheHit {

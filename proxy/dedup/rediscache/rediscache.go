@@ -103,6 +103,10 @@ func (b *Backend) Rejected() int64 { return b.c.rejected.Load() }
 // open are not counted.
 func (b *Backend) Errors() int64 { return b.c.failed.Load() }
 
+// UnlockedFlights is 0: every flight this instance leads in Redis holds
+// its lock (without Redis, requests bypass the fleet instead).
+func (b *Backend) UnlockedFlights() int64 { return 0 }
+
 // Close stops the heartbeat (removing this instance's presence key),
 // renewals, waits and reconnect work, and closes the connections. Call it
 // after Run returned and the engine's flights ended.
