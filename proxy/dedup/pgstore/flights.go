@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
@@ -108,7 +109,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 				take = true
 				continue
 			}
-			return s.unlockedLease(key), nil, nil
+			return s.unlockedLease(key, flightLocksTaken), nil, nil
 		case stateWait:
 		default:
 			s.rejected.Add(1)
@@ -156,12 +157,28 @@ func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot b
 	}
 	ls := s.session()
 	var gen uint64
+	full := false
 	err = s.exec(ctx, func(ctx context.Context) error {
 		return s.onSession(ctx, ls, lock, func(ctx context.Context, conn *pgxpool.Conn, g uint64) error {
 			gen = g
-			return conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val)
+			err := conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val)
+			if isLockTableFull(err) {
+				// The server has no room for one more lock: not the
+				// database failing, so the breaker must not hear of it
+				// (a burst of flights would switch the fleet off). A
+				// read after the lock may be what ran out of room: give
+				// the lock up, in case.
+				full = true
+				_, err = conn.Exec(ctx, s.sql.unlock, lock)
+			}
+			return err
 		})
 	})
+	if full {
+		s.held.drop(lock)
+		<-s.slots
+		return stateLocked, nil, s.unlockedLease(key, lockTableFull), nil
+	}
 	if err != nil || state != stateLocked {
 		s.held.drop(lock)
 		<-s.slots
@@ -197,16 +214,36 @@ func (s *Cache) waitSlot(ctx context.Context) bool {
 	return false
 }
 
-// unlockedLease leads a flight without the key's lock: every flight
-// connection is busy with other flights.
-func (s *Cache) unlockedLease(key string) *lease {
+// Why a flight leads without the key's lock (unlockedLease).
+const (
+	// This instance leads flight_locks flights with a lock already.
+	flightLocksTaken = iota
+	// The server's lock table, which the fleet shares, is full.
+	lockTableFull
+)
+
+// unlockedLease leads a flight without the key's lock, for why.
+func (s *Cache) unlockedLease(key string, why int) *lease {
 	s.unlocked.Add(1)
 	now := time.Now().Unix()
 	if last := s.lastUnlockedLog.Load(); now-last >= 60 && s.lastUnlockedLog.CompareAndSwap(last, now) {
-		s.log.Warn("postgres: this instance leads flight_locks flights with a lock already; new flights run without the fleet lock (raise postgres.flight_locks)",
-			"flight_locks", s.cfg.FlightLocks)
+		if why == lockTableFull {
+			s.log.Warn("postgres: the server's lock table is full; new flights run without the fleet lock (raise the server's max_locks_per_transaction, or lower postgres.flight_locks across the fleet)",
+				"flight_locks", s.cfg.FlightLocks)
+		} else {
+			s.log.Warn("postgres: this instance leads flight_locks flights with a lock already; new flights run without the fleet lock (raise postgres.flight_locks)",
+				"flight_locks", s.cfg.FlightLocks)
+		}
 	}
 	return &lease{s: s, key: key}
+}
+
+// isLockTableFull reports the server's "out of shared memory" for a lock
+// (SQLSTATE 53200, with max_locks_per_transaction in its hint): the
+// statement failed whole and took no lock.
+func isLockTableFull(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "53200"
 }
 
 // decodeOutcome reads a flight's outcome; one this build cannot read is

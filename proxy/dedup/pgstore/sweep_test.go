@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -288,4 +289,47 @@ END $$`, f.schema),
 	if n := a.store.unlocked.Load(); n != 0 {
 		t.Errorf("%d flights led without the lock, want none", n)
 	}
+}
+
+// TestLockTableFullLeadsWithoutTheLock: on a server whose lock table is
+// too small for the flights in flight, the flights that find no room lead
+// without the lock, counted, and every client gets its answer; the breaker
+// stays closed, so the flights that have a lock keep the fleet's.
+func TestLockTableFullLeadsWithoutTheLock(t *testing.T) {
+	// 10 × 20 lock slots, and PostgreSQL's spare shared memory beyond.
+	pg := pgtest.Start(t, "max_locks_per_transaction=10", "max_connections=20")
+	const n = 1500
+	release := make(chan struct{})
+	var arrived atomic.Int64
+	f := newFleetOn(t, pg, 1, Config{FlightLocks: 2 * n}, dedup.Config{MaxFlights: 2 * n, MaxFlightsPerClient: 2 * n}, func(w http.ResponseWriter, r *http.Request) {
+		arrived.Add(1)
+		<-release
+		io.WriteString(w, "page "+r.URL.Path)
+	})
+	var once sync.Once
+	unblock := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(unblock)
+	a := f.insts[0]
+	res := make(chan got, n)
+	for i := range n {
+		go func() { res <- a.get(fmt.Sprintf("%s/p/%d", f.origin.URL, i)) }()
+	}
+	waitFor(t, "every flight at the origin", func() bool { return arrived.Load() == n })
+	unlocked := a.be.UnlockedFlights()
+	if unlocked == 0 || unlocked == n {
+		t.Fatalf("%d of %d flights led without the lock, want some but not all: the lock table should have filled up", unlocked, n)
+	}
+	if !a.be.Available() {
+		t.Fatal("the breaker opened: a full lock table counted as the database failing")
+	}
+	unblock()
+	for range n {
+		if g := <-res; g.status != 200 || !strings.HasPrefix(g.body, "page /p/") {
+			t.Fatalf("client: %+v", g)
+		}
+	}
+	if !strings.Contains(f.logs.String(), "lock table is full") {
+		t.Error("no warning about the full lock table")
+	}
+	t.Logf("%d of %d flights led without the lock", unlocked, n)
 }
