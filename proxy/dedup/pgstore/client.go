@@ -159,7 +159,9 @@ func newClient(cfg Config, logger *slog.Logger, tracer pgx.QueryTracer) (*client
 			return err == nil || errors.Is(err, pgx.ErrNoRows)
 		},
 		// A caller that gave up says nothing about the database.
-		IsExcluded: func(err error) bool { return errors.Is(err, errCallerGone) },
+		IsExcluded: func(err error) bool {
+			return errors.Is(err, errCallerGone) || errors.Is(err, errSessionsBusy) || errors.Is(err, errClosing)
+		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			switch to {
 			case gobreaker.StateOpen:
@@ -232,6 +234,8 @@ func (c *client) exec(ctx context.Context, op func(context.Context) error) error
 		case err == nil, errors.Is(err, pgx.ErrNoRows):
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%w: %w", errCallerGone, ctx.Err())
+		case errors.Is(err, errSessionsBusy), errors.Is(err, errClosing):
+			// Not the database's failure: not counted.
 		default:
 			c.failed.Add(1)
 		}

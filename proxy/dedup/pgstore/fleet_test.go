@@ -11,8 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
 )
 
 // TestFleetStampede: 300 concurrent identical requests spread over three
@@ -377,4 +380,66 @@ func TestIncrWindowCountsFleetWide(t *testing.T) {
 		n, err := b.IncrWindow(ctx, "rl:alice:1", 300*time.Millisecond)
 		return err == nil && n == 1
 	})
+}
+
+// TestFlightEndWakesOnlyWhenWaitedOn: the end of a flight nobody waits
+// for elsewhere notifies no instance; the end of one another instance
+// waits on notifies once. (Every instance's listener hears every
+// notification: a fleet of N would otherwise pay N wake-ups per miss.)
+func TestFlightEndWakesOnlyWhenWaitedOn(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "page "+r.URL.Path)
+	})
+	ctx := context.Background()
+	channel := f.schema + "_events"
+	listener := f.conn()
+	if _, err := listener.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	a, b := f.insts[0], f.insts[1]
+	alone := a.get(f.origin.URL + "/alone")
+	if alone.xcache != dedup.CacheMiss {
+		t.Fatalf("the miss nobody waits for: %+v", alone)
+	}
+	slowA := make(chan got, 1)
+	go func() { slowA <- a.get(f.origin.URL + "/slow") }()
+	<-arrived
+	slowB := make(chan got, 1)
+	go func() { slowB <- b.get(f.origin.URL + "/slow") }()
+	waitFor(t, "B waiting on A's flight", func() bool { return b.store.fleetWaits.Load() == 1 })
+	close(release)
+	waited := <-slowA
+	if g := <-slowB; g.xcache != dedup.CacheCoalesced {
+		t.Fatalf("B: %+v", g)
+	}
+	// Notifications arrive in commit order: one sent now comes after
+	// both flights' ends.
+	if _, err := f.conn().Exec(ctx, "SELECT pg_notify($1, 'sentinel')", channel); err != nil {
+		t.Fatal(err)
+	}
+	ends := map[string]int{}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		n, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("waiting for the sentinel: %v", err)
+		}
+		if n.Payload == "sentinel" {
+			break
+		}
+		ends[n.Payload]++
+	}
+	if n := ends[fleetevent.Format(fleetevent.FlightEnded, alone.key)]; n != 0 {
+		t.Errorf("the flight nobody waited for notified the fleet %d times, want 0", n)
+	}
+	if n := ends[fleetevent.Format(fleetevent.FlightEnded, waited.key)]; n != 1 {
+		t.Errorf("the flight B waited on notified the fleet %d times, want 1 (heard: %v)", n, ends)
+	}
 }

@@ -125,6 +125,10 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			defer poll.Stop()
 			s.fleetWaits.Add(1)
 			defer s.fleetWaits.Add(-1)
+			// Registered first: a wake-up right after the mark finds us.
+			if s.markWaiting(ctx, key) {
+				continue
+			}
 		}
 		select {
 		case <-wake:
@@ -297,20 +301,27 @@ func (l *lease) done() {
 	l.s.leases.Done()
 }
 
-// onLock runs locked on the session that holds l's lock, or lost, on the
-// pool, when the lock went with a dropped connection (lost reports that
-// with its own log line).
-func (l *lease) onLock(ctx context.Context, locked func(ctx context.Context, conn *pgxpool.Conn) error, lost func(ctx context.Context) error) error {
-	if l.sess == nil {
-		return lost(ctx)
-	}
-	return l.s.onSession(ctx, l.sess, l.lock, func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error {
-		if gen != l.gen {
-			l.s.log.Warn("postgres: a flight's lock went with its session's connection; ending it without the lock", "key", l.key)
-			return lost(ctx)
+// end runs a lease's last statement: locked on the session that holds its
+// lock (endOnSession: whatever the caller's context or the breaker say, a
+// lock must not outlive its flight), or lost, through the pool and the
+// breaker, when the lease has no lock or its lock went with a dropped
+// connection.
+func (l *lease) end(ctx context.Context, locked func(ctx context.Context, conn *pgxpool.Conn) error, lost func(ctx context.Context) error) error {
+	if l.sess != nil {
+		stale := false
+		err := l.s.endOnSession(l.sess, l.lock, func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error {
+			if gen != l.gen {
+				stale = true
+				return nil
+			}
+			return locked(ctx, conn)
+		})
+		if !stale {
+			return err
 		}
-		return locked(ctx, conn)
-	})
+		l.s.log.Warn("postgres: a flight's lock went with its session's connection; ending it without the lock", "key", l.key)
+	}
+	return l.s.exec(ctx, lost)
 }
 
 // StreamAbove implements dedup.StreamingLease: bodies bigger than a value
@@ -358,14 +369,12 @@ func (l *lease) Release() {
 		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout+s.cfg.Timeout)
 		defer cancel()
 		payload := fleetevent.Format(fleetevent.FlightEnded, l.key)
-		_ = s.exec(ctx, func(ctx context.Context) error {
-			return l.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
-				_, err := conn.Exec(ctx, s.sql.release, l.lock, s.channel, payload)
-				return err
-			}, func(ctx context.Context) error {
-				_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, payload)
-				return err
-			})
+		_ = l.end(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
+			_, err := conn.Exec(ctx, s.sql.release, l.lock, s.channel, payload)
+			return err
+		}, func(ctx context.Context) error {
+			_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, payload)
+			return err
 		})
 		l.done()
 	})
@@ -396,45 +405,43 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	var args []any
 	payload := fleetevent.Format(fleetevent.FlightEnded, l.key)
 	if value != nil {
-		sql = s.sql.set
-		args = []any{l.key, out.Entry.URLKey, value, out.Entry.StoredAt, ttl.Milliseconds(), s.channel, payload}
+		sql = s.sql.finishValue
+		args = []any{l.key, out.Entry.URLKey, value, out.Entry.StoredAt, ttl.Milliseconds(), s.channel, payload, waitRowKey(l.key)}
 	} else {
 		outcome = storecodec.EncodeOutcome(out)
 		if int64(len(outcome)) > int64(s.cfg.MaxValueBytes) {
 			outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
 		}
 		sql = s.sql.setOutcome
-		args = []any{l.key, outcome, s.cfg.FailureTTL.Milliseconds(), s.channel, payload}
+		args = []any{l.key, outcome, s.cfg.FailureTTL.Milliseconds(), s.channel, payload, waitRowKey(l.key)}
 	}
-	err := s.exec(ctx, func(ctx context.Context) error {
-		return l.onLock(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
-			b := &pgx.Batch{}
-			b.Queue("BEGIN")
-			b.Queue(sql, args...)
-			if l.streamed {
-				// Kept only as long as an outcome: the body may still be
-				// in our cache for a late waiter.
-				b.Queue(s.sql.expirePeer, peerRowKey(l.key), s.cfg.FailureTTL.Milliseconds())
-			}
-			b.Queue("COMMIT")
-			var unlocked bool
-			b.Queue(s.sql.unlock, l.lock).QueryRow(func(r pgx.Row) error { return r.Scan(&unlocked) })
-			if err := conn.SendBatch(ctx, b).Close(); err != nil {
-				return err
-			}
-			if !unlocked {
-				// The value is stored, but the lock was not this
-				// session's any more (the session was reset under the
-				// flight, and the other flights' locks with it): ending
-				// the session is the only sure way none of them lingers.
-				s.log.Warn("postgres: a flight's lock was not held at its end; closing its session", "key", l.key)
-				s.dropSession(l.sess)
-			}
-			return nil
-		}, func(ctx context.Context) error {
-			_, err := s.pool.Exec(ctx, sql, args...)
+	err := l.end(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(sql, args...)
+		if l.streamed {
+			// Kept only as long as an outcome: the body may still be
+			// in our cache for a late waiter.
+			b.Queue(s.sql.expirePeer, peerRowKey(l.key), s.cfg.FailureTTL.Milliseconds())
+		}
+		b.Queue("COMMIT")
+		var unlocked bool
+		b.Queue(s.sql.unlock, l.lock).QueryRow(func(r pgx.Row) error { return r.Scan(&unlocked) })
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
 			return err
-		})
+		}
+		if !unlocked {
+			// The value is stored, but the lock was not this
+			// session's any more (the session was reset under the
+			// flight, and the other flights' locks with it): ending
+			// the session is the only sure way none of them lingers.
+			s.log.Warn("postgres: a flight's lock was not held at its end; closing its session", "key", l.key)
+			s.dropSession(l.sess)
+		}
+		return nil
+	}, func(ctx context.Context) error {
+		_, err := s.pool.Exec(ctx, sql, args...)
+		return err
 	})
 	l.done()
 	if value != nil {
@@ -461,6 +468,30 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 const streamingTTL = time.Hour
 
 func peerRowKey(key string) string { return "peer " + key }
+
+// A waiter marks the flight it waits for with a row of the outcomes table
+// under waitRowKey (as peerRowKey, invisible to older versions, which read
+// outcomes by the flight's own key), and the flight's end wakes the fleet
+// only when the mark is there. Older versions' waiters do not mark: they
+// notice a flight led by this version at their next poll. waitMarkTTL
+// outlasts any wait (a flight's deadline and its margin); a flight that
+// outlasts it ends without the wake-up, and its waiters notice at their
+// next poll too.
+func waitRowKey(key string) string { return "wait " + key }
+
+const waitMarkTTL = 10 * time.Minute
+
+// markWaiting marks key's flight as waited on; true when the flight ended
+// meanwhile (its value or outcome is there): look again instead of
+// waiting. A mark that cannot be written costs a poll_interval of latency,
+// nothing else.
+func (s *Cache) markWaiting(ctx context.Context, key string) bool {
+	var ended bool
+	err := s.exec(ctx, func(ctx context.Context) error {
+		return s.pool.QueryRow(ctx, s.sql.markWaiting, waitRowKey(key), waitMarkTTL.Milliseconds(), key).Scan(&ended)
+	})
+	return err == nil && ended
+}
 
 func encodePeer(instance, addr string) []byte { return []byte("p1 " + instance + " " + addr) }
 

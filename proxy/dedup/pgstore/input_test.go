@@ -97,7 +97,7 @@ func TestGarbageOutcomeIsIgnored(t *testing.T) {
 	f.exec(`INSERT INTO {s}.outcomes VALUES ($1, $2, now() + interval '1 minute')`, key, []byte("Qnot an outcome"))
 	waitFor(t, "the garbage outcome to be counted and dropped", func() bool {
 		var n int
-		_ = leader.QueryRow(ctx, schemaSQL(f.schema, `SELECT count(*) FROM {s}.outcomes`)).Scan(&n)
+		_ = leader.QueryRow(ctx, schemaSQL(f.schema, `SELECT count(*) FROM {s}.outcomes WHERE key = $1`), key).Scan(&n)
 		return inst.be.Rejected() > before && n == 0
 	})
 	select {

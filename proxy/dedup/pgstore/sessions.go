@@ -2,6 +2,8 @@ package pgstore
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
@@ -28,6 +30,7 @@ type lockSession struct {
 	turn chan struct{} // one token: the right to use conn
 	conn *pgxpool.Conn // nil until first used, and after it was dropped
 	gen  uint64        // how many connections were dropped: a lock taken on an older one is gone
+	used time.Time     // when conn last ran a statement
 }
 
 func newLockSession() *lockSession {
@@ -36,12 +39,22 @@ func newLockSession() *lockSession {
 	return ls
 }
 
-// onSession runs f on ls's connection, in turn, connecting it first when
-// needed; gen is the connection's generation, for a lease to compare with
-// the one its lock was taken on. The statement runs detached from ctx's
-// cancellation, within the statement bounds: pgx drops a connection whose
-// query is cancelled, and this one holds other flights' locks. ctx only
-// bounds the wait for the turn.
+// errSessionsBusy answers a step that found no turn on a lock session in
+// time: the instance is busy, not the database failing, so the breaker
+// does not count it.
+var errSessionsBusy = errors.New("pgstore: the lock sessions are busy")
+
+// errClosing answers a statement on a lock session once Close began: the
+// sessions are ending, and none reconnects.
+var errClosing = errors.New("pgstore: closing")
+
+// onSession runs f, a flight's first step, on ls's connection in turn,
+// connecting it first when needed; gen is the connection's generation,
+// for a lease to compare with the one its lock was taken on. ctx bounds
+// the wait for the turn (errSessionsBusy past its deadline). The statement
+// itself runs detached from ctx's cancellation, within the statement
+// bounds: pgx drops a connection whose query is cancelled, and this one
+// holds other flights' locks.
 //
 // When f fails, lock (0: none) may be held without a flight to own it: it
 // is given up on the same session, and the connection is dropped if even
@@ -50,22 +63,61 @@ func (c *client) onSession(ctx context.Context, ls *lockSession, lock int64, f f
 	select {
 	case <-ls.turn:
 	case <-ctx.Done():
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %w", errSessionsBusy, ctx.Err())
+		}
 		return ctx.Err()
 	}
 	defer func() { ls.turn <- struct{}{} }()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.cfg.DialTimeout+c.cfg.Timeout)
+	return c.runOnSession(ls, lock, c.cfg.DialTimeout+c.cfg.Timeout, f)
+}
+
+// endOnSession runs f, the end of a flight whose lock ls holds (its value
+// and unlock, or its release), in turn. Unlike a step it waits for the
+// turn as long as it takes (every turn is bounded by statement timeouts)
+// and bypasses the breaker: a lock must not outlive its flight because the
+// caller gave up or the breaker opened on other statements; only Close
+// stops the wait, and then the session ends, with the lock, in Close. The
+// batch of a flight's end gets a statement timeout per statement.
+func (c *client) endOnSession(ls *lockSession, lock int64, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
+	select {
+	case <-ls.turn:
+	case <-c.life.Done():
+		return errClosing
+	}
+	defer func() { ls.turn <- struct{}{} }()
+	err := c.runOnSession(ls, lock, c.cfg.DialTimeout+5*c.cfg.Timeout, f)
+	if err != nil {
+		c.failed.Add(1)
+	}
+	return err
+}
+
+// idlePing is how long a session may sit unused before a ping checks its
+// connection (as pgxpool does for its own): a connection that died with a
+// server restart is replaced before a flight's statement meets it.
+const idlePing = time.Second
+
+// runOnSession is onSession and endOnSession once they hold ls's turn.
+func (c *client) runOnSession(ls *lockSession, lock int64, timeout time.Duration, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
+	if c.life.Err() != nil {
+		// Close ends the sessions: none may connect again behind it.
+		return errClosing
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if ls.conn != nil && ls.conn.Conn().IsClosed() {
+	if ls.conn != nil && (ls.conn.Conn().IsClosed() || time.Since(ls.used) > idlePing && ls.conn.Ping(ctx) != nil) {
 		c.dropSession(ls)
 	}
 	if ls.conn == nil {
-		conn, err := c.flights.Acquire(sctx)
+		conn, err := c.flights.Acquire(ctx)
 		if err != nil {
 			return err
 		}
 		ls.conn = conn
 	}
-	err := f(sctx, ls.conn, ls.gen)
+	ls.used = time.Now()
+	err := f(ctx, ls.conn, ls.gen)
 	if err == nil || lock == 0 {
 		return err
 	}

@@ -10,7 +10,7 @@ type statements struct {
 	get, set, resync, del, delURL, dropValue string
 
 	// Flights.
-	acquire, dropOutcome, setOutcome, unlock, release string
+	acquire, dropOutcome, finishValue, setOutcome, unlock, release, markWaiting string
 	// Streaming a body from the leader's peer listener.
 	stream, peer, expirePeer string
 
@@ -52,12 +52,31 @@ func newStatements(schema string) statements {
 		// meanwhile.
 		dropValue: s(`DELETE FROM {s}.cache WHERE key = $1 AND md5(value) = $2`),
 
+		// A flight's value, and the wake-up of every instance's waiters
+		// only when one of them marked the flight as waited on (the
+		// mark, $8, goes with it): a miss nobody waits for costs the
+		// fleet's listeners nothing.
+		finishValue: s(`WITH w AS (` + upsertValue + `),
+			m AS (DELETE FROM {s}.outcomes WHERE key = $8 RETURNING 1)
+			SELECT pg_notify($6, $7) FROM (SELECT 1 FROM m LIMIT 1) waited`),
+		// A waiter's mark on the flight it waits for ($1, the wait row's
+		// key, for $2 ms), and whether the flight ($3) ended meanwhile:
+		// then it looks again instead of waiting for a wake-up that was
+		// sent before its mark.
+		markWaiting: s(`WITH m AS (INSERT INTO {s}.outcomes AS o (key, value, expires_at)
+			VALUES ($1, ''::bytea, now() + $2::bigint * interval '1 millisecond')
+			ON CONFLICT (key) DO UPDATE SET expires_at = greatest(o.expires_at, excluded.expires_at))
+			SELECT EXISTS (SELECT 1 FROM {s}.cache WHERE key = $3 AND expires_at > now())
+				OR EXISTS (SELECT 1 FROM {s}.outcomes WHERE key = $3 AND expires_at > now())`),
 		acquire:     s(`SELECT state, val FROM {s}.acquire($1, $2, $3, $4)`),
 		dropOutcome: s(`DELETE FROM {s}.outcomes WHERE key = $1 AND md5(value) = $2`),
+		// A flight's outcome without a value, and the wake-up only when
+		// someone marked the flight as waited on ($6), as finishValue.
 		setOutcome: s(`WITH w AS (INSERT INTO {s}.outcomes (key, value, expires_at)
 			VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
-			ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at)
-			SELECT pg_notify($4, $5)`),
+			ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at),
+			m AS (DELETE FROM {s}.outcomes WHERE key = $6 RETURNING 1)
+			SELECT pg_notify($4, $5) FROM (SELECT 1 FROM m LIMIT 1) waited`),
 		unlock: `SELECT pg_advisory_unlock($1)`,
 		// The TooLarge outcome ($1, $2) and the row naming the leader's
 		// peer listener ($3, $4), both for $5 ms, and the wake-up ($6

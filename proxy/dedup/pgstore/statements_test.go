@@ -19,14 +19,16 @@ import (
 // connection idle for more than a second adds pgxpool's ping.
 var budget = map[string]struct{ roundTrips, statements int }{
 	// read-or-lock (the engine reads only the memory tier before a
-	// flight), and one batch: BEGIN, store+notify, COMMIT, unlock.
+	// flight), and one batch: BEGIN, store (and notify, when a waiter
+	// marked the flight), COMMIT, unlock.
 	dedup.CacheMiss: {2, 5},
 	// read-or-lock finds the value (which then sits in the memory tier for
 	// local_ttl).
 	dedup.CacheHit: {1, 1},
-	// read-or-lock (the lock is held elsewhere), and one re-check after
-	// the leader's notification; each poll_interval of waiting adds one.
-	dedup.CacheCoalesced: {2, 2},
+	// read-or-lock (the lock is held elsewhere), the mark that makes the
+	// leader's end wake the fleet, and one re-check after the leader's
+	// notification; each poll_interval of waiting adds one.
+	dedup.CacheCoalesced: {3, 3},
 }
 
 // TestStatementsPerRequest counts, with a tracer on the connections, what

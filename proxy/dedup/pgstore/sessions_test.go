@@ -1,0 +1,145 @@
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// locksOnSession counts the advisory locks inst's first lock session
+// holds on the server, taking its turn to read which session that is.
+func locksOnSession(t *testing.T, f *fleetFixture, inst *instance) int {
+	t.Helper()
+	ls := inst.store.sessions[0]
+	<-ls.turn
+	pid := uint32(0)
+	if ls.conn != nil {
+		pid = ls.conn.Conn().PgConn().PID()
+	}
+	ls.turn <- struct{}{}
+	var n int
+	if err := f.conn().QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1`, pid).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// lead joins key's flight on inst, which must lead it with the lock.
+func lead(t *testing.T, inst *instance, key string) *lease {
+	t.Helper()
+	l, out, err := inst.store.Join(context.Background(), key)
+	if err != nil || out != nil || l == nil {
+		t.Fatalf("join %s: lease %v, outcome %v, %v", key, l, out, err)
+	}
+	if l.(*lease).sess == nil {
+		t.Fatalf("join %s: led without the lock", key)
+	}
+	return l.(*lease)
+}
+
+// TestEndOutlivesTheBreakerAndTheCaller: a flight's end unlocks its lock
+// although the breaker opened on other statements meanwhile and the
+// caller's context is already done; the next instance then leads at once.
+func TestEndOutlivesTheBreakerAndTheCaller(t *testing.T) {
+	f := newFleet(t, 2, Config{MaxConns: 3, FlightConns: 1, BreakerInterval: time.Minute}, dedup.Config{}, nil)
+	a, b := f.insts[0], f.insts[1]
+	l := lead(t, a, "v1:end-breaker")
+	for range 3 {
+		_ = a.store.exec(context.Background(), func(context.Context) error { return errors.New("test: the database failing") })
+	}
+	if a.be.Available() {
+		t.Fatal("the breaker did not open")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = l.Finish(ctx, dedup.Outcome{Err: "origin refused"}, 0)
+	if n := locksOnSession(t, f, a); n != 0 {
+		t.Fatalf("%d advisory locks left on the session after the flight's end, want 0", n)
+	}
+	lead(t, b, "v1:end-breaker").Release()
+}
+
+// TestEndWaitsForTheTurn: a flight's end waits for its session's turn,
+// however long another statement holds it, instead of giving up and
+// leaving the lock behind.
+func TestEndWaitsForTheTurn(t *testing.T) {
+	f := newFleet(t, 1, Config{MaxConns: 3, FlightConns: 1, Timeout: 100 * time.Millisecond, DialTimeout: 100 * time.Millisecond}, dedup.Config{}, nil)
+	a := f.insts[0]
+	l := lead(t, a, "v1:end-turn")
+	ls := a.store.sessions[0]
+	<-ls.turn // another statement, longer than every statement bound
+	done := make(chan struct{})
+	go func() { l.Release(); close(done) }()
+	time.Sleep(3 * (100*time.Millisecond + 100*time.Millisecond))
+	select {
+	case <-done:
+		t.Fatal("the release gave up waiting for the session")
+	default:
+	}
+	ls.turn <- struct{}{}
+	<-done
+	if n := locksOnSession(t, f, a); n != 0 {
+		t.Fatalf("%d advisory locks left after the release, want 0", n)
+	}
+	// The key leads again, and its end leaves nothing either (a lock
+	// taken twice on one session would need two unlocks).
+	l2 := lead(t, a, "v1:end-turn")
+	if err := l2.Finish(context.Background(), dedup.Outcome{Err: "x"}, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := locksOnSession(t, f, a); n != 0 {
+		t.Fatalf("%d advisory locks left after the second flight, want 0", n)
+	}
+}
+
+// TestBusySessionsAreNotAnOutage: steps that find no turn on a busy lock
+// session in time fail alone; the breaker does not hear of them, so the
+// fleet's sharing stays on.
+func TestBusySessionsAreNotAnOutage(t *testing.T) {
+	f := newFleet(t, 1, Config{MaxConns: 3, FlightConns: 1, Timeout: 100 * time.Millisecond, DialTimeout: 100 * time.Millisecond, BreakerFailures: 1}, dedup.Config{}, nil)
+	a := f.insts[0]
+	ls := a.store.sessions[0]
+	<-ls.turn
+	for i := range 3 {
+		if _, _, err := a.store.Join(context.Background(), fmt.Sprintf("v1:busy-%d", i)); !errors.Is(err, errSessionsBusy) {
+			t.Errorf("join %d on a busy session: %v, want errSessionsBusy", i, err)
+		}
+	}
+	ls.turn <- struct{}{}
+	if !a.be.Available() || a.be.Errors() != 0 {
+		t.Fatalf("after busy sessions: available %v, %d errors; want the breaker closed and nothing counted", a.be.Available(), a.be.Errors())
+	}
+}
+
+// TestCloseEndsLateFlights: a flight that ends after Close gave up waiting
+// for it does not reconnect its session behind Close, which would keep
+// Close waiting for that connection for good.
+func TestCloseEndsLateFlights(t *testing.T) {
+	f := newFleet(t, 1, Config{MaxConns: 4, FlightConns: 2}, dedup.Config{}, nil)
+	a := f.insts[0]
+	var l *lease
+	for i := 0; l == nil || l.sess != a.store.sessions[0]; i++ {
+		if l != nil {
+			l.Release()
+		}
+		l = lead(t, a, fmt.Sprintf("v1:late-%d", i))
+	}
+	other := a.store.sessions[1]
+	<-other.turn // a statement running on the other session during Close
+	closed := make(chan struct{})
+	go func() { a.be.Close(); close(closed) }()
+	time.Sleep(closeWait + 200*time.Millisecond) // Close gave up on the flight
+	if err := l.Finish(context.Background(), dedup.Outcome{Err: "late"}, 0); !errors.Is(err, errClosing) {
+		t.Errorf("a flight ending after Close: %v, want errClosing", err)
+	}
+	other.turn <- struct{}{}
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close never returned")
+	}
+}
