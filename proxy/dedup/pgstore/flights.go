@@ -123,10 +123,13 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			defer s.waiters.Remove(key, wake)
 			poll = time.NewTicker(s.cfg.PollInterval)
 			defer poll.Stop()
+			// Registered first: a wake-up right after the mark finds us.
+			// Counted as waiting once marked: the leader's end wakes us
+			// from then on (or, when the two cross, the next poll does).
+			ended := s.markWaiting(ctx, key)
 			s.fleetWaits.Add(1)
 			defer s.fleetWaits.Add(-1)
-			// Registered first: a wake-up right after the mark finds us.
-			if s.markWaiting(ctx, key) {
+			if ended {
 				continue
 			}
 		}
@@ -307,7 +310,7 @@ func (l *lease) done() {
 // breaker, when the lease has no lock or its lock went with a dropped
 // connection.
 func (l *lease) end(ctx context.Context, locked func(ctx context.Context, conn *pgxpool.Conn) error, lost func(ctx context.Context) error) error {
-	if l.sess != nil {
+	if l.sess != nil && l.sess.gen.Load() == l.gen {
 		stale := false
 		err := l.s.endOnSession(l.sess, l.lock, func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error {
 			if gen != l.gen {
@@ -319,6 +322,8 @@ func (l *lease) end(ctx context.Context, locked func(ctx context.Context, conn *
 		if !stale {
 			return err
 		}
+	}
+	if l.sess != nil {
 		l.s.log.Warn("postgres: a flight's lock went with its session's connection; ending it without the lock", "key", l.key)
 	}
 	return l.s.exec(ctx, lost)
@@ -482,8 +487,11 @@ func waitRowKey(key string) string { return "wait " + key }
 const waitMarkTTL = 10 * time.Minute
 
 // markWaiting marks key's flight as waited on; true when the flight ended
-// meanwhile (its value or outcome is there): look again instead of
-// waiting. A mark that cannot be written costs a poll_interval of latency,
+// with a value meanwhile: look again instead of waiting. (An outcome is
+// not looked for here: the outcome of the flight before may still be
+// there, its removal not yet committed by the new leader's lock.) A mark
+// and an end that cross (neither statement sees the other's row) cost the
+// waiter a poll_interval. A mark that cannot be written costs a poll_interval of latency,
 // nothing else.
 func (s *Cache) markWaiting(ctx context.Context, key string) bool {
 	var ended bool

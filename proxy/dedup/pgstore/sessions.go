@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -29,7 +30,7 @@ import (
 type lockSession struct {
 	turn chan struct{} // one token: the right to use conn
 	conn *pgxpool.Conn // nil until first used, and after it was dropped
-	gen  uint64        // how many connections were dropped: a lock taken on an older one is gone
+	gen  atomic.Uint64 // how many connections were dropped: a lock taken on an older one is gone (written in turn)
 	used time.Time     // when conn last ran a statement
 }
 
@@ -74,20 +75,17 @@ func (c *client) onSession(ctx context.Context, ls *lockSession, lock int64, f f
 
 // endOnSession runs f, the end of a flight whose lock ls holds (its value
 // and unlock, or its release), in turn. Unlike a step it waits for the
-// turn as long as it takes (every turn is bounded by statement timeouts)
-// and bypasses the breaker: a lock must not outlive its flight because the
-// caller gave up or the breaker opened on other statements; only Close
-// stops the wait, and then the session ends, with the lock, in Close. The
-// batch of a flight's end gets a statement timeout per statement.
+// turn as long as it takes, which is never for good (every turn is bounded
+// by statement timeouts, Close's too), and bypasses the breaker: a lock
+// must not outlive its flight because the caller gave up or the breaker
+// opened on other statements. Once Close has ended the session, the lock
+// is gone with it and f does not run. The batch of a flight's end gets a
+// statement timeout per statement.
 func (c *client) endOnSession(ls *lockSession, lock int64, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
-	select {
-	case <-ls.turn:
-	case <-c.life.Done():
-		return errClosing
-	}
+	<-ls.turn
 	defer func() { ls.turn <- struct{}{} }()
 	err := c.runOnSession(ls, lock, c.cfg.DialTimeout+5*c.cfg.Timeout, f)
-	if err != nil {
+	if err != nil && !errors.Is(err, errClosing) {
 		c.failed.Add(1)
 	}
 	return err
@@ -100,14 +98,15 @@ const idlePing = time.Second
 
 // runOnSession is onSession and endOnSession once they hold ls's turn.
 func (c *client) runOnSession(ls *lockSession, lock int64, timeout time.Duration, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
-	if c.life.Err() != nil {
-		// Close ends the sessions: none may connect again behind it.
-		return errClosing
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if ls.conn != nil && (ls.conn.Conn().IsClosed() || time.Since(ls.used) > idlePing && ls.conn.Ping(ctx) != nil) {
 		c.dropSession(ls)
+	}
+	if ls.conn == nil && c.life.Err() != nil {
+		// Close ends the sessions: none may connect again behind it
+		// (pgxpool's Close would wait for that connection for good).
+		return errClosing
 	}
 	if ls.conn == nil {
 		conn, err := c.flights.Acquire(ctx)
@@ -117,7 +116,7 @@ func (c *client) runOnSession(ls *lockSession, lock int64, timeout time.Duration
 		ls.conn = conn
 	}
 	ls.used = time.Now()
-	err := f(ctx, ls.conn, ls.gen)
+	err := f(ctx, ls.conn, ls.gen.Load())
 	if err == nil || lock == 0 {
 		return err
 	}
@@ -150,7 +149,7 @@ func (c *client) dropSession(ls *lockSession) {
 	}
 	destroy(ls.conn)
 	ls.conn = nil
-	ls.gen++
+	ls.gen.Add(1)
 }
 
 // session picks the session a new flight takes its lock on.

@@ -60,14 +60,13 @@ func newStatements(schema string) statements {
 			m AS (DELETE FROM {s}.outcomes WHERE key = $8 RETURNING 1)
 			SELECT pg_notify($6, $7) FROM (SELECT 1 FROM m LIMIT 1) waited`),
 		// A waiter's mark on the flight it waits for ($1, the wait row's
-		// key, for $2 ms), and whether the flight ($3) ended meanwhile:
-		// then it looks again instead of waiting for a wake-up that was
-		// sent before its mark.
+		// key, for $2 ms), and whether the flight ($3) stored its value
+		// meanwhile: then it looks again instead of waiting for a wake-up
+		// that was sent before its mark.
 		markWaiting: s(`WITH m AS (INSERT INTO {s}.outcomes AS o (key, value, expires_at)
 			VALUES ($1, ''::bytea, now() + $2::bigint * interval '1 millisecond')
 			ON CONFLICT (key) DO UPDATE SET expires_at = greatest(o.expires_at, excluded.expires_at))
-			SELECT EXISTS (SELECT 1 FROM {s}.cache WHERE key = $3 AND expires_at > now())
-				OR EXISTS (SELECT 1 FROM {s}.outcomes WHERE key = $3 AND expires_at > now())`),
+			SELECT EXISTS (SELECT 1 FROM {s}.cache WHERE key = $3 AND expires_at > now())`),
 		acquire:     s(`SELECT state, val FROM {s}.acquire($1, $2, $3, $4)`),
 		dropOutcome: s(`DELETE FROM {s}.outcomes WHERE key = $1 AND md5(value) = $2`),
 		// A flight's outcome without a value, and the wake-up only when
