@@ -43,7 +43,7 @@ type shared struct {
 		Rejected() int64
 		Errors() int64
 		// UnlockedFlights counts the flights led without the fleet's
-		// lock (PostgreSQL past flight_locks).
+		// lock (PostgreSQL past flight_locks, or its lock table full).
 		UnlockedFlights() int64
 	}
 }

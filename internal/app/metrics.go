@@ -143,7 +143,7 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 				emit(float64(shared.life.Errors()), shared.Name())
 			}))
 		rejected = func() float64 { return float64(up.NotesRejected() + shared.life.Rejected()) }
-		m.Register(metrics.NewVec("fleet_flights_unlocked_total", "Flights this instance led without the fleet's lock (PostgreSQL, past postgres.flight_locks; always 0 with Redis): another instance may have fetched the same key meanwhile.",
+		m.Register(metrics.NewVec("fleet_flights_unlocked_total", "Flights this instance led without the fleet's lock (PostgreSQL: past postgres.flight_locks, or with the server's lock table full; always 0 with Redis): another instance may have fetched the same key meanwhile.",
 			true, []string{"store"}, func(emit func(float64, ...string)) {
 				emit(float64(shared.life.UnlockedFlights()), shared.Name())
 			}))

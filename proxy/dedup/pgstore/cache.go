@@ -29,8 +29,9 @@ type Cache struct {
 	waiters fleetevent.Waiters
 	// fleetWaits counts Joins waiting on another process's flight.
 	fleetWaits atomic.Int64
-	// unlocked counts flights led without a lock because every flight
-	// connection was taken; lastUnlockedLog rate-limits the warning.
+	// unlocked counts flights led without a lock (flight_locks taken, or
+	// the server's lock table full); lastUnlockedLog rate-limits the
+	// warning.
 	unlocked        atomic.Int64
 	lastUnlockedLog atomic.Int64
 	// gets shares one SELECT among concurrent lookups of a key: a

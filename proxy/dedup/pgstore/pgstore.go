@@ -117,8 +117,8 @@ func (b *Backend) Rejected() int64 { return b.c.rejected.Load() }
 func (b *Backend) Errors() int64 { return b.c.failed.Load() }
 
 // UnlockedFlights counts the flights this instance led without the fleet
-// lock, with flight_locks of them leading already: another instance may
-// have fetched the same key meanwhile.
+// lock, with flight_locks of them leading already or the server's lock
+// table full: another instance may have fetched the same key meanwhile.
 func (b *Backend) UnlockedFlights() int64 { return b.Cache.unlocked.Load() }
 
 // closeWait bounds how long Close waits for flights still holding a lock
