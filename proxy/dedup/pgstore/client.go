@@ -160,7 +160,7 @@ func newClient(cfg Config, logger *slog.Logger, tracer pgx.QueryTracer) (*client
 		},
 		// A caller that gave up says nothing about the database.
 		IsExcluded: func(err error) bool {
-			return errors.Is(err, errCallerGone) || errors.Is(err, errSessionsBusy) || errors.Is(err, errClosing)
+			return errors.Is(err, errCallerGone) || notFailure(err)
 		},
 		OnStateChange: func(_ string, from, to gobreaker.State) {
 			switch to {
@@ -218,6 +218,13 @@ func (c *client) available() bool {
 // not the database's fault, not counted by the breaker.
 var errCallerGone = errors.New("pgstore: caller gave up")
 
+// notFailure reports an error that says nothing of the database's
+// health, which neither the breaker nor the error count hears of: busy or
+// closing lock sessions, a full lock table.
+func notFailure(err error) bool {
+	return errors.Is(err, errSessionsBusy) || errors.Is(err, errClosing) || isLockTableFull(err)
+}
+
 // exec runs one database operation through the breaker, bounded by the
 // dial and statement timeouts. It returns nil, pgx.ErrNoRows, the caller's
 // context error, or an error wrapping dedup.ErrUnavailable.
@@ -234,8 +241,7 @@ func (c *client) exec(ctx context.Context, op func(context.Context) error) error
 		case err == nil, errors.Is(err, pgx.ErrNoRows):
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("%w: %w", errCallerGone, ctx.Err())
-		case errors.Is(err, errSessionsBusy), errors.Is(err, errClosing):
-			// Not the database's failure: not counted.
+		case notFailure(err):
 		default:
 			c.failed.Add(1)
 		}

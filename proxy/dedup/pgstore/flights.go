@@ -164,31 +164,18 @@ func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot b
 	}
 	ls := s.session()
 	var gen uint64
-	full := false
 	err = s.exec(ctx, func(ctx context.Context) error {
 		return s.onSession(ctx, ls, lock, func(ctx context.Context, conn *pgxpool.Conn, g uint64) error {
 			gen = g
-			err := conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val)
-			if isLockTableFull(err) {
-				// The server has no room for one more lock: not the
-				// database failing, so the breaker must not hear of it
-				// (a burst of flights would switch the fleet off). A
-				// read after the lock may be what ran out of room: give
-				// the lock up, in case.
-				full = true
-				_, err = conn.Exec(ctx, s.sql.unlock, lock)
-			}
-			return err
+			return conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val)
 		})
 	})
-	if full {
-		s.held.drop(lock)
-		<-s.slots
-		return stateLocked, nil, s.unlockedLease(key, lockTableFull), nil
-	}
 	if err != nil || state != stateLocked {
 		s.held.drop(lock)
 		<-s.slots
+		if isLockTableFull(err) {
+			return stateLocked, nil, s.unlockedLease(key, lockTableFull), nil
+		}
 		return state, val, nil, err
 	}
 	s.leases.Add(1)
@@ -246,8 +233,10 @@ func (s *Cache) unlockedLease(key string, why int) *lease {
 }
 
 // isLockTableFull reports the server's "out of shared memory" for a lock
-// (SQLSTATE 53200, with max_locks_per_transaction in its hint): the
-// statement failed whole and took no lock.
+// (SQLSTATE 53200, with max_locks_per_transaction in its hint). The
+// session gave up whatever lock the statement took (onSession), and the
+// breaker does not count it (exec): a burst of flights past the table is
+// not the database failing, and must not switch the fleet's sharing off.
 func isLockTableFull(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "53200"

@@ -85,7 +85,7 @@ func (c *client) endOnSession(ls *lockSession, lock int64, f func(ctx context.Co
 	<-ls.turn
 	defer func() { ls.turn <- struct{}{} }()
 	err := c.runOnSession(ls, lock, c.cfg.DialTimeout+5*c.cfg.Timeout, f)
-	if err != nil && !errors.Is(err, errClosing) {
+	if err != nil && !notFailure(err) {
 		c.failed.Add(1)
 	}
 	return err

@@ -262,19 +262,8 @@ END $$`, f.schema),
 	if !strings.Contains(f.logs.String(), "test: refused") {
 		t.Fatal("the refused row was not reported")
 	}
-	ls := a.store.sessions[0]
-	<-ls.turn
-	pid := uint32(0)
-	if ls.conn != nil {
-		pid = ls.conn.Conn().PgConn().PID()
-	}
-	ls.turn <- struct{}{}
-	var held int
-	if err := c.QueryRow(context.Background(), `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid = $1`, pid).Scan(&held); err != nil {
-		t.Fatal(err)
-	}
-	if held != 1 {
-		t.Fatalf("A's session (pid %d) holds %d advisory locks after the failed end, want 1: the slow flight's", pid, held)
+	if held := locksOnSession(t, f, a); held != 1 {
+		t.Fatalf("A's session holds %d advisory locks after the failed end, want 1: the slow flight's", held)
 	}
 	unblock()
 	if g := <-slow; g.xcache != dedup.CacheMiss {
