@@ -122,7 +122,14 @@ func proxyUser(h http.Header) string {
 // HTTP/1.1 and HTTP/2 alike. It always returns a response: goproxy would
 // answer a failure with a bare 500 carrying the raw error, so failures never
 // leave this function as errors.
-func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request, resp *http.Response) {
+func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
+	return req, s.serve(req, req.Context())
+}
+
+// serve answers req, whose context is ctx: req's own, or one the caller
+// added values to (the tunnel's fingerprint). The request is copied once,
+// with everything its context gained, on its way to the engine.
+func (s *Server) serve(req *http.Request, ctx context.Context) (resp *http.Response) {
 	start := time.Now()
 	s.inflight.Add(1)
 	// What the proxy knows of the client, learned once at the front door:
@@ -130,7 +137,7 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 	// that opened its tunnel, which the request's context carries.
 	var client clientinfo.Info
 	inTunnel := false
-	if t := tunnelFrom(req.Context()); t != nil {
+	if t := tunnelFrom(ctx); t != nil {
 		client, inTunnel = t.info, true
 	}
 	defer func() {
@@ -148,40 +155,39 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 	if !inTunnel {
 		user, ok := s.authenticate(req.Header)
 		if !ok {
-			return req, s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
+			return s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
 		}
 		info, err := s.identify(user, req.RemoteAddr, req.Header)
 		if err != nil {
-			return req, badSession(req, err)
+			return badSession(req, err)
 		}
 		if r := s.attribute(req, info); r != nil {
-			return req, r
+			return r
 		}
 		client = info
 		// Its client's header order and case, for the upstream.
-		req = withPlainShape(req)
+		ctx = plainShapeCtx(ctx, req)
 	}
 	if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
-		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,
+		return errorResponse(req, http.StatusBadRequest, kindBadRequest,
 			fmt.Sprintf("unsupported URL scheme %q: onceproxy forwards http and https", req.URL.Scheme))
 	}
 	host := req.URL.Hostname()
 	if host == "" {
-		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest, "request URL has no host")
+		return errorResponse(req, http.StatusBadRequest, kindBadRequest, "request URL has no host")
 	}
 	info, err := hintHeaders(client, req.Header)
 	if err != nil {
-		return req, badSession(req, err)
+		return badSession(req, err)
 	}
 	req.Header.Del(headerSession)
 	req.Header.Del(headerCountry)
-	ctx := req.Context()
 	if r := s.limit(ctx, req, info.Client, host); r != nil {
-		return req, r
+		return r
 	}
 	ctx, refused := s.checkTarget(ctx, req, host)
 	if refused != nil {
-		return req, refused
+		return refused
 	}
 
 	upgrade := isUpgrade(req.Header)
@@ -203,7 +209,7 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 	if err != nil && body != nil && body.failed() != nil {
 		// The client's own body was malformed (a bad chunk, cut short):
 		// its fault, not the upstream's.
-		return req, errorResponse(req, http.StatusBadRequest, kindBadRequest,
+		return errorResponse(req, http.StatusBadRequest, kindBadRequest,
 			"malformed request body: "+body.failed().Error())
 	}
 	if err != nil {
@@ -214,12 +220,12 @@ func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (_ *http.Request
 			s.metrics.SSRFRefused()
 		}
 		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", status, "kind", kind, "err", err)
-		return req, resp
+		return resp
 	}
 	if up.StatusCode != http.StatusSwitchingProtocols {
 		removeHopHeaders(up.Header, false)
 	}
-	return req, up
+	return up
 }
 
 // clientBody remembers the first error reading a client's request body,
@@ -347,19 +353,36 @@ func logAccess(ctx context.Context, l *slog.Logger, msg string, attrs []slog.Att
 // one Read of the body returned: a piece of the origin's stream as it
 // arrives, or 32 KiB of a body already there, so the flushes cost no extra
 // writes. It keeps the writer hijackable for WebSocket upgrades.
+//
+// net/http's writers (HTTP/1.1 and HTTP/2) flush through http.Flusher
+// directly; a ResponseController, which finds the flusher through Unwrap,
+// is made only for a writer that does not (one allocation per request
+// spared).
 type flushingWriter struct {
 	http.ResponseWriter
-	rc *http.ResponseController
+	flusher http.Flusher             // w's own, when it has one
+	rc      *http.ResponseController // otherwise
 }
 
 func streamTo(w http.ResponseWriter) *flushingWriter {
+	if f, ok := w.(http.Flusher); ok {
+		return &flushingWriter{ResponseWriter: w, flusher: f}
+	}
 	return &flushingWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
+}
+
+func (w *flushingWriter) flush() error {
+	if w.flusher != nil {
+		w.flusher.Flush()
+		return nil
+	}
+	return w.rc.Flush()
 }
 
 func (w *flushingWriter) Write(p []byte) (int, error) {
 	n, err := w.ResponseWriter.Write(p)
 	if err == nil {
-		err = w.rc.Flush()
+		err = w.flush()
 	}
 	return n, err
 }
@@ -370,9 +393,11 @@ func (w *flushingWriter) Write(p []byte) (int, error) {
 // DATA frame and an empty one).
 func (w *flushingWriter) writeLast(p []byte) (int, error) { return w.ResponseWriter.Write(p) }
 
-func (w *flushingWriter) Flush() { _ = w.rc.Flush() }
+func (w *flushingWriter) Flush() { _ = w.flush() }
 
-func (w *flushingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) { return w.rc.Hijack() }
+func (w *flushingWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	return http.NewResponseController(w.ResponseWriter).Hijack()
+}
 
 // Unwrap lets http.ResponseController reach the writer's own deadlines.
 func (w *flushingWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
@@ -458,11 +483,19 @@ func (b *rwBody) Write(p []byte) (int, error) { return b.w.Write(p) }
 // protocol switch (goproxy splices the two streams after the 101) and a
 // request that is not in absolute form (its non-proxy handler).
 func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
+	s.forwardCtx(w, r, r.Context())
+}
+
+// forwardCtx is forward for a request whose context is ctx (see serve).
+func (s *Server) forwardCtx(w http.ResponseWriter, r *http.Request, ctx context.Context) {
 	if !r.URL.IsAbs() || isUpgrade(r.Header) {
+		if ctx != r.Context() {
+			r = r.WithContext(ctx)
+		}
 		s.gp.ServeHTTP(w, r)
 		return
 	}
-	_, resp := s.handle(r, nil)
+	resp := s.serve(r, ctx)
 	// Closed on the way out even when the copy aborts the handler (see
 	// finish): the request's line is logged in Close.
 	defer resp.Body.Close()

@@ -106,41 +106,43 @@ func (l tapListener) Accept() (net.Conn, error) {
 	return &tappedConn{Conn: capture.NewConn(c, nil)}, nil
 }
 
-// fingerprinted returns r with the client's fingerprint and the request's
-// shape in its context, as read by tap, for the upstream to mirror. Every
-// request read off a tapped connection must pass here: on HTTP/1.x the tap
-// drops the shapes of the requests before the one asked for.
-func fingerprinted(r *http.Request, tap *capture.Conn) *http.Request {
+// fingerprintCtx returns ctx with the client's fingerprint and r's shape,
+// as read by tap, for the upstream to mirror, and the fingerprint (nil
+// while the tap has none). Every request read off a tapped connection must
+// pass here: on HTTP/1.x the tap drops the shapes of the requests before
+// the one asked for. It returns a context, not a request: the front door
+// copies the request once, with everything its context gains (see serve).
+func fingerprintCtx(ctx context.Context, r *http.Request, tap *capture.Conn) (context.Context, *fingerprint.Fingerprint) {
 	shape := tap.Shape(r)
 	fp := tap.Fingerprint()
 	if fp == nil {
-		return r
+		return ctx, nil
 	}
-	ctx := fingerprint.WithFingerprint(r.Context(), fp)
+	ctx = fingerprint.WithFingerprint(ctx, fp)
 	if shape != nil {
 		ctx = fingerprint.WithShape(ctx, shape)
 	}
-	return r.WithContext(ctx)
+	return ctx, fp
 }
 
-// withPlainShape gives an absolute-form http:// request on the proxy port
-// its client's header order. Other requests there (https:// in absolute
-// form, the /fetch API) keep the Go way: the connection's TLS, if any, was
-// never the origin's business.
-func withPlainShape(req *http.Request) *http.Request {
-	tc, _ := req.Context().Value(clientConnKey{}).(*tappedConn)
+// plainShapeCtx gives an absolute-form http:// request on the proxy port
+// its client's header order, in ctx, the request's. Other requests there
+// (https:// in absolute form, the /fetch API) keep the Go way: the
+// connection's TLS, if any, was never the origin's business.
+func plainShapeCtx(ctx context.Context, req *http.Request) context.Context {
+	tc, _ := ctx.Value(clientConnKey{}).(*tappedConn)
 	if tc == nil {
-		return req
+		return ctx
 	}
-	if req.URL.Scheme != "http" {
-		tc.Shape(req) // keep the tap's queue in step
-		return req
+	shape := tc.Shape(req) // also keeps the tap's queue in step
+	if req.URL.Scheme != "http" || shape == nil {
+		return ctx
 	}
-	out := fingerprinted(req, tc.Conn)
-	if fingerprint.ShapeFrom(out.Context()) == nil {
-		return req
+	fp := tc.Fingerprint()
+	if fp == nil {
+		return ctx
 	}
-	return out
+	return fingerprint.WithShape(fingerprint.WithFingerprint(ctx, fp), shape)
 }
 
 // newInner builds the server for intercepted tunnels. It shares the proxy
@@ -338,13 +340,15 @@ func (s *Server) serveDecrypted(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	r.RemoteAddr = t.remoteAddr
+	ctx := r.Context()
 	if t.tap != nil {
-		r = fingerprinted(r, t.tap)
-		if fp := fingerprint.FingerprintFrom(r.Context()); fp != nil && t.tallied.CompareAndSwap(false, true) {
+		var fp *fingerprint.Fingerprint
+		ctx, fp = fingerprintCtx(ctx, r, t.tap)
+		if fp != nil && t.tallied.CompareAndSwap(false, true) {
 			s.clientFPs.Add(fp, time.Now())
 		}
 	}
-	s.forward(streamTo(w), r)
+	s.forwardCtx(streamTo(w), r, ctx)
 }
 
 // clientFingerprintsShown is how many fingerprints the status page lists;

@@ -555,12 +555,27 @@ func (e *Engine) tally(req *http.Request, xcache string, avoided int, moneyNano 
 const headerUpstream = "X-Onceproxy-Upstream"
 
 func markCache(h http.Header, xcache, key string) {
-	h.Set(HeaderCache, xcache)
+	if vs, ok := cacheValues[xcache]; ok {
+		h[HeaderCache] = vs
+	} else {
+		h.Set(HeaderCache, xcache)
+	}
 	if key != "" {
 		h.Set(HeaderCacheKey, key)
 	} else {
 		h.Del(HeaderCacheKey)
 	}
+}
+
+// cacheValues are X-Cache's values, one slice each shared by every answer
+// (markCache runs for every request: a Set would allocate one apiece).
+// Their capacity is their length, so an Add to a response's X-Cache copies
+// instead of writing into the shared array; nothing writes into them.
+var cacheValues = map[string][]string{
+	CacheHit:       {CacheHit},
+	CacheCoalesced: {CacheCoalesced},
+	CacheMiss:      {CacheMiss},
+	CacheBypass:    {CacheBypass},
 }
 
 // bypass sends req upstream without deduplication and streams the answer.
