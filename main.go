@@ -78,7 +78,7 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 		logger.Info("configuration loaded", "file", path)
 	}
 	getenv := func(k string) string { return app.LookupEnv(environ, k) }
-	app.ApplyMemoryLimit(cfg, getenv, logger)
+	app.ApplyRuntime(cfg, getenv, logger)
 	// SIGHUP reloads the configuration from the same file and environment.
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)

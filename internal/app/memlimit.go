@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strconv"
 	"strings"
 
 	"github.com/KimMachineGun/automemlimit/memlimit"
@@ -23,6 +24,58 @@ type ProcessConfig struct {
 	// there is one, else the configured memory bounds plus a margin; "off":
 	// none; or a size ("1GiB").
 	MemoryLimit MemoryLimit `yaml:"memory_limit"`
+	// GCPercent is the collector's GOGC: how far the heap grows past the
+	// live set before a collection. A proxy allocates per request and
+	// keeps a small live set, so Go's 100 collects often: at 100 the
+	// collector took a sixth of a cache hit's CPU. With a memory limit in
+	// force the limit, not GOGC, bounds the heap, and a higher GOGC only
+	// collects less often below it. "auto" (default): 400 while a memory
+	// limit is in force (memory_limit, or GOMEMLIMIT), else Go's 100; or a
+	// number from 25 to 10000. A GOGC environment variable wins over all.
+	GCPercent GCPercent `yaml:"gc_percent"`
+}
+
+// GCPercent is "auto" or a GOGC value.
+type GCPercent struct {
+	Auto bool
+	N    int
+}
+
+// gcPercentRange bounds a configured GCPercent: below 25 the collector
+// runs nearly all the time; above 10000 only the memory limit stops the
+// heap.
+const (
+	minGCPercent = 25
+	maxGCPercent = 10000
+	// limitedGCPercent is auto's GOGC under a memory limit. Measured with
+	// onceload -compare-hits (100 hot keys, c=64): 0.80-0.89x of direct's
+	// req/s at 100, 0.90-0.99x at 400; unique misses (-compare, HTTP/1.1)
+	// 13-15% less CPU per request.
+	limitedGCPercent = 400
+)
+
+// UnmarshalText implements encoding.TextUnmarshaler.
+func (g *GCPercent) UnmarshalText(b []byte) error {
+	s := strings.TrimSpace(string(b))
+	if s == "" || s == "auto" {
+		*g = GCPercent{Auto: true}
+		return nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < minGCPercent || n > maxGCPercent {
+		// yaml.v3 names no key for a TextUnmarshaler's error: say it here.
+		return fmt.Errorf("process.gc_percent: want auto or a number from %d to %d, got %q", minGCPercent, maxGCPercent, s)
+	}
+	*g = GCPercent{N: n}
+	return nil
+}
+
+// MarshalText implements encoding.TextMarshaler.
+func (g GCPercent) MarshalText() ([]byte, error) {
+	if g.Auto || g.N == 0 {
+		return []byte("auto"), nil
+	}
+	return []byte(strconv.Itoa(g.N)), nil
 }
 
 // MemoryLimit is "auto", "off" or a byte size.
@@ -41,7 +94,7 @@ func (m *MemoryLimit) UnmarshalText(b []byte) error {
 	default:
 		n, err := bytesize.Parse(s)
 		if err != nil {
-			return fmt.Errorf("want auto, off or a size: %w", err)
+			return fmt.Errorf("process.memory_limit: want auto, off or a size: %w", err)
 		}
 		*m = MemoryLimit{Size: n}
 	}
@@ -93,14 +146,35 @@ func memoryLimit(cfg *Config, getenv func(string) string, cgroup func() (uint64,
 	return total + max(64<<20, total/8), fmt.Sprintf("the configured bounds (%s) plus a margin", bytesize.Size(total))
 }
 
-// ApplyMemoryLimit sets the process's Go memory limit from cfg and logs it.
-// It is process-wide, so main calls it, not Build.
-func ApplyMemoryLimit(cfg *Config, getenv func(string) string, logger *slog.Logger) {
-	limit, source := memoryLimit(cfg, getenv, memlimit.FromCgroup)
-	if limit <= 0 {
-		logger.Info("no Go memory limit set by onceproxy", "because", source)
-		return
+// gcPercent decides the collector's GOGC and says where it came from; 0
+// leaves Go's own. limited says whether a memory limit is in force.
+func gcPercent(cfg *Config, getenv func(string) string, limited bool) (int, string) {
+	g := cfg.Process.GCPercent
+	switch {
+	case getenv("GOGC") != "":
+		return 0, "GOGC in the environment"
+	case g.N > 0:
+		return g.N, "process.gc_percent"
+	case limited:
+		return limitedGCPercent, "process.gc_percent: auto, under the memory limit"
 	}
-	debug.SetMemoryLimit(limit)
-	logger.Info("Go memory limit", "limit", bytesize.Size(limit).String(), "from", source)
+	return 0, "process.gc_percent: auto, without a memory limit"
+}
+
+// ApplyRuntime sets the process's Go memory limit and the collector's
+// GOGC from cfg, and logs them. They are process-wide, so main calls it,
+// not Build.
+func ApplyRuntime(cfg *Config, getenv func(string) string, logger *slog.Logger) {
+	limit, source := memoryLimit(cfg, getenv, memlimit.FromCgroup)
+	if limit > 0 {
+		debug.SetMemoryLimit(limit)
+		logger.Info("Go memory limit", "limit", bytesize.Size(limit).String(), "from", source)
+	} else {
+		logger.Info("no Go memory limit set by onceproxy", "because", source)
+	}
+	gc, from := gcPercent(cfg, getenv, limit > 0 || getenv("GOMEMLIMIT") != "")
+	if gc > 0 {
+		debug.SetGCPercent(gc)
+		logger.Info("Go GC percent", "gogc", gc, "from", from)
+	}
 }

@@ -2,6 +2,9 @@ package app
 
 import (
 	"errors"
+	"log/slog"
+	"math"
+	"runtime/debug"
 	"strings"
 	"testing"
 
@@ -62,5 +65,79 @@ func TestMemoryLimit(t *testing.T) {
 		if _, err := LoadConfig(shippedConfig, writeConfig(t, bad), nil); err == nil || !strings.Contains(err.Error(), "auto, off or a size") {
 			t.Errorf("%q: %v", bad, err)
 		}
+	}
+}
+
+func TestGCPercent(t *testing.T) {
+	none := func(string) string { return "" }
+	load := func(t *testing.T, yaml string) *Config {
+		t.Helper()
+		cfg, err := LoadConfig(shippedConfig, writeConfig(t, yaml), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	shipped := load(t, "")
+	if gc, from := gcPercent(shipped, none, true); gc != limitedGCPercent || !strings.Contains(from, "auto") {
+		t.Errorf("auto under a memory limit: %d (%s), want %d", gc, from, limitedGCPercent)
+	}
+	if gc, _ := gcPercent(shipped, none, false); gc != 0 {
+		t.Errorf("auto without a memory limit must leave Go's own: %d", gc)
+	}
+	if gc, _ := gcPercent(load(t, "process: {gc_percent: 200}\n"), none, false); gc != 200 {
+		t.Errorf("configured: %d", gc)
+	}
+	env := func(k string) string {
+		if k == "GOGC" {
+			return "150"
+		}
+		return ""
+	}
+	if gc, from := gcPercent(load(t, "process: {gc_percent: 200}\n"), env, true); gc != 0 || !strings.Contains(from, "GOGC") {
+		t.Errorf("GOGC must win: %d (%s)", gc, from)
+	}
+	c, err := LoadConfig(shippedConfig, "", []string{"ONCEPROXY_PROCESS_GC_PERCENT=800"})
+	if err != nil || c.Process.GCPercent.N != 800 {
+		t.Errorf("env override: %+v %v", c.Process.GCPercent, err)
+	}
+	for _, bad := range []string{"lots", "10", "20000", "-1", "1.5"} {
+		_, err := LoadConfig(shippedConfig, writeConfig(t, "process: {gc_percent: "+bad+"}\n"), nil)
+		if err == nil || !strings.Contains(err.Error(), "gc_percent") || !strings.Contains(err.Error(), "auto or a number from 25 to 10000") {
+			t.Errorf("%q: %v", bad, err)
+		}
+	}
+}
+
+// TestApplyRuntime sets the process's memory limit and GOGC as the
+// configuration says, and restores Go's afterwards.
+func TestApplyRuntime(t *testing.T) {
+	oldGC := debug.SetGCPercent(100)
+	oldLimit := debug.SetMemoryLimit(math.MaxInt64)
+	t.Cleanup(func() {
+		debug.SetGCPercent(oldGC)
+		debug.SetMemoryLimit(oldLimit)
+	})
+	none := func(string) string { return "" }
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "process: {memory_limit: 1GiB}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ApplyRuntime(cfg, none, slog.New(slog.DiscardHandler))
+	if got := debug.SetMemoryLimit(-1); got != 1<<30 {
+		t.Errorf("memory limit %d, want 1GiB", got)
+	}
+	if got := debug.SetGCPercent(100); got != limitedGCPercent {
+		t.Errorf("GOGC %d, want %d", got, limitedGCPercent)
+	}
+	// No limit: Go's GOGC stays.
+	debug.SetMemoryLimit(math.MaxInt64)
+	cfg, err = LoadConfig(shippedConfig, writeConfig(t, "process: {memory_limit: off}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ApplyRuntime(cfg, none, slog.New(slog.DiscardHandler))
+	if got := debug.SetGCPercent(100); got != 100 {
+		t.Errorf("GOGC %d without a memory limit, want Go's 100", got)
 	}
 }
