@@ -11,18 +11,20 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
+// loadYAML loads the shipped configuration under yaml, or fails t.
+func loadYAML(t *testing.T, yaml string) *Config {
+	t.Helper()
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, yaml), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 func TestMemoryLimit(t *testing.T) {
 	noCgroup := func() (uint64, error) { return 0, memlimit.ErrNoCgroup }
 	none := func(string) string { return "" }
-	load := func(t *testing.T, yaml string) *Config {
-		t.Helper()
-		cfg, err := LoadConfig(shippedConfig, writeConfig(t, yaml), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
-	cfg := load(t, "dedup: {memory: {max_bytes: 256MiB}, spool_memory_bytes: 128MiB}\n")
+	cfg := loadYAML(t, "dedup: {memory: {max_bytes: 256MiB}, spool_memory_bytes: 128MiB}\n")
 	limit, from := memoryLimit(cfg, none, noCgroup)
 	// 256 MiB of cache + 128 MiB of spools + 10,000 certificates at 4 KiB,
 	// plus a margin of 64 MiB (an eighth of the bounds is less): under 1.2x
@@ -31,7 +33,7 @@ func TestMemoryLimit(t *testing.T) {
 	if limit != total+64<<20 || !strings.Contains(from, "configured bounds") {
 		t.Errorf("derived limit %d (%s), want %d", limit, from, total+64<<20)
 	}
-	big := load(t, "dedup: {memory: {max_bytes: 4GiB}}\n")
+	big := loadYAML(t, "dedup: {memory: {max_bytes: 4GiB}}\n")
 	if limit, _ := memoryLimit(big, none, noCgroup); limit != configuredBytes(big)*9/8 {
 		t.Errorf("large bounds get an eighth as margin: %d", limit)
 	}
@@ -39,10 +41,10 @@ func TestMemoryLimit(t *testing.T) {
 	if limit, from := memoryLimit(cfg, none, inCgroup); limit != 966367641 || !strings.Contains(from, "cgroup") {
 		t.Errorf("cgroup: %d (%s)", limit, from)
 	}
-	if limit, _ := memoryLimit(load(t, "process: {memory_limit: 2GiB}\n"), none, inCgroup); limit != 2<<30 {
+	if limit, _ := memoryLimit(loadYAML(t, "process: {memory_limit: 2GiB}\n"), none, inCgroup); limit != 2<<30 {
 		t.Errorf("configured size: %d", limit)
 	}
-	if limit, _ := memoryLimit(load(t, "process: {memory_limit: off}\n"), none, inCgroup); limit != 0 {
+	if limit, _ := memoryLimit(loadYAML(t, "process: {memory_limit: off}\n"), none, inCgroup); limit != 0 {
 		t.Errorf("off: %d", limit)
 	}
 	env := func(k string) string {
@@ -70,22 +72,14 @@ func TestMemoryLimit(t *testing.T) {
 
 func TestGCPercent(t *testing.T) {
 	none := func(string) string { return "" }
-	load := func(t *testing.T, yaml string) *Config {
-		t.Helper()
-		cfg, err := LoadConfig(shippedConfig, writeConfig(t, yaml), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return cfg
-	}
-	shipped := load(t, "")
+	shipped := loadYAML(t, "")
 	if gc, from := gcPercent(shipped, none, true); gc != limitedGCPercent || !strings.Contains(from, "auto") {
 		t.Errorf("auto under a memory limit: %d (%s), want %d", gc, from, limitedGCPercent)
 	}
 	if gc, _ := gcPercent(shipped, none, false); gc != 0 {
 		t.Errorf("auto without a memory limit must leave Go's own: %d", gc)
 	}
-	if gc, _ := gcPercent(load(t, "process: {gc_percent: 200}\n"), none, false); gc != 200 {
+	if gc, _ := gcPercent(loadYAML(t, "process: {gc_percent: 200}\n"), none, false); gc != 200 {
 		t.Errorf("configured: %d", gc)
 	}
 	env := func(k string) string {
@@ -94,7 +88,7 @@ func TestGCPercent(t *testing.T) {
 		}
 		return ""
 	}
-	if gc, from := gcPercent(load(t, "process: {gc_percent: 200}\n"), env, true); gc != 0 || !strings.Contains(from, "GOGC") {
+	if gc, from := gcPercent(loadYAML(t, "process: {gc_percent: 200}\n"), env, true); gc != 0 || !strings.Contains(from, "GOGC") {
 		t.Errorf("GOGC must win: %d (%s)", gc, from)
 	}
 	c, err := LoadConfig(shippedConfig, "", []string{"ONCEPROXY_PROCESS_GC_PERCENT=800"})
@@ -119,10 +113,7 @@ func TestApplyRuntime(t *testing.T) {
 		debug.SetMemoryLimit(oldLimit)
 	})
 	none := func(string) string { return "" }
-	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "process: {memory_limit: 1GiB}\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := loadYAML(t, "process: {memory_limit: 1GiB}\n")
 	ApplyRuntime(cfg, none, slog.New(slog.DiscardHandler))
 	if got := debug.SetMemoryLimit(-1); got != 1<<30 {
 		t.Errorf("memory limit %d, want 1GiB", got)
@@ -132,10 +123,7 @@ func TestApplyRuntime(t *testing.T) {
 	}
 	// No limit: Go's GOGC stays.
 	debug.SetMemoryLimit(math.MaxInt64)
-	cfg, err = LoadConfig(shippedConfig, writeConfig(t, "process: {memory_limit: off}\n"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg = loadYAML(t, "process: {memory_limit: off}\n")
 	ApplyRuntime(cfg, none, slog.New(slog.DiscardHandler))
 	if got := debug.SetGCPercent(100); got != 100 {
 		t.Errorf("GOGC %d without a memory limit, want Go's 100", got)
