@@ -123,13 +123,13 @@ func proxyUser(h http.Header) string {
 // answer a failure with a bare 500 carrying the raw error, so failures never
 // leave this function as errors.
 func (s *Server) handle(req *http.Request, _ *goproxy.ProxyCtx) (*http.Request, *http.Response) {
-	return req, s.serve(req, req.Context())
+	return req, s.serve(req.Context(), req)
 }
 
 // serve answers req, whose context is ctx: req's own, or one the caller
 // added values to (the tunnel's fingerprint). The request is copied once,
 // with everything its context gained, on its way to the engine.
-func (s *Server) serve(req *http.Request, ctx context.Context) (resp *http.Response) {
+func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Response) {
 	start := time.Now()
 	s.inflight.Add(1)
 	// What the proxy knows of the client, learned once at the front door:
@@ -483,11 +483,11 @@ func (b *rwBody) Write(p []byte) (int, error) { return b.w.Write(p) }
 // protocol switch (goproxy splices the two streams after the 101) and a
 // request that is not in absolute form (its non-proxy handler).
 func (s *Server) forward(w http.ResponseWriter, r *http.Request) {
-	s.forwardCtx(w, r, r.Context())
+	s.forwardCtx(r.Context(), w, r)
 }
 
 // forwardCtx is forward for a request whose context is ctx (see serve).
-func (s *Server) forwardCtx(w http.ResponseWriter, r *http.Request, ctx context.Context) {
+func (s *Server) forwardCtx(ctx context.Context, w http.ResponseWriter, r *http.Request) {
 	if !r.URL.IsAbs() || isUpgrade(r.Header) {
 		if ctx != r.Context() {
 			r = r.WithContext(ctx)
@@ -495,7 +495,7 @@ func (s *Server) forwardCtx(w http.ResponseWriter, r *http.Request, ctx context.
 		s.gp.ServeHTTP(w, r)
 		return
 	}
-	resp := s.serve(r, ctx)
+	resp := s.serve(ctx, r)
 	// Closed on the way out even when the copy aborts the handler (see
 	// finish): the request's line is logged in Close.
 	defer resp.Body.Close()

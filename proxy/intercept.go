@@ -348,7 +348,7 @@ func (s *Server) serveDecrypted(w http.ResponseWriter, r *http.Request) {
 			s.clientFPs.Add(fp, time.Now())
 		}
 	}
-	s.forwardCtx(streamTo(w), r, ctx)
+	s.forwardCtx(ctx, streamTo(w), r)
 }
 
 // clientFingerprintsShown is how many fingerprints the status page lists;

@@ -41,9 +41,9 @@ type GCPercent struct {
 	N    int
 }
 
-// gcPercentRange bounds a configured GCPercent: below 25 the collector
-// runs nearly all the time; above 10000 only the memory limit stops the
-// heap.
+// minGCPercent and maxGCPercent bound a configured GCPercent: below 25
+// the collector runs nearly all the time; above 10000 only the memory
+// limit stops the heap.
 const (
 	minGCPercent = 25
 	maxGCPercent = 10000
