@@ -250,7 +250,10 @@ func load(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 		defer origin.Close()
 		base = origin.URL()
 	}
-	targets := make([]string, cfg.k)
+	// The run sends requests i*repeat to i*repeat+repeat-1 to URL i (mod
+	// k): past n/repeat URLs none is ever sent, and -k 100000000 would
+	// otherwise build gigabytes of them before the first request.
+	targets := make([]string, min(cfg.k, (cfg.n+cfg.repeat-1)/cfg.repeat))
 	for i := range targets {
 		targets[i] = fmt.Sprintf("%s/item/%d?q=%d", base, i, i)
 	}
@@ -282,7 +285,7 @@ func load(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 		proto = "HTTP/2 offered"
 	}
 	fmt.Fprintf(stdout, "onceload: %d requests, concurrency %d, %d URL(s) like %s, %s, %s\n",
-		cfg.n, cfg.c, cfg.k, targets[0], via, proto)
+		cfg.n, cfg.c, len(targets), targets[0], via, proto)
 	if origin != nil {
 		fmt.Fprintf(stdout, "origin:   %s (latency %v, body %d B); %s\n",
 			origin.URL(), cfg.origin.Latency, cfg.origin.BodySize, trustHint(origin))

@@ -96,6 +96,22 @@ func TestLoadDirect(t *testing.T) {
 	}
 }
 
+// TestHugeKBuildsOnlyTheURLsSent: -k far beyond -n builds the n URLs
+// the run sends, not k of them (a billion would not fit in memory).
+func TestHugeKBuildsOnlyTheURLsSent(t *testing.T) {
+	code, stdout, stderr := runArgs(t, context.Background(),
+		"-proxy", "direct", "-n", "12", "-c", "3", "-k", "1000000000", "-repeat", "4",
+		"-origin-tls=false", "-origin-latency", "0", "-origin-size", "10", "-origin-cert-dir", t.TempDir())
+	if code != 0 {
+		t.Fatalf("exit %d, want 0\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{"12 requests, concurrency 3, 3 URL(s) like", "requests 12 in", "status   200=12"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+}
+
 // TestLoadViaProxy uses a fake proxy that answers every absolute-form
 // request itself with X-Cache: HIT, so the origin sees nothing.
 func TestLoadViaProxy(t *testing.T) {
