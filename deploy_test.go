@@ -66,14 +66,8 @@ func TestDeployedMetricsAreExported(t *testing.T) {
 			t.Fatalf("request through the instance: %d", code)
 		}
 	}
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
 	exported := map[string]bool{}
-	for _, l := range strings.Split(string(b), "\n") {
+	for _, l := range strings.Split(metricsText(t, admin), "\n") {
 		if l == "" || strings.HasPrefix(l, "#") {
 			continue
 		}

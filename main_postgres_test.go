@@ -176,13 +176,7 @@ func TestPostgresFleetOfThree(t *testing.T) {
 	// The stampede's flight was led with the fleet's lock, as operators
 	// can see.
 	for i, admin := range admins {
-		resp, err := http.Get("http://" + admin + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if line := grepLines(string(b), `onceproxy_fleet_flights_unlocked_total{store="postgres"} `); line != `onceproxy_fleet_flights_unlocked_total{store="postgres"} 0` {
+		if line := grepLines(metricsText(t, admin), `onceproxy_fleet_flights_unlocked_total{store="postgres"} `); line != `onceproxy_fleet_flights_unlocked_total{store="postgres"} 0` {
 			t.Errorf("instance %d: /metrics has %q, want the flights led without the lock at 0", i, line)
 		}
 	}

@@ -513,6 +513,21 @@ func TestMetricsAfterMixedLoad(t *testing.T) {
 	}
 }
 
+// metricsText is an instance's /metrics page (admin without a token).
+func metricsText(t *testing.T, admin string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
 func grepLines(text, prefix string) string {
 	var out []string
 	for _, l := range strings.Split(text, "\n") {
@@ -690,14 +705,8 @@ func TestMalformedFleetNoteKeepsTheFleetUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	rejected := func(admin string) int {
-		resp, err := http.Get("http://" + admin + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
 		var n int
-		fmt.Sscanf(grepLines(string(b), "onceproxy_fleet_notes_rejected_total "), "onceproxy_fleet_notes_rejected_total %d", &n)
+		fmt.Sscanf(grepLines(metricsText(t, admin), "onceproxy_fleet_notes_rejected_total "), "onceproxy_fleet_notes_rejected_total %d", &n)
 		return n
 	}
 	for deadline := time.Now().Add(10 * time.Second); rejected(aAdmin) < 1; time.Sleep(20 * time.Millisecond) {
@@ -757,22 +766,16 @@ func TestMoneySaved(t *testing.T) {
 	if st.Instance.XCache["HIT"] != 4 || math.Abs(st.Instance.MoneySaved-want) > 1e-9 || st.Instance.Currency != "EUR" {
 		t.Fatalf("stats: %+v, want 4 HITs saving %v EUR", st.Instance, want)
 	}
-	resp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	line := grepLines(string(b), `onceproxy_money_saved_total{currency="EUR"} `)
+	line := grepLines(metricsText(t, admin), `onceproxy_money_saved_total{currency="EUR"} `)
 	var got float64
 	if _, err := fmt.Sscanf(line, `onceproxy_money_saved_total{currency="EUR"} %g`, &got); err != nil || math.Abs(got-want) > 1e-9 {
 		t.Fatalf("metric line %q, want %v", line, want)
 	}
-	resp, err = http.Get("http://" + admin + "/")
+	resp, err := http.Get("http://" + admin + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, _ = io.ReadAll(resp.Body)
+	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if !strings.Contains(string(b), `<b id="money">0.008066 EUR</b>`) {
 		t.Errorf("status page lacks the money saved: %s", grepLines(string(b), `<div class="card"><span>money`))

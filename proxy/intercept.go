@@ -115,14 +115,20 @@ func (l tapListener) Accept() (net.Conn, error) {
 func fingerprintCtx(ctx context.Context, r *http.Request, tap *capture.Conn) (context.Context, *fingerprint.Fingerprint) {
 	shape := tap.Shape(r)
 	fp := tap.Fingerprint()
+	return withFingerprint(ctx, fp, shape), fp
+}
+
+// withFingerprint returns ctx with fp and, if any, shape; ctx itself
+// while there is no fingerprint.
+func withFingerprint(ctx context.Context, fp *fingerprint.Fingerprint, shape *fingerprint.Shape) context.Context {
 	if fp == nil {
-		return ctx, nil
+		return ctx
 	}
 	ctx = fingerprint.WithFingerprint(ctx, fp)
 	if shape != nil {
 		ctx = fingerprint.WithShape(ctx, shape)
 	}
-	return ctx, fp
+	return ctx
 }
 
 // plainShapeCtx gives an absolute-form http:// request on the proxy port
@@ -138,11 +144,7 @@ func plainShapeCtx(ctx context.Context, req *http.Request) context.Context {
 	if req.URL.Scheme != "http" || shape == nil {
 		return ctx
 	}
-	fp := tc.Fingerprint()
-	if fp == nil {
-		return ctx
-	}
-	return fingerprint.WithShape(fingerprint.WithFingerprint(ctx, fp), shape)
+	return withFingerprint(ctx, tc.Fingerprint(), shape)
 }
 
 // newInner builds the server for intercepted tunnels. It shares the proxy

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -35,10 +36,9 @@ type ProcessConfig struct {
 	GCPercent GCPercent `yaml:"gc_percent"`
 }
 
-// GCPercent is "auto" or a GOGC value.
+// GCPercent is "auto" (N 0) or a GOGC value.
 type GCPercent struct {
-	Auto bool
-	N    int
+	N int
 }
 
 // minGCPercent and maxGCPercent bound a configured GCPercent: below 25
@@ -58,7 +58,7 @@ const (
 func (g *GCPercent) UnmarshalText(b []byte) error {
 	s := strings.TrimSpace(string(b))
 	if s == "" || s == "auto" {
-		*g = GCPercent{Auto: true}
+		*g = GCPercent{}
 		return nil
 	}
 	n, err := strconv.Atoi(s)
@@ -72,7 +72,7 @@ func (g *GCPercent) UnmarshalText(b []byte) error {
 
 // MarshalText implements encoding.TextMarshaler.
 func (g GCPercent) MarshalText() ([]byte, error) {
-	if g.Auto || g.N == 0 {
+	if g.N == 0 {
 		return []byte("auto"), nil
 	}
 	return []byte(strconv.Itoa(g.N)), nil
@@ -172,7 +172,9 @@ func ApplyRuntime(cfg *Config, getenv func(string) string, logger *slog.Logger) 
 	} else {
 		logger.Info("no Go memory limit set by onceproxy", "because", source)
 	}
-	gc, from := gcPercent(cfg, getenv, limit > 0 || getenv("GOMEMLIMIT") != "")
+	// In force: the one just set, or the runtime's own from GOMEMLIMIT.
+	limited := debug.SetMemoryLimit(-1) < math.MaxInt64
+	gc, from := gcPercent(cfg, getenv, limited)
 	if gc > 0 {
 		debug.SetGCPercent(gc)
 		logger.Info("Go GC percent", "gogc", gc, "from", from)

@@ -11,6 +11,11 @@ import (
 	"github.com/KimMachineGun/automemlimit/memlimit"
 )
 
+// envFrom is a getenv over environ, as main builds its own (LookupEnv).
+func envFrom(environ ...string) func(string) string {
+	return func(k string) string { return LookupEnv(environ, k) }
+}
+
 // loadYAML loads the shipped configuration under yaml, or fails t.
 func loadYAML(t *testing.T, yaml string) *Config {
 	t.Helper()
@@ -47,12 +52,7 @@ func TestMemoryLimit(t *testing.T) {
 	if limit, _ := memoryLimit(loadYAML(t, "process: {memory_limit: off}\n"), none, inCgroup); limit != 0 {
 		t.Errorf("off: %d", limit)
 	}
-	env := func(k string) string {
-		if k == "GOMEMLIMIT" {
-			return "300MiB"
-		}
-		return ""
-	}
+	env := envFrom("GOMEMLIMIT=300MiB")
 	if limit, from := memoryLimit(cfg, env, inCgroup); limit != 0 || !strings.Contains(from, "GOMEMLIMIT") {
 		t.Errorf("GOMEMLIMIT must win: %d (%s)", limit, from)
 	}
@@ -82,12 +82,7 @@ func TestGCPercent(t *testing.T) {
 	if gc, _ := gcPercent(loadYAML(t, "process: {gc_percent: 200}\n"), none, false); gc != 200 {
 		t.Errorf("configured: %d", gc)
 	}
-	env := func(k string) string {
-		if k == "GOGC" {
-			return "150"
-		}
-		return ""
-	}
+	env := envFrom("GOGC=150")
 	if gc, from := gcPercent(loadYAML(t, "process: {gc_percent: 200}\n"), env, true); gc != 0 || !strings.Contains(from, "GOGC") {
 		t.Errorf("GOGC must win: %d (%s)", gc, from)
 	}

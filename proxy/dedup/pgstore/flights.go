@@ -480,7 +480,7 @@ const waitMarkTTL = 10 * time.Minute
 // not looked for here: the outcome of the flight before may still be
 // there, its removal not yet committed by the new leader's lock.) A mark
 // and an end that cross (neither statement sees the other's row) cost the
-// waiter a poll_interval. A mark that cannot be written costs a poll_interval of latency,
+// waiter a poll_interval; so does a mark that cannot be written, and
 // nothing else.
 func (s *Cache) markWaiting(ctx context.Context, key string) bool {
 	var ended bool
