@@ -31,6 +31,7 @@ type Server struct {
 	dir  string
 	own  bool          // started by us (can Kill/Restart)
 	info *redis.Client // Stats's
+	args []string      // beyond the defaults (cluster mode)
 }
 
 // Start starts a private redis-server and stops it when the test ends.
@@ -50,7 +51,12 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skip("needs redis-server on PATH or REDIS_URL")
 	}
-	s := &Server{t: t, dir: t.TempDir(), own: true}
+	return startOwn(t, bin)
+}
+
+// startOwn starts a redis-server with args beyond the defaults.
+func startOwn(t testing.TB, bin string, args ...string) *Server {
+	s := &Server{t: t, dir: t.TempDir(), own: true, args: args}
 	s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(testkit.ServerPort(t)))
 	s.URL = "redis://" + s.Addr + "/0"
 	s.start(bin)
@@ -58,11 +64,60 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// StartCluster starts a Redis Cluster of n private masters (no replicas),
+// the hash slots split evenly between them, and returns their addresses
+// once every node reports the cluster ok. Without redis-server it skips,
+// or fails under CI: a REDIS_URL server is no cluster.
+func StartCluster(t testing.TB, n int) []string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("redis-server not found: CI must provide it for the Cluster tests")
+		}
+		t.Skip("needs redis-server on PATH to start a cluster")
+	}
+	const slots = 16384
+	ctx := context.Background()
+	addrs := make([]string, n)
+	nodes := make([]*redis.Client, n)
+	for i := range n {
+		s := startOwn(t, bin, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		addrs[i] = s.Addr
+		nodes[i] = redis.NewClient(&redis.Options{Addr: s.Addr})
+		defer nodes[i].Close()
+		if err := nodes[i].Do(ctx, "CLUSTER", "ADDSLOTSRANGE", i*slots/n, (i+1)*slots/n-1).Err(); err != nil {
+			t.Fatalf("cluster: node %s: ADDSLOTSRANGE: %v", s.Addr, err)
+		}
+	}
+	for _, a := range addrs[1:] {
+		host, port, _ := net.SplitHostPort(a)
+		if err := nodes[0].Do(ctx, "CLUSTER", "MEET", host, port).Err(); err != nil {
+			t.Fatalf("cluster: MEET %s: %v", a, err)
+		}
+	}
+	want := fmt.Sprintf("cluster_known_nodes:%d", n)
+	deadline := time.Now().Add(20 * time.Second)
+	for i, c := range nodes {
+		for {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, want) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("cluster: node %s not ready: %v\n%s", addrs[i], err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return addrs
+}
+
 func (s *Server) start(bin string) {
 	_, port, _ := net.SplitHostPort(s.Addr)
-	s.cmd = exec.Command(bin,
-		"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning")
+	args := append([]string{"--port", port, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}, s.args...)
+	s.cmd = exec.Command(bin, args...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("start redis-server: %v", err)
 	}

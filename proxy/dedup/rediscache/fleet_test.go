@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
@@ -73,7 +74,9 @@ func newFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFun
 func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance {
 	t := f.t
 	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", name)
-	rc.URL = f.redis.URL
+	if len(rc.Addrs) == 0 {
+		rc.URL = f.redis.URL
+	}
 	if rc.BreakerInterval == 0 {
 		rc.BreakerInterval = 500 * time.Millisecond
 	}
@@ -748,5 +751,73 @@ func TestLongFetchKeepsItsLease(t *testing.T) {
 	}
 	if n := f.hits.Load(); n != 1 {
 		t.Fatalf("the origin was asked %d times; a renewed lease keeps it at 1", n)
+	}
+}
+
+// TestClusterFleet runs two instances on a real three-master Redis
+// Cluster: a flight's keys share one slot (its hash tag) and the URL index
+// lives in the URL's slot, so a stampede across both instances reaches the
+// origin once, the other instance hits, and invalidation by URL reaches
+// both, with no CROSSSLOT error on the way.
+func TestClusterFleet(t *testing.T) {
+	addrs := redistest.StartCluster(t, 3)
+	const n = 40
+	var f *fleetFixture
+	f = newFleet(t, 2, Config{Addrs: addrs, LocalTTL: time.Minute}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stampede" {
+			testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "every client waiting")
+		}
+		fmt.Fprintf(w, "v%d", time.Now().UnixNano())
+	})
+	a, b := f.insts[0], f.insts[1]
+	res := make(chan got, n)
+	for i := range n {
+		inst := f.insts[i%2]
+		go func() { res <- inst.get(f.origin.URL + "/stampede") }()
+	}
+	counts := map[string]int{}
+	for range n {
+		g := <-res
+		if g.err != nil || g.status != 200 {
+			t.Fatalf("client got %+v", g)
+		}
+		counts[g.xcache]++
+	}
+	if f.hits.Load() != 1 || counts[dedup.CacheMiss] != 1 || counts[dedup.CacheCoalesced] != n-1 {
+		t.Fatalf("origin saw %d, X-Cache %v: want 1 and 1 MISS, %d COALESCED", f.hits.Load(), counts, n-1)
+	}
+
+	// Many URLs, so their keys and indexes land on every master.
+	for i := range 30 {
+		u := fmt.Sprintf("%s/page/%d", f.origin.URL, i)
+		if g := a.get(u); g.xcache != dedup.CacheMiss {
+			t.Fatalf("A %s: %+v", u, g)
+		}
+		if g := b.get(u); g.xcache != dedup.CacheHit {
+			t.Fatalf("B %s: %+v", u, g)
+		}
+	}
+	u := f.origin.URL + "/page/7"
+	key := a.get(u).key
+	if got, err := a.engine.InvalidateURL(context.Background(), u); err != nil || got != 1 {
+		t.Fatalf("InvalidateURL = %d, %v", got, err)
+	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		_, err := b.store.local.Get(context.Background(), key)
+		return err != nil
+	}, "B's local tier to drop the URL")
+	if g := b.get(u); g.xcache != dedup.CacheMiss {
+		t.Fatalf("after invalidation B got %+v", g)
+	}
+	if strings.Contains(f.logs.String(), "CROSSSLOT") {
+		t.Fatal("a command crossed slots (the fleet's log follows)")
+	}
+	for _, addr := range addrs {
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		n, err := c.DBSize(context.Background()).Result()
+		c.Close()
+		if err != nil || n == 0 {
+			t.Errorf("master %s holds %d keys (%v): the test did not spread over the cluster", addr, n, err)
+		}
 	}
 }
