@@ -48,60 +48,108 @@ func (m measured) cpuPerRequest() time.Duration {
 	return m.cpu / time.Duration(m.res.Requests)
 }
 
-// missLoad sends n requests, every URL new (a miss for a cache), at
-// concurrency c through each contender in turn: first n/10 to warm up
-// (connections, certificates), then n measured.
-func missLoad(ctx context.Context, cs []contender, base string, n, c int, h2 bool) ([]measured, error) {
-	var out []measured
+// missRounds is how many rounds a miss comparison runs: each contender
+// serves its share of every round, in an order that turns from one round
+// to the next, so that the machine's drift over seconds and whatever
+// running first or last costs fall on every contender alike.
+const missRounds = 8
+
+// missLoad sends o.n requests, every URL new (a miss for a cache), at
+// concurrency o.c through each contender: first a warm-up (connections,
+// certificates) and o.fill more, then o.n measured, in missRounds
+// alternating rounds.
+func missLoad(ctx context.Context, cs []contender, base string, o comparison, h2 bool) ([]measured, error) {
+	n, c := o.n, o.c
+	stamp := fmt.Sprint(time.Now().UnixNano())
+	send := func(ct contender, round string, n int) (*loadgen.Result, error) {
+		targets := make([]string, n)
+		for i := range targets {
+			targets[i] = fmt.Sprintf("%s/u/%s/%s/%s/%d", base, ct.name, stamp, round, i)
+		}
+		res, err := loadgen.Run(ctx, loadgen.Options{Proxy: ct.proxy, CAFile: ct.caFile, Targets: targets, N: n, C: c, HTTP2: h2, Timeout: 30 * time.Second})
+		if err != nil {
+			return nil, err
+		}
+		if bad := failed(res); bad > 0 {
+			return nil, fmt.Errorf("%s: %d of %d requests failed (%q, statuses %v)", ct.name, bad, res.Requests, res.ErrorSamples, res.Status)
+		}
+		return res, nil
+	}
 	for _, ct := range cs {
-		send := func(round string, n int) (*loadgen.Result, error) {
-			targets := make([]string, n)
-			for i := range targets {
-				targets[i] = fmt.Sprintf("%s/u/%s/%s/%d", base, ct.name, round, i)
-			}
-			res, err := loadgen.Run(ctx, loadgen.Options{Proxy: ct.proxy, CAFile: ct.caFile, Targets: targets, N: n, C: c, HTTP2: h2, Timeout: 30 * time.Second})
+		if _, err := send(ct, "warm", max(n/10, c)+o.fill); err != nil {
+			return nil, err
+		}
+	}
+	per := max(n/missRounds, c)
+	runs := make([][]*loadgen.Result, len(cs))
+	cpu := make([]time.Duration, len(cs))
+	for r := range missRounds {
+		for j := range cs {
+			i := (j + r) % len(cs)
+			before, err := loadgen.ProcessCPU(cs[i].pid)
 			if err != nil {
 				return nil, err
 			}
-			if bad := failed(res); bad > 0 {
-				return nil, fmt.Errorf("%s: %d of %d requests failed (%q, statuses %v)", ct.name, bad, res.Requests, res.ErrorSamples, res.Status)
+			res, err := send(cs[i], fmt.Sprint(r), per)
+			if err != nil {
+				return nil, err
 			}
-			return res, nil
+			after, err := loadgen.ProcessCPU(cs[i].pid)
+			if err != nil {
+				return nil, err
+			}
+			runs[i] = append(runs[i], res)
+			cpu[i] += after - before
 		}
-		stamp := fmt.Sprint(time.Now().UnixNano())
-		if _, err := send("warm"+stamp, max(n/10, c)); err != nil {
-			return nil, err
-		}
-		before, err := loadgen.ProcessCPU(ct.pid)
-		if err != nil {
-			return nil, err
-		}
-		res, err := send(stamp, n)
-		if err != nil {
-			return nil, err
-		}
-		after, err := loadgen.ProcessCPU(ct.pid)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, measured{name: ct.name, res: res, cpu: after - before})
+	}
+	out := make([]measured, len(cs))
+	for i, ct := range cs {
+		out[i] = measured{name: ct.name, res: loadgen.Merge(runs[i]...), cpu: cpu[i]}
 	}
 	return out, nil
 }
 
-// printComparison writes ms as a table, each row against the last
-// contender (the baseline).
-func printComparison(w io.Writer, title string, ms []measured) {
+// printComparison writes ms as a table with, for each of its baselines
+// (contenders named in base), the ratios of req/s and of CPU per request
+// against it.
+func printComparison(w io.Writer, title string, ms []measured, base []string) {
 	fmt.Fprintf(w, "%s\n", title)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "proxy\tclient spoke\treq/s\tCPU/req\tp50\tp99\tvs baseline req/s\tvs baseline CPU/req\t")
-	base := ms[len(ms)-1]
+	head := "proxy\tclient spoke\treq/s\tCPU/req\tp50\tp99\t"
+	for _, b := range base {
+		head += "req/s vs " + b + "\tCPU/req vs " + b + "\t"
+	}
+	fmt.Fprintln(tw, head)
 	for _, m := range ms {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t%.2fx\t%.2fx\t\n", m.name, protos(m.res.Protos), m.res.RPS, m.cpuPerRequest().Round(time.Microsecond),
-			m.res.P50.Round(10*time.Microsecond), m.res.P99.Round(10*time.Microsecond),
-			m.res.RPS/base.res.RPS, float64(m.cpuPerRequest())/float64(base.cpuPerRequest()))
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t", m.name, protos(m.res.Protos), m.res.RPS, m.cpuPerRequest().Round(time.Microsecond),
+			m.res.P50.Round(10*time.Microsecond), m.res.P99.Round(10*time.Microsecond))
+		for _, b := range base {
+			r := ratios(ms, m.name, b)
+			fmt.Fprintf(tw, "%.2fx\t%.2fx\t", r.rps, r.cpu)
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+}
+
+// ratio is one contender's req/s and CPU per request over another's.
+type ratio struct{ rps, cpu float64 }
+
+// ratios compares the contender named a with the one named b in ms.
+func ratios(ms []measured, a, b string) ratio {
+	var x, y measured
+	for _, m := range ms {
+		if m.name == a {
+			x = m
+		}
+		if m.name == b {
+			y = m
+		}
+	}
+	if x.res == nil || y.res == nil || y.res.RPS == 0 || y.cpuPerRequest() == 0 {
+		return ratio{}
+	}
+	return ratio{rps: x.res.RPS / y.res.RPS, cpu: float64(x.cpuPerRequest()) / float64(y.cpuPerRequest())}
 }
 
 // protos names the protocols the client's responses came over: goproxy's
@@ -203,14 +251,15 @@ func startOnceproxy(ctx context.Context, bin, originCA, dir string, env []string
 }
 
 // startPlainMITM runs `self -serve-plain-mitm` (self is an onceload
-// binary) on a free port, trusting originCA.
-func startPlainMITM(ctx context.Context, self, originCA, dir string, stderr io.Writer) (*child, error) {
+// binary) on a free port, trusting originCA; h2 serves HTTP/2 clients
+// over HTTP/2 (goproxy's AllowHTTP2).
+func startPlainMITM(ctx context.Context, self, originCA, dir string, h2 bool, stderr io.Writer) (*child, error) {
 	addr, err := freeAddr()
 	if err != nil {
 		return nil, err
 	}
-	ca := filepath.Join(dir, "plain-ca.pem")
-	cmd := exec.CommandContext(ctx, self, "-serve-plain-mitm", "-plain-addr", addr, "-plain-origin-ca", originCA, "-plain-ca-out", ca)
+	ca := filepath.Join(dir, fmt.Sprintf("plain-ca-%t.pem", h2))
+	cmd := exec.CommandContext(ctx, self, "-serve-plain-mitm", "-plain-addr", addr, "-plain-origin-ca", originCA, "-plain-ca-out", ca, fmt.Sprintf("-plain-h2=%t", h2))
 	cmd.Stdout, cmd.Stderr = io.Discard, stderr
 	return startChild(ctx, "plain MITM", cmd, addr, ca, ca)
 }
@@ -222,7 +271,7 @@ func servePlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Writer) 
 	if cfg.plainOriginCA != "" {
 		cas = []string{cfg.plainOriginCA}
 	}
-	p, err := loadgen.StartPlainMITM(loadgen.PlainMITMOptions{Addr: cfg.plainAddr, OriginCAFiles: cas})
+	p, err := loadgen.StartPlainMITM(loadgen.PlainMITMOptions{Addr: cfg.plainAddr, OriginCAFiles: cas, HTTP2: cfg.plainH2})
 	if err != nil {
 		fmt.Fprintf(stderr, "onceload: %v\n", err)
 		return 1
@@ -254,13 +303,14 @@ func compareWithPlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Wr
 	if code != 0 {
 		return code
 	}
-	rows, err := runComparison(ctx, cfg.onceproxyBin, self, cfg.n, cfg.c, cfg.origin.BodySize, envList(cfg.onceproxyEnv), stderr)
+	rows, err := runComparison(ctx, comparison{bin: cfg.onceproxyBin, self: self, env: envList(cfg.onceproxyEnv),
+		n: cfg.n, c: cfg.c, fill: cfg.fill, bodySize: cfg.origin.BodySize, stderr: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "onceload: %v\n", err)
 		return 1
 	}
 	for _, r := range rows {
-		printComparison(stdout, r.title, r.ms)
+		printComparison(stdout, r.title, r.ms, r.base)
 		fmt.Fprintln(stdout)
 	}
 	return 0
@@ -285,14 +335,42 @@ func comparisonBinaries(cfg *config, flag string, stderr io.Writer) (self string
 // comparisonRow is one load's results.
 type comparisonRow struct {
 	title string
+	h2    bool
 	ms    []measured
+	// base names the contenders the others are compared with: for HTTP/2
+	// clients first the goproxy that answers them over HTTP/2 too (the same
+	// protocol work), then goproxy as shipped, which answers over HTTP/1.1.
+	base []string
 }
 
-// runComparison starts an HTTPS origin, onceproxy (bin, with env) and the
-// plain MITM (self), and runs n unique-URL misses at concurrency c through
-// both, over HTTP/1.1 and HTTP/2.
-func runComparison(ctx context.Context, bin, self string, n, c, bodySize int, env []string, stderr io.Writer) ([]comparisonRow, error) {
-	origin, err := loadgen.StartOrigin(loadgen.OriginOptions{TLS: true, BodySize: bodySize})
+// The contenders' names.
+const (
+	nameOnceproxy = "onceproxy"
+	nameGoproxy   = "goproxy"
+	nameGoproxyH2 = "goproxy-h2"
+)
+
+// comparison is what a comparison with the plain MITM runs.
+type comparison struct {
+	bin  string   // the onceproxy binary
+	self string   // an onceload binary, which serves the plain MITM
+	env  []string // onceproxy's extra environment
+	n, c int      // measured requests and their concurrency
+	// fill is how many more unique misses each contender gets before the
+	// measured ones: enough fill onceproxy's cache as hours of traffic
+	// would (the shipped 256 MiB holds about 100,000 pages of 2 KiB), so
+	// that its misses are measured at steady state.
+	fill     int
+	bodySize int
+	stderr   io.Writer
+}
+
+// runComparison starts an HTTPS origin, onceproxy (o.bin, with o.env) and
+// the plain MITM (o.self) twice, as shipped and with goproxy's AllowHTTP2,
+// and runs o.n unique-URL misses at concurrency o.c through them, over
+// HTTP/1.1 (onceproxy and goproxy) and HTTP/2 (all three).
+func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
+	origin, err := loadgen.StartOrigin(loadgen.OriginOptions{TLS: true, BodySize: o.bodySize})
 	if err != nil {
 		return nil, err
 	}
@@ -302,31 +380,42 @@ func runComparison(ctx context.Context, bin, self string, n, c, bodySize int, en
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	once, err := startOnceproxy(ctx, bin, origin.CAFile(), dir, env)
+	once, err := startOnceproxy(ctx, o.bin, origin.CAFile(), dir, o.env)
 	if err != nil {
 		return nil, err
 	}
 	defer once.stop()
-	plain, err := startPlainMITM(ctx, self, origin.CAFile(), dir, stderr)
+	plain, err := startPlainMITM(ctx, o.self, origin.CAFile(), dir, false, o.stderr)
 	if err != nil {
 		return nil, err
 	}
 	defer plain.stop()
-	cs := []contender{
-		{name: "onceproxy", proxy: &url.URL{Scheme: "http", Host: once.addr}, caFile: once.ca, pid: once.cmd.Process.Pid},
-		{name: "goproxy", proxy: &url.URL{Scheme: "http", Host: plain.addr}, caFile: plain.ca, pid: plain.cmd.Process.Pid},
+	plainH2, err := startPlainMITM(ctx, o.self, origin.CAFile(), dir, true, o.stderr)
+	if err != nil {
+		return nil, err
 	}
-	var rows []comparisonRow
-	for _, h2 := range []bool{false, true} {
-		proto := "HTTP/1.1"
-		if h2 {
-			proto = "HTTP/2"
+	defer plainH2.stop()
+	contenderOf := func(name string, ch *child) contender {
+		return contender{name: name, proxy: &url.URL{Scheme: "http", Host: ch.addr}, caFile: ch.ca, pid: ch.cmd.Process.Pid}
+	}
+	rows := []comparisonRow{
+		{title: "HTTP/1.1", base: []string{nameGoproxy}},
+		{title: "HTTP/2", h2: true, base: []string{nameGoproxyH2, nameGoproxy}},
+	}
+	for i := range rows {
+		r := &rows[i]
+		cs := []contender{contenderOf(nameOnceproxy, once)}
+		if r.h2 {
+			cs = append(cs, contenderOf(nameGoproxyH2, plainH2))
 		}
-		ms, err := missLoad(ctx, cs, origin.URL(), n, c, h2)
-		if err != nil {
+		cs = append(cs, contenderOf(nameGoproxy, plain))
+		if r.ms, err = missLoad(ctx, cs, origin.URL(), o, r.h2); err != nil {
 			return nil, err
 		}
-		rows = append(rows, comparisonRow{title: fmt.Sprintf("unique https misses, %s clients, c=%d, %d requests each", proto, c, n), ms: ms})
+		r.title = fmt.Sprintf("unique https misses, %s clients, c=%d, %d requests each in %d alternating rounds", r.title, o.c, o.n, missRounds)
+		if o.fill > 0 {
+			r.title += fmt.Sprintf(", after %d more", o.fill)
+		}
 	}
 	if origin.Requests() == 0 {
 		return nil, errors.New("the origin saw no request")

@@ -79,6 +79,8 @@ type config struct {
 	compareHits   bool
 	onceproxyBin  string
 	onceproxyEnv  string
+	plainH2       bool
+	fill          int
 }
 
 // usageError marks an error in the command line (exit status 2).
@@ -119,12 +121,14 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 		`directory keeping the origin's origin.pem and origin-key.pem, also trusted for a direct https -target ("": new in-memory certificate each run)`)
 	flags.BoolVar(&cfg.serveOrigin, "serve-origin", false, "only run the origin, print how to make onceproxy trust it, and serve until interrupted")
 	flags.BoolVar(&cfg.compareHits, "compare-hits", false, "compare hits through onceproxy (-onceproxy) with the same requests sent directly to the origin: -n requests over -k hot keys at -c each way, https and http, in alternating rounds; req/s and their ratio, the HIT share, p50 and p99")
-	flags.BoolVar(&cfg.compare, "compare", false, "compare onceproxy (-onceproxy) with a plain goproxy MITM: -n unique https URLs at -c through each, HTTP/1.1 and HTTP/2; req/s, CPU per request, latency")
+	flags.BoolVar(&cfg.compare, "compare", false, "compare onceproxy (-onceproxy) with a plain goproxy MITM: -n unique https URLs at -c through each, in alternating rounds, over HTTP/1.1 and HTTP/2 (HTTP/2 clients also against a goproxy that answers them over HTTP/2); req/s, CPU per request, latency")
+	flags.IntVar(&cfg.fill, "fill", 0, "with -compare: this many unique misses through each proxy before the measured ones, to measure onceproxy with its cache full (120000 fills the shipped 256 MiB with the default 2 KiB pages)")
 	flags.StringVar(&cfg.onceproxyBin, "onceproxy", "", "with -compare and -compare-hits: the onceproxy binary to run (go build -o /tmp/onceproxy .)")
 	flags.StringVar(&cfg.onceproxyEnv, "onceproxy-env", "", "with -compare and -compare-hits: extra KEY=VALUE,... for onceproxy (ONCEPROXY_UPSTREAM_FINGERPRINT=go, say)")
 	flags.BoolVar(&cfg.servePlain, "serve-plain-mitm", false, "only run the plain goproxy MITM baseline, until interrupted")
 	flags.StringVar(&cfg.plainAddr, "plain-addr", "127.0.0.1:0", "with -serve-plain-mitm: its listen address")
 	flags.StringVar(&cfg.plainOriginCA, "plain-origin-ca", "", "with -serve-plain-mitm: a PEM file trusted for origins")
+	flags.BoolVar(&cfg.plainH2, "plain-h2", false, "with -serve-plain-mitm: serve HTTP/2 clients over HTTP/2 (goproxy's AllowHTTP2)")
 	flags.StringVar(&cfg.plainCAOut, "plain-ca-out", "", "with -serve-plain-mitm: where to write its MITM CA")
 
 	if err := flags.Parse(args); err != nil {
@@ -132,6 +136,9 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 	}
 	if flags.NArg() > 0 {
 		return nil, usageError{fmt.Errorf("unexpected arguments: %q", flags.Args())}
+	}
+	if cfg.fill < 0 {
+		return nil, usageError{errors.New("-fill must not be negative")}
 	}
 	if cfg.n < 1 || cfg.c < 1 || cfg.k < 1 || cfg.repeat < 1 {
 		return nil, usageError{errors.New("-n, -c, -k and -repeat must be at least 1")}

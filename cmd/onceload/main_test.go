@@ -34,6 +34,7 @@ func TestBadFlags(t *testing.T) {
 		{"-n", "0"},
 		{"-c", "-1"},
 		{"-repeat", "0"},
+		{"-compare", "-fill", "-1"},
 		{"-origin-latency", "-1s"},
 		{"-serve-origin", "-target", "http://127.0.0.1:1"},
 		{"-proxy", "socks5://127.0.0.1:1080"},
@@ -241,7 +242,7 @@ func TestCompareRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("onceload -compare: %v\n%s", err, out)
 	}
-	for _, want := range []string{"HTTP/1.1 clients", "HTTP/2 clients", "onceproxy", "goproxy", "CPU/req"} {
+	for _, want := range []string{"HTTP/1.1 clients", "HTTP/2 clients", "onceproxy", "goproxy", "goproxy-h2", "CPU/req vs goproxy-h2", "CPU/req"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -275,5 +276,31 @@ func TestCompareRuns(t *testing.T) {
 	}
 	if rows != 2 {
 		t.Errorf("want a row for https and one for http:\n%s", out)
+	}
+}
+
+// TestComparisonRatios: each row is compared with every baseline named,
+// the baseline with itself at 1.00x.
+func TestComparisonRatios(t *testing.T) {
+	res := func(rps float64, n int) *loadgen.Result {
+		return &loadgen.Result{Requests: n, RPS: rps, Protos: map[string]int{"HTTP/2.0": n}}
+	}
+	ms := []measured{
+		{name: nameOnceproxy, res: res(900, 100), cpu: 10 * time.Millisecond},
+		{name: nameGoproxyH2, res: res(1000, 100), cpu: 8 * time.Millisecond},
+		{name: nameGoproxy, res: res(1200, 100), cpu: 5 * time.Millisecond},
+	}
+	if r := ratios(ms, nameOnceproxy, nameGoproxyH2); r.rps != 0.9 || r.cpu != 1.25 {
+		t.Errorf("onceproxy vs goproxy-h2 = %+v, want 0.9 and 1.25", r)
+	}
+	if r := ratios(ms, nameGoproxy, nameGoproxy); r.rps != 1 || r.cpu != 1 {
+		t.Errorf("goproxy vs itself = %+v, want 1 and 1", r)
+	}
+	var b strings.Builder
+	printComparison(&b, "title", ms, []string{nameGoproxyH2, nameGoproxy})
+	for _, want := range []string{"req/s vs goproxy-h2", "CPU/req vs goproxy", "0.90x", "1.25x", "2.00x", "1.00x"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
 	}
 }

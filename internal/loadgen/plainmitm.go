@@ -22,6 +22,9 @@ type PlainMITMOptions struct {
 	// OriginCAFiles are PEM files trusted for origins, besides the system
 	// pool (an Origin's CAFile).
 	OriginCAFiles []string
+	// HTTP2 answers HTTP/2 clients over HTTP/2 (goproxy's AllowHTTP2),
+	// instead of over HTTP/1.1 as goproxy does by default.
+	HTTP2 bool
 }
 
 // PlainMITM is the baseline onceproxy is measured against: a plain
@@ -67,6 +70,7 @@ func StartPlainMITM(o PlainMITMOptions) (*PlainMITM, error) {
 		DisableCompression:  true,
 	}
 	gp.ConnectDial = nil
+	gp.AllowHTTP2 = o.HTTP2
 	mitm := &goproxy.ConnectAction{Action: goproxy.ConnectMitm, TLSConfig: goproxy.TLSConfigFromCA(&ca)}
 	gp.OnRequest().HandleConnectFunc(func(host string, _ *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
 		return mitm, host

@@ -40,11 +40,51 @@ type Result struct {
 	Protos map[string]int
 	// BytesRead is the total number of body bytes read.
 	BytesRead int64
+
+	// latencies are the successful requests' times, sorted: what Merge
+	// recomputes the percentiles of several runs from.
+	latencies []time.Duration
+}
+
+// Merge adds up runs made one after another (rounds of one measurement):
+// their requests, errors, counts, bytes and durations; RPS is the total
+// requests over the summed durations, and the percentiles are those of
+// every successful request of every run.
+func Merge(runs ...*Result) *Result {
+	m := &Result{Status: make(map[int]int), XCache: make(map[string]int), Protos: make(map[string]int)}
+	var all []time.Duration
+	for _, r := range runs {
+		m.Requests += r.Requests
+		m.Errors += r.Errors
+		m.Duration += r.Duration
+		m.BytesRead += r.BytesRead
+		for _, s := range r.ErrorSamples {
+			if len(m.ErrorSamples) < maxErrorSamples && !slices.Contains(m.ErrorSamples, s) {
+				m.ErrorSamples = append(m.ErrorSamples, s)
+			}
+		}
+		for k, v := range r.Status {
+			m.Status[k] += v
+		}
+		for k, v := range r.XCache {
+			m.XCache[k] += v
+		}
+		for k, v := range r.Protos {
+			m.Protos[k] += v
+		}
+		all = append(all, r.latencies...)
+	}
+	m.setLatencies(all)
+	if m.Duration > 0 {
+		m.RPS = float64(m.Requests) / m.Duration.Seconds()
+	}
+	return m
 }
 
 // setLatencies sorts durations and sets the percentile fields from it.
 func (r *Result) setLatencies(durations []time.Duration) {
 	slices.Sort(durations)
+	r.latencies = durations
 	r.P50 = percentile(durations, 50)
 	r.P90 = percentile(durations, 90)
 	r.P99 = percentile(durations, 99)

@@ -79,3 +79,28 @@ func TestFormatBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestMerge: rounds add up, and the percentiles are those of every
+// request of every round, not an average of the rounds' own.
+func TestMerge(t *testing.T) {
+	a := &Result{Requests: 3, Errors: 1, ErrorSamples: []string{"x"}, Duration: time.Second, BytesRead: 10,
+		Status: map[int]int{200: 2, 502: 1}, XCache: map[string]int{"MISS": 2}, Protos: map[string]int{"HTTP/1.1": 2}}
+	a.setLatencies([]time.Duration{1, 2})
+	b := &Result{Requests: 2, ErrorSamples: []string{"x", "y"}, Duration: 3 * time.Second, BytesRead: 5,
+		Status: map[int]int{200: 2}, XCache: map[string]int{"HIT": 2}, Protos: map[string]int{"HTTP/2.0": 2}}
+	b.setLatencies([]time.Duration{100, 3})
+	m := Merge(a, b)
+	if m.Requests != 5 || m.Errors != 1 || m.Duration != 4*time.Second || m.BytesRead != 15 || m.RPS != 1.25 {
+		t.Errorf("Merge: requests %d errors %d duration %v bytes %d rps %v, want 5 1 4s 15 1.25", m.Requests, m.Errors, m.Duration, m.BytesRead, m.RPS)
+	}
+	if m.Status[200] != 4 || m.Status[502] != 1 || m.XCache["MISS"] != 2 || m.XCache["HIT"] != 2 || m.Protos["HTTP/2.0"] != 2 {
+		t.Errorf("Merge: counts %v %v %v", m.Status, m.XCache, m.Protos)
+	}
+	if strings.Join(m.ErrorSamples, ",") != "x,y" {
+		t.Errorf("Merge: error samples %q, want x and y once each", m.ErrorSamples)
+	}
+	// Latencies 1, 2, 3, 100: p50 is 2, p99 and max 100.
+	if m.P50 != 2 || m.P99 != 100 || m.Max != 100 {
+		t.Errorf("Merge: p50 %v p99 %v max %v, want 2 100 100", m.P50, m.P99, m.Max)
+	}
+}
