@@ -82,7 +82,7 @@ type Config struct {
 
 // MemoryConfig sizes the in-memory store.
 type MemoryConfig struct {
-	// MaxBytes bounds the cache by the size of the stored responses.
+	// MaxBytes bounds the cache by what its entries hold in memory.
 	MaxBytes bytesize.Size `yaml:"max_bytes"`
 }
 

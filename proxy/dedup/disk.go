@@ -57,7 +57,7 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 		return fmt.Errorf("disk tier: %w", err)
 	}
 	m := *meta
-	m.Body = nil
+	m.Body, m.packed = nil, packed{}
 	m.file = &diskFile{path: path, size: size}
 	obj := &diskObject{key: key, meta: &m}
 	var victims []string

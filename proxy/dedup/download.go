@@ -210,6 +210,7 @@ func (d *download) keep() {
 	e := d.e
 	n := d.obj.body.written()
 	ent := *d.obj.meta
+	ent.packed = packed{} // its fields change below
 	ent.Header = ent.Header.Clone()
 	ent.Header.Set("Content-Length", strconv.FormatInt(n, 10))
 	body, inMemory := d.obj.body.bytes()

@@ -732,25 +732,29 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	if size > int64(e.cfg.MaxObjectBytes) {
 		return e.streamResult(resp, timer, release, lease), nil
 	}
-	var small []byte
-	if size > 0 && size <= e.smallBodyLimit() && !fromPeer {
-		// Read before the flight's result goes out, under its deadline
-		// (see smallBodyBytes).
-		var err error
-		if small, err = readSmall(resp.Body, size); err != nil {
-			return fail(fmt.Errorf("read upstream body: %w", err)), nil
-		}
-	}
-	if !timer.Stop() {
-		// The deadline passed as the headers came.
-		resp.Body.Close()
-		return fail(timeout), nil
-	}
 	meta, ttl := e.metaFor(req, rule, resp)
 	if fromPeer {
 		// The body is the leader's variant, fetched for its request's
 		// values: local requests with other values go to their own.
 		meta.Vary = peerVary
+	}
+	small := size > 0 && size <= e.smallBodyLimit() && !fromPeer
+	if small {
+		// Read before the flight's result goes out, under its deadline
+		// (see smallBodyBytes), straight into the form the memory store
+		// keeps: the entry is final but for its body, and the store takes
+		// it without a copy.
+		meta.Header.Set("Content-Length", strconv.FormatInt(size, 10))
+		p, body := packHead(key, meta, int(size))
+		if err := readSmall(resp.Body, body); err != nil {
+			return fail(fmt.Errorf("read upstream body: %w", err)), nil
+		}
+		meta.Body, meta.packed = body, p
+	}
+	if !timer.Stop() {
+		// The deadline passed as the headers came.
+		resp.Body.Close()
+		return fail(timeout), nil
 	}
 	if size == 0 {
 		resp.Body.Close()
@@ -762,13 +766,10 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		e.keepEntry(key, ent, ttl, lease)
 		return &flightResult{entry: ent, label: label}, nil
 	}
-	if small != nil {
+	if small {
 		release()
-		ent := meta
-		ent.Body = small
-		ent.Header.Set("Content-Length", strconv.Itoa(len(small)))
-		e.keepEntry(key, ent, ttl, lease)
-		return &flightResult{entry: ent, label: label}, nil
+		e.keepEntry(key, meta, ttl, lease)
+		return &flightResult{entry: meta, label: label}, nil
 	}
 	obj, dl := e.newDownload(key, resp, meta, ttl, ctx, cancel, release, slots, lease)
 	if fromPeer {
@@ -791,31 +792,31 @@ func (e *Engine) smallBodyLimit() int64 {
 	return min(smallBodyBytes, e.wholeLimit)
 }
 
-// readSmall reads a body of exactly size bytes, to its EOF (an HTTP/1.1
-// connection goes back to its pool there), and closes it.
-func readSmall(body io.ReadCloser, size int64) ([]byte, error) {
+// readSmall reads a body of exactly len(buf) bytes into buf, to its EOF
+// (an HTTP/1.1 connection goes back to its pool there), and closes it.
+func readSmall(body io.ReadCloser, buf []byte) error {
 	defer body.Close()
-	buf := make([]byte, size)
+	size := len(buf)
 	if _, err := io.ReadFull(body, buf); err != nil {
-		return nil, err
+		return err
 	}
 	var one [1]byte
 	n, err := body.Read(one[:])
 	switch {
 	case n > 0:
-		return nil, fmt.Errorf("body longer than its Content-Length of %d bytes", size)
+		return fmt.Errorf("body longer than its Content-Length of %d bytes", size)
 	case err == io.EOF:
-		return buf, nil
+		return nil
 	case err == nil:
 		// A reader may hold its EOF back for one more call.
 		if n, err = body.Read(one[:]); n == 0 && err == io.EOF {
-			return buf, nil
+			return nil
 		}
 		if err == nil {
 			err = fmt.Errorf("body longer than its Content-Length of %d bytes", size)
 		}
 	}
-	return nil, err
+	return err
 }
 
 // metaFor is the cache entry of resp without its body, and how long it may

@@ -32,6 +32,11 @@ type Entry struct {
 
 	// file holds the body of a disk-tier entry; nil for Body in memory.
 	file *diskFile
+	// packed is the entry in the form the memory store keeps, when it was
+	// built in that form (a flight's small body read straight into it, an
+	// entry unpacked from the store); packed.data is nil otherwise. It is
+	// only ever set on an entry whose fields are final.
+	packed packed
 }
 
 // HeaderValue is one request header's canonical name and joined value.
@@ -49,22 +54,6 @@ func (e *Entry) Expiring(ttl time.Duration) *Entry {
 	c := *e
 	c.ExpiresAt = time.Now().Add(ttl)
 	return &c
-}
-
-// size is the entry's weight in the memory store: the body plus an estimate
-// of the header and bookkeeping.
-func (e *Entry) size() int64 {
-	n := int64(len(e.Body)) + 256 + int64(len(e.URLKey))
-	for k, vs := range e.Header {
-		n += int64(len(k)) + 32
-		for _, v := range vs {
-			n += int64(len(v)) + 16
-		}
-	}
-	for _, v := range e.Vary {
-		n += int64(len(v.Name) + len(v.Value) + 32)
-	}
-	return n
 }
 
 // varyMatches reports whether req carries the header values the entry was

@@ -9,11 +9,14 @@ import (
 	"github.com/maypok86/otter/v2"
 )
 
-// MemoryStore is a Store in process memory, bounded by the total size of
-// the stored responses, with a TTL per entry. Eviction is otter's
-// (W-TinyLFU): hot keys survive churn from one-off URLs.
+// MemoryStore is a Store in process memory, bounded by what its entries
+// hold in memory, with a TTL per entry. Eviction is otter's (W-TinyLFU):
+// hot keys survive churn from one-off URLs.
+//
+// Entries are kept packed (see packed): a full cache of them costs the
+// garbage collector little. Get unpacks a copy for each caller.
 type MemoryStore struct {
-	c         *otter.Cache[string, *Entry]
+	c         *otter.Cache[string, packed]
 	maxBytes  int64
 	evictions atomic.Uint64
 }
@@ -21,15 +24,15 @@ type MemoryStore struct {
 // NewMemoryStore returns a store holding at most maxBytes of responses.
 func NewMemoryStore(maxBytes int64) *MemoryStore {
 	s := &MemoryStore{maxBytes: maxBytes}
-	s.c = otter.Must(&otter.Options[string, *Entry]{
+	s.c = otter.Must(&otter.Options[string, packed]{
 		MaximumWeight: uint64(maxBytes),
-		Weigher: func(_ string, e *Entry) uint32 {
-			return uint32(min(e.size(), math.MaxUint32))
+		Weigher: func(_ string, p packed) uint32 {
+			return uint32(min(p.size(), math.MaxUint32))
 		},
-		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, *Entry]) time.Duration {
-			return time.Until(e.Value.ExpiresAt)
+		ExpiryCalculator: otter.ExpiryWritingFunc(func(e otter.Entry[string, packed]) time.Duration {
+			return time.Until(fromNanos(e.Value.expiresAt))
 		}),
-		OnDeletion: func(e otter.DeletionEvent[string, *Entry]) {
+		OnDeletion: func(e otter.DeletionEvent[string, packed]) {
 			if e.Cause == otter.CauseOverflow {
 				s.evictions.Add(1)
 			}
@@ -40,11 +43,11 @@ func NewMemoryStore(maxBytes int64) *MemoryStore {
 
 // Get implements Store.
 func (s *MemoryStore) Get(_ context.Context, key string) (*Entry, error) {
-	e, ok := s.c.GetIfPresent(key)
-	if !ok || !time.Now().Before(e.ExpiresAt) {
+	p, ok := s.c.GetIfPresent(key)
+	if !ok || p.expired(time.Now()) {
 		return nil, ErrNotFound
 	}
-	return e, nil
+	return p.entry(), nil
 }
 
 // Set implements Store. The entry expires at e.ExpiresAt when set, else
@@ -53,7 +56,16 @@ func (s *MemoryStore) Set(_ context.Context, key string, e *Entry, ttl time.Dura
 	if ttl <= 0 {
 		return nil
 	}
-	s.c.Set(key, e.Expiring(ttl))
+	p := e.packed
+	if p.data == nil || p.key() != key {
+		p = pack(key, e)
+	}
+	if p.expiresAt = nanos(e.ExpiresAt); p.expiresAt == 0 {
+		p.expiresAt = time.Now().Add(ttl).UnixNano()
+	}
+	// The key in p's bytes, not the caller's string: one object fewer per
+	// entry for the collector.
+	s.c.Set(p.key(), p)
 	return nil
 }
 
@@ -68,8 +80,8 @@ func (s *MemoryStore) Delete(_ context.Context, key string) error {
 // otter's evictions.
 func (s *MemoryStore) DeleteURL(_ context.Context, urlKey string) (int, error) {
 	var victims []string
-	for k, e := range s.c.All() {
-		if e.URLKey == urlKey {
+	for k, p := range s.c.All() {
+		if p.urlKeyIs(urlKey) {
 			victims = append(victims, k)
 		}
 	}
