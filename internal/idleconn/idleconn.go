@@ -10,6 +10,7 @@ package idleconn
 
 import (
 	"net"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -28,12 +29,23 @@ const refreshEvery = time.Second
 // handshake bound) still apply: the effective deadline is the earlier of the
 // owner's and the idle one, so the idle timeout can shorten an owner's
 // deadline but never extend it. A zero owner deadline means "idle only".
+//
+// A deadline that would not change what is in force is not set again: each
+// one takes the runtime poller's lock and moves a timer, and net/http sets
+// six per HTTP/1.1 request, most of them back to "none" (here: the idle
+// deadline, which moves once a second at most).
 type Conn struct {
 	halfclose.Conn // CloseWrite, CloseRead and Unwrap pass through
 
 	timeout time.Duration
 	last    atomic.Int64 // unix nanos of the last idle refresh
 	rd, wd  atomic.Int64 // the owner's read/write deadlines, unix nanos; 0 = none
+
+	// mu orders the updates of what is in force with the deadlines set
+	// on the connection: net/http clears the read deadline from the
+	// handler while its background reader refreshes it.
+	mu             sync.Mutex
+	inRead, inWrit int64 // the deadlines in force, unix nanos
 }
 
 // Wrap returns c with an idle timeout. A timeout <= 0 returns c unchanged.
@@ -52,17 +64,41 @@ func (c *Conn) touch(force bool) {
 		return
 	}
 	c.last.Store(now)
-	_ = c.Conn.SetReadDeadline(c.effective(c.rd.Load()))
-	_ = c.Conn.SetWriteDeadline(c.effective(c.wd.Load()))
+	_ = c.apply(true, true)
 }
 
-// effective is the earlier of the owner's deadline and the idle deadline.
-func (c *Conn) effective(owner int64) time.Time {
+// apply sets the effective read and/or write deadlines on the connection,
+// those that changed.
+func (c *Conn) apply(read, write bool) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if read {
+		if d := c.effective(c.rd.Load()); d != c.inRead {
+			if err := c.Conn.SetReadDeadline(time.Unix(0, d)); err != nil {
+				return err
+			}
+			c.inRead = d
+		}
+	}
+	if write {
+		if d := c.effective(c.wd.Load()); d != c.inWrit {
+			if err := c.Conn.SetWriteDeadline(time.Unix(0, d)); err != nil {
+				return err
+			}
+			c.inWrit = d
+		}
+	}
+	return nil
+}
+
+// effective is the earlier of the owner's deadline and the idle deadline,
+// in unix nanos.
+func (c *Conn) effective(owner int64) int64 {
 	idle := c.last.Load() + int64(c.timeout)
 	if owner != 0 && owner < idle {
-		return time.Unix(0, owner)
+		return owner
 	}
-	return time.Unix(0, idle)
+	return idle
 }
 
 func unixNano(t time.Time) int64 {
@@ -86,20 +122,17 @@ func (c *Conn) Write(p []byte) (int, error) {
 func (c *Conn) SetDeadline(t time.Time) error {
 	c.rd.Store(unixNano(t))
 	c.wd.Store(unixNano(t))
-	if err := c.Conn.SetReadDeadline(c.effective(c.rd.Load())); err != nil {
-		return err
-	}
-	return c.Conn.SetWriteDeadline(c.effective(c.wd.Load()))
+	return c.apply(true, true)
 }
 
 // SetReadDeadline sets the owner's read deadline.
 func (c *Conn) SetReadDeadline(t time.Time) error {
 	c.rd.Store(unixNano(t))
-	return c.Conn.SetReadDeadline(c.effective(c.rd.Load()))
+	return c.apply(true, false)
 }
 
 // SetWriteDeadline sets the owner's write deadline.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
 	c.wd.Store(unixNano(t))
-	return c.Conn.SetWriteDeadline(c.effective(c.wd.Load()))
+	return c.apply(false, true)
 }
