@@ -76,6 +76,19 @@ func tunnelFrom(ctx context.Context) *tunnel {
 type tappedConn struct {
 	*capture.Conn
 	t *tunnel
+	// replay holds what the lean loop read ahead when it handed the
+	// connection to the inner server (see handOff): read first, and not
+	// by the tap, which saw it already.
+	replay []byte
+}
+
+func (c *tappedConn) Read(p []byte) (int, error) {
+	if len(c.replay) > 0 {
+		n := copy(p, c.replay)
+		c.replay = c.replay[n:]
+		return n, nil
+	}
+	return c.Conn.Read(p)
 }
 
 func (c *tappedConn) Unwrap() net.Conn  { return c.NetConn() }
@@ -93,18 +106,6 @@ type replayed struct {
 func (r replayed) Unwrap() net.Conn  { return r.under }
 func (r replayed) CloseWrite() error { return halfclose.CloseWrite(r.under) }
 func (r replayed) CloseRead() error  { return halfclose.CloseRead(r.under) }
-
-// tapListener taps every proxy-port connection, so that an absolute-form
-// http:// request goes out in its client's header order and case.
-type tapListener struct{ net.Listener }
-
-func (l tapListener) Accept() (net.Conn, error) {
-	c, err := l.Listener.Accept()
-	if err != nil {
-		return nil, err
-	}
-	return &tappedConn{Conn: capture.NewConn(c, nil)}, nil
-}
 
 // fingerprintCtx returns ctx with the client's fingerprint and r's shape,
 // as read by tap, for the upstream to mirror, and the fingerprint (nil
@@ -219,9 +220,14 @@ func (s *Server) shutdownInner(ctx context.Context) error {
 	s.innerMu.Lock()
 	s.innerClosed = true
 	s.innerMu.Unlock()
+	lean := make(chan error, 1)
+	go func() { lean <- s.tunnels.conns.shutdown(ctx) }()
 	s.innerLn.Close() // also when never served: a pending push must fail
 	err := s.inner.Shutdown(ctx)
 	s.innerWG.Wait()
+	if lerr := <-lean; err == nil {
+		err = lerr
+	}
 	return err
 }
 
@@ -272,9 +278,20 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 		t.tap = capture.NewConn(stream, nil)
 	}
 	conn := &tappedConn{Conn: t.tap, t: t}
+	if tc, ok := t.tap.NetConn().(*tls.Conn); !ok || tc.ConnectionState().NegotiatedProtocol != "h2" {
+		// HTTP/1.1, or h2c in a plain tunnel, which the lean loop hands
+		// over at its preface.
+		s.serveH1(&s.tunnels, conn)
+		return
+	}
+	s.pushInner(conn)
+}
+
+// pushInner hands a tunnel's connection to the inner server.
+func (s *Server) pushInner(c *tappedConn) {
 	s.startInner()
-	if err := s.innerLn.push(conn); err != nil {
-		conn.Close() // shutting down
+	if err := s.innerLn.push(c); err != nil {
+		c.Close() // shutting down
 	}
 }
 

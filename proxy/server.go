@@ -26,6 +26,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
@@ -117,6 +118,11 @@ type Server struct {
 	innerStarted bool
 	innerClosed  bool
 	innerWG      sync.WaitGroup
+	// The lean loops (h1loop.go) of the proxy port and of the tunnels;
+	// portLn hands the proxy port's other connections to srv.
+	port, tunnels h1Loop
+	portLn        *pushListener
+	closing       atomic.Bool // Shutdown began
 	// handlers serve the HTTP/2 requests of intercepted tunnels
 	// (serveIntercepted).
 	handlers workers.Pool
@@ -201,7 +207,33 @@ func New(cfg Config, o Options) (*Server, error) {
 	}
 	s.inner = s.newInner()
 	s.innerLn = newPushListener(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	s.portLn = newPushListener(&net.TCPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	s.port = h1Loop{
+		// Absolute form: the proxy requests. CONNECT and /fetch are
+		// srv's (front).
+		plain:   func(r *http.Request) bool { return r.URL.IsAbs() },
+		handle:  func(w http.ResponseWriter, r *http.Request) { s.forward(streamTo(w), r) },
+		handOff: s.pushPort,
+		base: func(c *tappedConn) context.Context {
+			return context.WithValue(context.Background(), clientConnKey{}, c)
+		},
+	}
+	s.tunnels = h1Loop{
+		plain:   func(*http.Request) bool { return true },
+		handle:  s.serveDecrypted,
+		handOff: s.pushInner,
+		base: func(c *tappedConn) context.Context {
+			return context.WithValue(context.Background(), tunnelKey{}, c.t)
+		},
+	}
 	return s, nil
+}
+
+// pushPort hands a proxy-port connection to srv.
+func (s *Server) pushPort(c *tappedConn) {
+	if err := s.portLn.push(c); err != nil {
+		c.Close() // shutting down
+	}
 }
 
 // front is the proxy port's handler: a CONNECT goes to goproxy, with the
@@ -290,15 +322,46 @@ func (s *Server) nonProxy(w http.ResponseWriter, r *http.Request) {
 
 // Serve accepts proxy clients on ln until Shutdown. It returns nil after a
 // Shutdown, or the error that stopped it.
+//
+// Each connection is tapped (for the header order of plain http://
+// requests) and served by the proxy port's lean loop, which hands it to
+// srv at the first request it does not answer itself (a CONNECT, say).
 func (s *Server) Serve(ln net.Listener) error {
 	cl := connlimit.New(ln, s.connLimits())
 	s.ln.Store(cl)
-	s.logger.Info("proxy listening", "addr", ln.Addr().String())
-	err := s.srv.Serve(tapListener{cl})
-	if errors.Is(err, http.ErrServerClosed) {
+	if s.closing.Load() {
+		// Shutdown came first (it closes what it finds in s.ln).
+		cl.Close()
 		return nil
 	}
-	return err
+	s.logger.Info("proxy listening", "addr", ln.Addr().String())
+	srvDone := make(chan error, 1)
+	go func() { srvDone <- s.srv.Serve(s.portLn) }()
+	var wait time.Duration // after a temporary Accept error, as net/http waits
+	for {
+		c, err := cl.Accept()
+		if err != nil {
+			if s.closing.Load() {
+				if err := <-srvDone; !errors.Is(err, http.ErrServerClosed) {
+					return err
+				}
+				return nil
+			}
+			// EMFILE and the like pass; net/http waits them out too.
+			var tmp interface{ Temporary() bool }
+			if errors.As(err, &tmp) && tmp.Temporary() {
+				wait = min(max(2*wait, 5*time.Millisecond), time.Second)
+				s.logger.Warn("proxy: accept failed; retrying", "err", err, "in", wait)
+				time.Sleep(wait)
+				continue
+			}
+			s.portLn.Close()
+			<-srvDone
+			return err
+		}
+		wait = 0
+		go s.serveH1(&s.port, &tappedConn{Conn: capture.NewConn(c, nil)})
+	}
 }
 
 // Shutdown stops accepting clients (HTTP and SOCKS5), lets in-flight
@@ -316,14 +379,22 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for _, d := range doors {
 		doorsDone.Go(func() { _ = d.Shutdown(drained) })
 	}
-	// Both at once: keep-alive clients inside tunnels must hear "go away"
+	// All at once: keep-alive clients inside tunnels must hear "go away"
 	// while plain requests drain, not after.
+	s.closing.Store(true)
+	if cl := s.ln.Load(); cl != nil {
+		cl.Close() // no new clients; Serve returns
+	}
 	innerErr := make(chan error, 1)
 	go func() { innerErr <- s.shutdownInner(ctx) }()
-	// Closes the HTTP listener; waits for plain requests.
+	portErr := make(chan error, 1)
+	go func() { portErr <- s.port.conns.shutdown(ctx) }()
+	// Waits for the plain requests of the connections srv serves.
 	err := s.srv.Shutdown(ctx)
-	if ierr := <-innerErr; err == nil {
-		err = ierr
+	for _, ch := range []chan error{innerErr, portErr} {
+		if e := <-ch; err == nil {
+			err = e
+		}
 	}
 	// Requests whose connection left the servers (WebSocket upgrades) are
 	// invisible to them: wait for those ourselves.

@@ -1,0 +1,713 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/net/http/httpguts"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+)
+
+// The HTTP/1.1 requests on the proxy port and inside intercepted tunnels
+// are read and answered by a loop of the proxy's own (h1Conn) as long as
+// they are plain: GET or HEAD, no body, no upgrade, no Expect, a head that
+// fits the connection's read buffer and passes the checks net/http makes
+// (on the proxy port, in absolute form). Those are nearly all of a
+// scraper's requests, and net/http's server costs each of them a goroutine
+// and a read to watch for the client leaving, six read deadlines and its
+// response machinery: through net/http a cache hit took a quarter more CPU
+// than through this loop, a unique miss a tenth more (onceload, https, 100
+// hot keys and unique URLs, alternating rounds). The first request that is
+// not plain hands the connection, with the bytes read ahead, to the
+// http.Server of its door (the proxy port's: CONNECT, /fetch, bodies; the
+// tunnels': HTTP/2 too), which serves it and everything after it: whatever
+// the lean loop does not do, net/http still does, with the same limits.
+//
+// What a request's context promises is kept: it is cancelled when its
+// response is done, or earlier when the client goes away. Watching for
+// that takes a read that waits on the connection (net/http starts one for
+// every request); here it starts only when something asks for the
+// context's Done channel (a request that waits on a flight or goes
+// upstream), so a hit never pays for it.
+
+// h1ReadSize is the lean loop's read buffer: a head that does not fit goes
+// to net/http (which takes up to max_header_bytes).
+const h1ReadSize = 4 << 10
+
+// h1Loop is a lean loop's door: the connections it serves, what it
+// answers, and where the rest goes.
+type h1Loop struct {
+	conns h1Conns
+	// plain reports whether the loop answers req (see plainRequest).
+	plain func(req *http.Request) bool
+	// handle answers a plain request.
+	handle func(w http.ResponseWriter, req *http.Request)
+	// handOff gives a connection, its read-ahead in replay, to the door's
+	// http.Server.
+	handOff func(c *tappedConn)
+	// base is the context of every request on c.
+	base func(c *tappedConn) context.Context
+}
+
+// h1Conns are the connections a lean loop serves, for Shutdown.
+type h1Conns struct {
+	mu      sync.Mutex
+	conns   map[*h1Conn]struct{}
+	closing atomic.Bool // set under mu
+	wg      sync.WaitGroup
+	watches atomic.Int64 // started, for tests
+}
+
+// add registers h; false once Shutdown began.
+func (hs *h1Conns) add(h *h1Conn) bool {
+	hs.mu.Lock()
+	defer hs.mu.Unlock()
+	if hs.closing.Load() {
+		return false
+	}
+	if hs.conns == nil {
+		hs.conns = make(map[*h1Conn]struct{})
+	}
+	hs.conns[h] = struct{}{}
+	hs.wg.Add(1)
+	return true
+}
+
+func (hs *h1Conns) remove(h *h1Conn) {
+	hs.mu.Lock()
+	delete(hs.conns, h)
+	hs.mu.Unlock()
+	hs.wg.Done()
+}
+
+// shutdown closes the idle connections and tells the busy ones to close
+// after their response, then waits for them until ctx ends.
+func (hs *h1Conns) shutdown(ctx context.Context) error {
+	hs.mu.Lock()
+	hs.closing.Store(true)
+	for h := range hs.conns {
+		h.closeIfIdle()
+	}
+	hs.mu.Unlock()
+	done := make(chan struct{})
+	go func() {
+		hs.wg.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (hs *h1Conns) shuttingDown() bool { return hs.closing.Load() }
+
+// h1Conn is one connection served by a lean loop.
+type h1Conn struct {
+	s    *Server
+	loop *h1Loop
+	c    *tappedConn
+	br   *bufio.Reader
+	base context.Context // every request's values
+
+	// idle is set while the loop waits for the next request, under the
+	// conns' lock when it changes, so that Shutdown closes exactly the
+	// idle ones.
+	mu   sync.Mutex
+	idle bool
+
+	// watch is the read that waits for the client to go away while a
+	// request is served (see h1Ctx), nil when none runs.
+	watch chan struct{}
+}
+
+// serveH1 serves c's HTTP/1.1 requests with loop until the client is
+// done, or hands c to loop's http.Server at the first request that is not
+// plain.
+func (s *Server) serveH1(loop *h1Loop, c *tappedConn) {
+	h := &h1Conn{s: s, loop: loop, c: c, br: bufio.NewReaderSize(c, h1ReadSize), base: loop.base(c)}
+	if !loop.conns.add(h) {
+		c.Close()
+		return
+	}
+	defer loop.conns.remove(h)
+	first := true
+	for {
+		switch h.serveOne(first) {
+		case h1Again:
+			first = false
+		case h1HandOff:
+			h.handOff()
+			return
+		case h1Close:
+			c.Close()
+			return
+		}
+	}
+}
+
+// What serveOne leaves the connection to.
+type h1Next int
+
+const (
+	h1Again h1Next = iota
+	h1HandOff
+	h1Close
+)
+
+// serveOne reads and answers one request.
+func (h *h1Conn) serveOne(first bool) h1Next {
+	if !first {
+		if !h.waitForRequest() {
+			return h1Close
+		}
+	}
+	connlimit.SetBusy(h.c, true)
+	defer connlimit.SetBusy(h.c, false)
+	_ = h.c.SetReadDeadline(time.Now().Add(h.s.cfg.ReadHeaderTimeout))
+	n, ok := h.headLen()
+	if !ok {
+		// Too long for the buffer, or an end of line this loop does not
+		// follow: net/http reads it.
+		return h1HandOff
+	}
+	if n < 0 {
+		return h1Close // the client left, or the header timeout passed
+	}
+	// What the buffer holds, the head first: replayed for net/http if
+	// this request is not for the lean loop. Reading the head leaves it
+	// in place: it is all buffered, so nothing refills the buffer.
+	ahead, _ := h.br.Peek(h.br.Buffered())
+	req, err := http.ReadRequest(h.br)
+	if err != nil || !plainRequest(req) || !h.loop.plain(req) {
+		h.c.replay = append([]byte(nil), ahead...)
+		return h1HandOff
+	}
+	_ = h.c.SetReadDeadline(time.Time{})
+	return h.serve(req)
+}
+
+// waitForRequest waits, up to the idle timeout, for the first byte of the
+// next request; false: the client is done, or Shutdown closed the idle
+// connection.
+func (h *h1Conn) waitForRequest() bool {
+	h.setIdle(true)
+	defer h.setIdle(false)
+	if h.loop.conns.shuttingDown() {
+		return false
+	}
+	if h.br.Buffered() > 0 {
+		return true // pipelined
+	}
+	_ = h.c.SetReadDeadline(time.Now().Add(h.s.cfg.IdleTimeout))
+	_, err := h.br.Peek(1)
+	return err == nil
+}
+
+func (h *h1Conn) setIdle(idle bool) {
+	h.mu.Lock()
+	h.idle = idle
+	h.mu.Unlock()
+}
+
+// closeIfIdle closes the connection when it waits for a request: Shutdown.
+func (h *h1Conn) closeIfIdle() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.idle {
+		h.c.Close()
+	}
+}
+
+// headLen waits until the buffer holds a whole request head and returns
+// its length, blank line included. ok is false when the head does not fit
+// the buffer; n is -1 when the connection failed first.
+func (h *h1Conn) headLen() (n int, ok bool) {
+	for {
+		buf, _ := h.br.Peek(h.br.Buffered())
+		if end := headEnd(buf); end > 0 {
+			return end, true
+		}
+		if h.br.Buffered() == h.br.Size() {
+			return 0, false
+		}
+		// One byte more than we have: blocks until the next read.
+		if _, err := h.br.Peek(h.br.Buffered() + 1); err != nil {
+			if h.br.Buffered() > 0 {
+				// A partial head, then EOF or a timeout: net/http answers
+				// what it can of it.
+				return 0, false
+			}
+			return -1, true
+		}
+	}
+}
+
+// headEnd is the length of the head at the start of b up to and including
+// the empty line that ends it (CRLF or a bare LF, as net/http accepts), or
+// 0 when b holds no whole head.
+func headEnd(b []byte) int {
+	start := 0
+	for i, c := range b {
+		if c != '\n' {
+			continue
+		}
+		line := b[start:i]
+		if len(line) == 0 || len(line) == 1 && line[0] == '\r' {
+			if start == 0 {
+				return 0 // a blank line before the request line: net/http's business
+			}
+			return i + 1
+		}
+		start = i + 1
+	}
+	return 0
+}
+
+// plainRequest reports whether req is one the lean loop answers: what
+// net/http would accept as is (a Host, valid header fields), for HTTP/1.1,
+// GET or HEAD, without a body, an upgrade or an Expect.
+func plainRequest(req *http.Request) bool {
+	if req.ProtoMajor != 1 || req.ProtoMinor != 1 {
+		return false
+	}
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		return false
+	}
+	if req.ContentLength != 0 || len(req.TransferEncoding) > 0 || req.Body != http.NoBody {
+		return false
+	}
+	if req.Host == "" || !httpguts.ValidHostHeader(req.Host) || isUpgrade(req.Header) {
+		return false
+	}
+	if _, ok := req.Header["Expect"]; ok {
+		return false
+	}
+	for k, vs := range req.Header {
+		if !httpguts.ValidHeaderFieldName(k) {
+			return false
+		}
+		for _, v := range vs {
+			if !httpguts.ValidHeaderFieldValue(v) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// handOff gives the connection to the loop's http.Server, with what was
+// read ahead.
+func (h *h1Conn) handOff() {
+	if h.c.replay == nil && h.br.Buffered() > 0 {
+		ahead, _ := h.br.Peek(h.br.Buffered())
+		h.c.replay = append([]byte(nil), ahead...)
+	}
+	_ = h.c.SetReadDeadline(time.Time{})
+	h.loop.handOff(h.c)
+}
+
+// serve answers req and says what comes next.
+func (h *h1Conn) serve(req *http.Request) (next h1Next) {
+	ctx := &h1Ctx{Context: h.base, h: h}
+	req = req.WithContext(ctx)
+	req.RemoteAddr = h.c.RemoteAddr().String()
+	w := newH1Writer(h.c, req)
+	defer func() {
+		ctx.cancel(context.Canceled)
+		h.stopWatch()
+		w.release()
+	}()
+	if aborted := h.run(w, req); aborted {
+		return h1Close
+	}
+	if err := w.finish(); err != nil || w.closeAfter {
+		return h1Close
+	}
+	return h1Again
+}
+
+// run calls the handler. A panic ends the connection: http.ErrAbortHandler
+// (a body that failed mid-way, see finish in handler.go) quietly, anything
+// else logged, as net/http does.
+func (h *h1Conn) run(w *h1Writer, req *http.Request) (aborted bool) {
+	defer func() {
+		if p := recover(); p != nil {
+			aborted = true
+			if p != http.ErrAbortHandler {
+				h.s.logger.Error("panic while serving a request; connection closed",
+					"panic", p, "url", req.URL.Redacted(), "stack", string(debug.Stack()))
+			}
+		}
+	}()
+	h.loop.handle(w, req)
+	return false
+}
+
+// startWatch starts the read that cancels ctx when the client goes away
+// (EOF or an error) while its request is served. A pipelined next request
+// it reads stays in the buffer.
+func (h *h1Conn) startWatch(ctx *h1Ctx) {
+	done := make(chan struct{})
+	h.watch = done
+	h.loop.conns.watches.Add(1)
+	go func() {
+		defer close(done)
+		// A timeout is stopWatch's past deadline (or a long silence),
+		// not the client leaving.
+		if _, err := h.br.Peek(1); err != nil && !isTimeout(err) {
+			ctx.cancel(context.Canceled)
+		}
+	}()
+}
+
+// stopWatch ends the watch, if one runs, before the loop reads again: a
+// read deadline in the past ends the read it waits in.
+func (h *h1Conn) stopWatch() {
+	if h.watch == nil {
+		return
+	}
+	_ = h.c.SetReadDeadline(time.Unix(1, 0))
+	<-h.watch
+	h.watch = nil
+	_ = h.c.SetReadDeadline(time.Time{})
+}
+
+func isTimeout(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.As(err, &t) && t.Timeout()
+}
+
+// h1Ctx is a lean request's context: the tunnel's values, and a Done
+// channel made on first use, which starts the watch for the client going
+// away. It implements AfterFunc, so contexts derived from it register with
+// it instead of starting a goroutine each.
+type h1Ctx struct {
+	context.Context // values only: never done
+	h               *h1Conn
+
+	mu     sync.Mutex
+	done   chan struct{}
+	err    error
+	afters map[*h1After]struct{}
+}
+
+type h1After struct{ f func() }
+
+func (x *h1Ctx) Done() <-chan struct{} {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if x.done == nil {
+		x.done = make(chan struct{})
+		if x.err != nil {
+			close(x.done)
+		} else {
+			x.h.startWatch(x)
+		}
+	}
+	return x.done
+}
+
+func (x *h1Ctx) Err() error {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.err
+}
+
+// AfterFunc runs f once x is cancelled; stop unregisters it (see
+// context.AfterFunc).
+func (x *h1Ctx) AfterFunc(f func()) (stop func() bool) {
+	a := &h1After{f: f}
+	x.mu.Lock()
+	if x.err != nil {
+		x.mu.Unlock()
+		go f()
+		return func() bool { return false }
+	}
+	if x.afters == nil {
+		x.afters = make(map[*h1After]struct{})
+	}
+	x.afters[a] = struct{}{}
+	x.mu.Unlock()
+	return func() bool {
+		x.mu.Lock()
+		defer x.mu.Unlock()
+		if _, ok := x.afters[a]; !ok {
+			return false
+		}
+		delete(x.afters, a)
+		return true
+	}
+}
+
+func (x *h1Ctx) cancel(err error) {
+	x.mu.Lock()
+	if x.err != nil {
+		x.mu.Unlock()
+		return
+	}
+	x.err = err
+	if x.done != nil {
+		close(x.done)
+	}
+	afters := x.afters
+	x.afters = nil
+	x.mu.Unlock()
+	for a := range afters {
+		go a.f()
+	}
+}
+
+// h1Writer is the lean loop's http.ResponseWriter (and http.Flusher): the
+// head as net/http writes it (status line, sorted fields, a Date when the
+// handler set none), then the body with the Content-Length the handler
+// set, else chunked, trailers included.
+type h1Writer struct {
+	bw     *bufio.Writer // nil once released
+	req    *http.Request
+	header http.Header
+
+	wroteHeader bool
+	noBody      bool // HEAD, 1xx, 204, 304
+	chunked     bool
+	closeAfter  bool  // Connection: close, or a body that cannot end cleanly
+	declared    int64 // Content-Length, -1 unknown
+	written     int64
+	err         error // the first write error; the response is lost
+}
+
+var h1Writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
+
+func newH1Writer(conn io.Writer, req *http.Request) *h1Writer {
+	bw := h1Writers.Get().(*bufio.Writer)
+	bw.Reset(conn)
+	return &h1Writer{bw: bw, req: req, header: make(http.Header), declared: -1, closeAfter: req.Close}
+}
+
+// release gives the buffer back: the response is over, and a handler
+// that writes to it afterwards gets errAfterResponse.
+func (w *h1Writer) release() {
+	w.bw.Reset(nil)
+	h1Writers.Put(w.bw)
+	w.bw = nil
+	if w.err == nil {
+		w.err = errAfterResponse
+	}
+}
+
+var errAfterResponse = errors.New("proxy: write after the response ended")
+
+func (w *h1Writer) Header() http.Header { return w.header }
+
+func (w *h1Writer) WriteHeader(code int) {
+	if w.wroteHeader || w.err != nil {
+		return
+	}
+	checkWriteHeaderCode(code)
+	if code < 200 && code != http.StatusSwitchingProtocols {
+		// Informational: its own head, then the final one.
+		w.writeHead(code, w.header)
+		return
+	}
+	w.wroteHeader = true
+	h := w.header
+	w.noBody = w.req.Method == http.MethodHead || !bodyAllowedForStatus(code)
+	if cl := h.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
+			w.declared = n
+		} else {
+			h.Del("Content-Length")
+		}
+	}
+	if _, ok := h["Trailer"]; ok && !w.noBody {
+		// Trailers need chunks.
+		w.declared = -1
+		h.Del("Content-Length")
+	}
+	if !w.noBody && w.declared < 0 {
+		w.chunked = true
+		h["Transfer-Encoding"] = []string{"chunked"}
+	}
+	if hasToken(h["Connection"], "close") || hasShutdown(w) {
+		w.closeAfter = true
+	}
+	if w.closeAfter {
+		h["Connection"] = []string{"close"}
+	}
+	if _, ok := h["Date"]; !ok {
+		h["Date"] = []string{time.Now().UTC().Format(http.TimeFormat)}
+	}
+	w.writeHead(code, h)
+}
+
+// hasShutdown reports a shutdown in progress: the response says the
+// connection closes after it, as net/http's does.
+func hasShutdown(w *h1Writer) bool {
+	x, ok := w.req.Context().(*h1Ctx)
+	return ok && x.h.loop.conns.shuttingDown()
+}
+
+func (w *h1Writer) writeHead(code int, h http.Header) {
+	w.bw.WriteString("HTTP/1.1 ")
+	if text := http.StatusText(code); text != "" {
+		w.bw.WriteString(strconv.Itoa(code))
+		w.bw.WriteByte(' ')
+		w.bw.WriteString(text)
+	} else {
+		fmt.Fprintf(w.bw, "%03d status code %d", code, code)
+	}
+	w.bw.WriteString("\r\n")
+	// Trailer fields set before the head go out at the end.
+	var omit map[string]bool
+	for k := range h {
+		if strings.HasPrefix(k, http.TrailerPrefix) {
+			if omit == nil {
+				omit = make(map[string]bool)
+			}
+			omit[k] = true
+		}
+	}
+	if err := h.WriteSubset(w.bw, omit); err != nil {
+		w.err = err
+	}
+	if _, err := w.bw.WriteString("\r\n"); err != nil && w.err == nil {
+		w.err = err
+	}
+}
+
+func (w *h1Writer) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return 0, w.err
+	}
+	if w.noBody {
+		if w.req.Method == http.MethodHead {
+			return len(p), nil
+		}
+		return 0, http.ErrBodyNotAllowed
+	}
+	if w.declared >= 0 && w.written+int64(len(p)) > w.declared {
+		w.closeAfter = true
+		p = p[:w.declared-w.written]
+		n, _ := w.bw.Write(p)
+		w.written += int64(n)
+		return n, http.ErrContentLength
+	}
+	if len(p) == 0 {
+		return 0, nil
+	}
+	var n int
+	var err error
+	if w.chunked {
+		w.bw.WriteString(strconv.FormatInt(int64(len(p)), 16))
+		w.bw.WriteString("\r\n")
+		n, err = w.bw.Write(p)
+		if err == nil {
+			_, err = w.bw.WriteString("\r\n")
+		}
+	} else {
+		n, err = w.bw.Write(p)
+	}
+	w.written += int64(n)
+	if err != nil {
+		w.err = err
+	}
+	return n, err
+}
+
+// Flush sends what is buffered, the head included.
+func (w *h1Writer) Flush() {
+	if !w.wroteHeader {
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err == nil {
+		w.err = w.bw.Flush()
+	}
+}
+
+// checkWriteHeaderCode panics on a status no response can carry, as
+// net/http's writers do.
+func checkWriteHeaderCode(code int) {
+	if code < 100 || code > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", code))
+	}
+}
+
+// finish ends the response: the last chunk and the trailers, or a
+// Content-Length of 0 for a handler that wrote nothing, as net/http
+// answers; then it flushes. A body shorter than declared cannot end the
+// response cleanly: the connection closes.
+func (w *h1Writer) finish() error {
+	if !w.wroteHeader {
+		if _, ok := w.header["Content-Length"]; !ok {
+			w.header["Content-Length"] = []string{"0"}
+		}
+		w.WriteHeader(http.StatusOK)
+	}
+	if w.err != nil {
+		return w.err
+	}
+	if w.chunked {
+		w.bw.WriteString("0\r\n")
+		w.writeTrailers()
+		w.bw.WriteString("\r\n")
+	}
+	if w.declared >= 0 && w.written < w.declared && !w.noBody {
+		w.closeAfter = true
+	}
+	return w.bw.Flush()
+}
+
+// writeTrailers writes the fields announced in Trailer and those set with
+// http.TrailerPrefix, as net/http does.
+func (w *h1Writer) writeTrailers() {
+	t := make(http.Header)
+	for _, names := range w.header["Trailer"] {
+		for _, k := range strings.Split(names, ",") {
+			k = http.CanonicalHeaderKey(strings.TrimSpace(k))
+			if vs, ok := w.header[k]; ok && k != "" {
+				t[k] = vs
+			}
+		}
+	}
+	for k, vs := range w.header {
+		if name, ok := strings.CutPrefix(k, http.TrailerPrefix); ok {
+			t[http.CanonicalHeaderKey(name)] = vs
+		}
+	}
+	_ = t.Write(w.bw)
+}
+
+// bodyAllowedForStatus reports whether a response with status code may
+// carry a body (RFC 9112 §6.3).
+func bodyAllowedForStatus(code int) bool {
+	return code >= 200 && code != http.StatusNoContent && code != http.StatusNotModified
+}
+
+// hasToken reports whether the comma-separated values vs name token,
+// case-insensitively.
+func hasToken(vs []string, token string) bool {
+	for _, v := range vs {
+		for t := range strings.SplitSeq(v, ",") {
+			if strings.EqualFold(strings.TrimSpace(t), token) {
+				return true
+			}
+		}
+	}
+	return false
+}

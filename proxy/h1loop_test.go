@@ -1,0 +1,201 @@
+package proxy_test
+
+import (
+	"bufio"
+	"crypto/x509"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// echoOrigin answers "METHOD PATH BODY" with a Content-Length, except on
+// /chunked, which it sends in two flushed pieces without one.
+func echoOrigin(t *testing.T, hits *atomic.Int64) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		if r.URL.Path == "/chunked" {
+			io.WriteString(w, "first ")
+			w.(http.Flusher).Flush()
+			io.WriteString(w, "second")
+			return
+		}
+		msg := fmt.Sprintf("%s %s %s", r.Method, r.URL.Path, body)
+		w.Header().Set("Content-Length", fmt.Sprint(len(msg)))
+		io.WriteString(w, msg)
+	})
+}
+
+// readAnswers reads one response per request off br, in order.
+func readAnswers(t *testing.T, br *bufio.Reader, methods ...string) []*http.Response {
+	t.Helper()
+	var out []*http.Response
+	for i, m := range methods {
+		resp, err := http.ReadResponse(br, &http.Request{Method: m})
+		if err != nil {
+			t.Fatalf("response %d: %v", i+1, err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			t.Fatalf("response %d body: %v", i+1, err)
+		}
+		resp.Body = io.NopCloser(strings.NewReader(string(b)))
+		out = append(out, resp)
+	}
+	return out
+}
+
+func bodyOf(r *http.Response) string {
+	b, _ := io.ReadAll(r.Body)
+	return string(b)
+}
+
+// TestLeanLoopHandsOverToNetHTTP: requests pipelined in one intercepted
+// tunnel (GETs for the lean loop, a POST with a body, which is net/http's,
+// GETs after it) are all answered, in order, with their own bodies.
+func TestLeanLoopHandsOverToNetHTTP(t *testing.T) {
+	var hits atomic.Int64
+	origin := tlsOrigin(t, echoOrigin(t, &hits), true)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
+	host := strings.TrimPrefix(origin.URL, "https://")
+	c := insideTunnel(t, w, host, true)
+	fmt.Fprintf(c, "GET /a HTTP/1.1\r\nHost: %[1]s\r\n\r\n"+
+		"GET /b HTTP/1.1\r\nHost: %[1]s\r\n\r\n"+
+		"POST /c HTTP/1.1\r\nHost: %[1]s\r\nContent-Length: 3\r\n\r\nxyz"+
+		"GET /d HTTP/1.1\r\nHost: %[1]s\r\n\r\n", host)
+	got := readAnswers(t, bufio.NewReader(c), "GET", "GET", "POST", "GET")
+	for i, want := range []string{"GET /a ", "GET /b ", "POST /c xyz", "GET /d "} {
+		if got[i].StatusCode != 200 || bodyOf(got[i]) != want {
+			t.Errorf("response %d: %d %q, want 200 %q", i+1, got[i].StatusCode, bodyOf(got[i]), want)
+		}
+	}
+	if hits.Load() != 4 {
+		t.Errorf("origin saw %d requests, want 4", hits.Load())
+	}
+}
+
+// TestLeanLoopFraming: the lean loop frames what it answers as net/http
+// would: a HEAD gets the Content-Length of its GET and no body, a body of
+// unknown length goes chunked, "Connection: close" is honoured and said;
+// and a head with bare LFs, or too big for the loop's buffer, is served
+// all the same.
+func TestLeanLoopFraming(t *testing.T) {
+	var hits atomic.Int64
+	origin := tlsOrigin(t, echoOrigin(t, &hits), true)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
+	host := strings.TrimPrefix(origin.URL, "https://")
+
+	c := insideTunnel(t, w, host, true)
+	br := bufio.NewReader(c)
+	fmt.Fprintf(c, "HEAD /h HTTP/1.1\r\nHost: %[1]s\r\n\r\nGET /chunked HTTP/1.1\r\nHost: %[1]s\r\n\r\n", host)
+	got := readAnswers(t, br, "HEAD", "GET")
+	if got[0].StatusCode != 200 || got[0].ContentLength != int64(len("HEAD /h ")) || bodyOf(got[0]) != "" {
+		t.Errorf("HEAD: %d, length %d, body %q", got[0].StatusCode, got[0].ContentLength, bodyOf(got[0]))
+	}
+	if got[1].StatusCode != 200 || bodyOf(got[1]) != "first second" {
+		t.Errorf("chunked: %d %q", got[1].StatusCode, bodyOf(got[1]))
+	}
+
+	fmt.Fprintf(c, "GET /lf HTTP/1.1\nHost: %s\n\n", host)
+	big := strings.Repeat("c", 6000)
+	fmt.Fprintf(c, "GET /big HTTP/1.1\r\nHost: %s\r\nCookie: v=%s\r\n\r\n", host, big)
+	got = readAnswers(t, br, "GET", "GET")
+	if bodyOf(got[0]) != "GET /lf " || bodyOf(got[1]) != "GET /big " {
+		t.Errorf("bare LF: %q; big head: %q", bodyOf(got[0]), bodyOf(got[1]))
+	}
+
+	c2 := insideTunnel(t, w, host, true)
+	br2 := bufio.NewReader(c2)
+	fmt.Fprintf(c2, "GET /close HTTP/1.1\r\nHost: %s\r\nConnection: close\r\n\r\n", host)
+	got = readAnswers(t, br2, "GET")
+	if !got[0].Close || bodyOf(got[0]) != "GET /close " {
+		t.Errorf("Connection: close: close %v, body %q", got[0].Close, bodyOf(got[0]))
+	}
+	if _, err := br2.ReadByte(); err != io.EOF {
+		t.Errorf("after Connection: close the tunnel stays open: %v", err)
+	}
+}
+
+// TestHitsStartNoWatch: a hit answered by the lean loop never starts the
+// read that watches for its client going away (it does not wait on
+// anything); a miss, which waits on its flight, does.
+func TestHitsStartNoWatch(t *testing.T) {
+	var hits atomic.Int64
+	origin := tlsOrigin(t, echoOrigin(t, &hits), true)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
+	c := w.client(false)
+	if resp, _ := w.get(c, origin.URL+"/hot"); resp.Header.Get("X-Cache") != "MISS" {
+		t.Fatalf("first: X-Cache %q", resp.Header.Get("X-Cache"))
+	}
+	missWatches := w.srv.LeanWatches()
+	if missWatches == 0 {
+		t.Fatal("a miss answered without watching its client")
+	}
+	for range 20 {
+		if resp, _ := w.get(c, origin.URL+"/hot"); resp.Header.Get("X-Cache") != "HIT" {
+			t.Fatalf("X-Cache %q, want HIT", resp.Header.Get("X-Cache"))
+		}
+	}
+	if got := w.srv.LeanWatches() - missWatches; got != 0 {
+		t.Errorf("20 hits started %d watches, want 0", got)
+	}
+}
+
+// TestPortLoopHandsOver: on the proxy port, plain http:// requests in
+// absolute form are the lean loop's, and the first other request (a body,
+// a CONNECT) goes to net/http with everything after it, in order: a POST
+// between two GETs, and a CONNECT whose tunnel is then served.
+func TestPortLoopHandsOver(t *testing.T) {
+	var hits atomic.Int64
+	origin := plainOrigin(t, echoOrigin(t, &hits))
+	w := newWorld(t, worldOpts{dedup: dedupOn(dedup.Config{})})
+	host := strings.TrimPrefix(origin.URL, "http://")
+
+	c, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+	fmt.Fprintf(c, "GET http://%[1]s/a HTTP/1.1\r\nHost: %[1]s\r\n\r\n"+
+		"POST http://%[1]s/b HTTP/1.1\r\nHost: %[1]s\r\nContent-Length: 3\r\n\r\nxyz"+
+		"GET http://%[1]s/c HTTP/1.1\r\nHost: %[1]s\r\n\r\n", host)
+	got := readAnswers(t, bufio.NewReader(c), "GET", "POST", "GET")
+	for i, want := range []string{"GET /a ", "POST /b xyz", "GET /c "} {
+		if got[i].StatusCode != 200 || bodyOf(got[i]) != want {
+			t.Errorf("response %d: %d %q, want 200 %q", i+1, got[i].StatusCode, bodyOf(got[i]), want)
+		}
+	}
+
+	c2, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	_ = c2.SetDeadline(time.Now().Add(15 * time.Second))
+	br := bufio.NewReader(c2)
+	fmt.Fprintf(c2, "GET http://%[1]s/d HTTP/1.1\r\nHost: %[1]s\r\n\r\nCONNECT %[1]s HTTP/1.1\r\nHost: %[1]s\r\n\r\n", host)
+	got = readAnswers(t, br, "GET")
+	if bodyOf(got[0]) != "GET /d " {
+		t.Fatalf("GET before the CONNECT: %d %q", got[0].StatusCode, bodyOf(got[0]))
+	}
+	// A CONNECT's answer has no body: the tunnel follows.
+	if resp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("CONNECT after a GET: %v, %v", resp, err)
+	}
+	fmt.Fprintf(c2, "GET /e HTTP/1.1\r\nHost: %s\r\n\r\n", host)
+	got = readAnswers(t, br, "GET")
+	if bodyOf(got[0]) != "GET /e " {
+		t.Errorf("inside the tunnel: %d %q", got[0].StatusCode, bodyOf(got[0]))
+	}
+	if hits.Load() != 5 {
+		t.Errorf("origin saw %d requests, want 5", hits.Load())
+	}
+}
