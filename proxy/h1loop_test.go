@@ -2,9 +2,11 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/x509"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -12,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/mitm"
+	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -197,5 +201,41 @@ func TestPortLoopHandsOver(t *testing.T) {
 	}
 	if hits.Load() != 5 {
 		t.Errorf("origin saw %d requests, want 5", hits.Load())
+	}
+}
+
+// TestServeAfterShutdown: a Serve that comes after Shutdown returns at once
+// and leaves nothing listening.
+func TestServeAfterShutdown(t *testing.T) {
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ca, err := mitm.LoadOrCreate(mitm.Config{CADir: t.TempDir()}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ca.Close()
+	srv, err := proxy.New(proxy.Config{Listen: "127.0.0.1:0"}, proxy.Options{Logger: logger, Certs: ca, Upstream: nowhere{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("Serve after Shutdown: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Serve after Shutdown still runs")
+	}
+	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
+		c.Close()
+		t.Fatal("the listener still accepts after Serve returned")
 	}
 }
