@@ -39,7 +39,8 @@ import (
 // that takes a read that waits on the connection (net/http starts one for
 // every request); here it starts only when something asks for the
 // context's Done channel (a request that waits on a flight or goes
-// upstream), so a hit never pays for it.
+// upstream) and the request is still served watchAfter later, so a hit,
+// or a miss answered at once, never pays for it.
 
 // h1ReadSize is the lean loop's read buffer: a head that does not fit goes
 // to net/http (which takes up to max_header_bytes).
@@ -129,9 +130,12 @@ type h1Conn struct {
 	mu   sync.Mutex
 	idle bool
 
-	// watch is the read that waits for the client to go away while a
-	// request is served (see h1Ctx), nil when none runs.
-	watch chan struct{}
+	// The watch for the client going away while a request is served
+	// (see h1Ctx, startWatch), under wmu.
+	wmu   sync.Mutex
+	armed *h1Ctx        // the request whose Done was asked for, if any
+	timer *time.Timer   // starts the watch watchAfter after arming
+	watch chan struct{} // closed when the running watch is over
 }
 
 // serveH1 serves c's HTTP/1.1 requests with loop until the client is
@@ -357,10 +361,36 @@ func (h *h1Conn) run(w *h1Writer, req *http.Request) (aborted bool) {
 	return false
 }
 
-// startWatch starts the read that cancels ctx when the client goes away
-// (EOF or an error) while its request is served. A pipelined next request
-// it reads stays in the buffer.
-func (h *h1Conn) startWatch(ctx *h1Ctx) {
+// watchAfter is how long a request is served before the lean loop starts
+// watching for its client going away: most answers come sooner (a hit, a
+// miss from a fast origin) and never pay for the watch (a goroutine, a
+// read, and two deadlines to end it); a client that leaves is noticed that
+// much later at most.
+const watchAfter = 100 * time.Millisecond
+
+// armWatch has the watch start for ctx's request once it has been served
+// for watchAfter.
+func (h *h1Conn) armWatch(ctx *h1Ctx) {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	h.armed = ctx
+	if h.timer == nil {
+		h.timer = time.AfterFunc(watchAfter, h.startWatch)
+		return
+	}
+	h.timer.Reset(watchAfter)
+}
+
+// startWatch starts the read that cancels the armed request's context when
+// its client goes away (EOF or an error). A pipelined next request it
+// reads stays in the buffer.
+func (h *h1Conn) startWatch() {
+	h.wmu.Lock()
+	defer h.wmu.Unlock()
+	ctx := h.armed
+	if ctx == nil || h.watch != nil {
+		return // its request is over
+	}
 	done := make(chan struct{})
 	h.watch = done
 	h.loop.conns.watches.Add(1)
@@ -374,15 +404,22 @@ func (h *h1Conn) startWatch(ctx *h1Ctx) {
 	}()
 }
 
-// stopWatch ends the watch, if one runs, before the loop reads again: a
-// read deadline in the past ends the read it waits in.
+// stopWatch disarms the watch and ends it, if it runs, before the loop
+// reads again: a read deadline in the past ends the read it waits in.
 func (h *h1Conn) stopWatch() {
-	if h.watch == nil {
+	h.wmu.Lock()
+	h.armed = nil
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	w := h.watch
+	h.watch = nil
+	h.wmu.Unlock()
+	if w == nil {
 		return
 	}
 	_ = h.c.SetReadDeadline(time.Unix(1, 0))
-	<-h.watch
-	h.watch = nil
+	<-w
 	_ = h.c.SetReadDeadline(time.Time{})
 }
 
@@ -391,8 +428,8 @@ func isTimeout(err error) bool {
 	return errors.As(err, &t) && t.Timeout()
 }
 
-// h1Ctx is a lean request's context: the tunnel's values, and a Done
-// channel made on first use, which starts the watch for the client going
+// h1Ctx is a lean request's context: the connection's values, and a Done
+// channel made on first use, which arms the watch for the client going
 // away. It implements AfterFunc, so contexts derived from it register with
 // it instead of starting a goroutine each.
 type h1Ctx struct {
@@ -415,7 +452,7 @@ func (x *h1Ctx) Done() <-chan struct{} {
 		if x.err != nil {
 			close(x.done)
 		} else {
-			x.h.startWatch(x)
+			x.h.armWatch(x)
 		}
 	}
 	return x.done

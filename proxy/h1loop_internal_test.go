@@ -6,6 +6,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
 )
 
 func TestHeadEnd(t *testing.T) {
@@ -35,7 +37,7 @@ func TestHeadEnd(t *testing.T) {
 func TestH1CtxLazyDone(t *testing.T) {
 	client, server := net.Pipe()
 	defer client.Close()
-	h := &h1Conn{s: &Server{}, loop: &h1Loop{}, br: bufio.NewReader(server)}
+	h := &h1Conn{s: &Server{}, loop: &h1Loop{}, c: &tappedConn{Conn: capture.NewConn(server, nil)}, br: bufio.NewReader(server)}
 	x := &h1Ctx{Context: context.Background(), h: h}
 
 	child, stopChild := context.WithCancel(x)
@@ -72,16 +74,15 @@ func TestH1CtxLazyDone(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("an AfterFunc registered after cancel did not run")
 	}
-	// The watch Done started ends with the connection.
+	h.stopWatch()
 	server.Close()
-	<-h.watch
 }
 
 // TestWatchSeesTheClientLeave: a request whose context was asked for Done
 // is cancelled when its client closes the connection.
 func TestWatchSeesTheClientLeave(t *testing.T) {
 	client, server := net.Pipe()
-	h := &h1Conn{s: &Server{}, loop: &h1Loop{}, br: bufio.NewReader(server)}
+	h := &h1Conn{s: &Server{}, loop: &h1Loop{}, c: &tappedConn{Conn: capture.NewConn(server, nil)}, br: bufio.NewReader(server)}
 	x := &h1Ctx{Context: context.Background(), h: h}
 	done := x.Done()
 	client.Close()
@@ -90,6 +91,6 @@ func TestWatchSeesTheClientLeave(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the client left and the request's context is not done")
 	}
-	<-h.watch
+	h.stopWatch()
 	server.Close()
 }

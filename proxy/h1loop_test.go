@@ -127,28 +127,39 @@ func TestLeanLoopFraming(t *testing.T) {
 	}
 }
 
-// TestHitsStartNoWatch: a hit answered by the lean loop never starts the
-// read that watches for its client going away (it does not wait on
-// anything); a miss, which waits on its flight, does.
-func TestHitsStartNoWatch(t *testing.T) {
+// TestOnlyLongRequestsAreWatched: the lean loop watches for a client
+// going away only while a request waits long enough for that to matter: a
+// hit never starts the watch, nor does a miss answered at once; a request
+// on a slow origin does.
+func TestOnlyLongRequestsAreWatched(t *testing.T) {
 	var hits atomic.Int64
-	origin := tlsOrigin(t, echoOrigin(t, &hits), true)
+	echo := echoOrigin(t, &hits)
+	origin := tlsOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			time.Sleep(400 * time.Millisecond)
+		}
+		echo.ServeHTTP(w, r)
+	}), true)
 	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: dedupOn(dedup.Config{})})
 	c := w.client(false)
-	if resp, _ := w.get(c, origin.URL+"/hot"); resp.Header.Get("X-Cache") != "MISS" {
-		t.Fatalf("first: X-Cache %q", resp.Header.Get("X-Cache"))
-	}
-	missWatches := w.srv.LeanWatches()
-	if missWatches == 0 {
-		t.Fatal("a miss answered without watching its client")
-	}
-	for range 20 {
-		if resp, _ := w.get(c, origin.URL+"/hot"); resp.Header.Get("X-Cache") != "HIT" {
-			t.Fatalf("X-Cache %q, want HIT", resp.Header.Get("X-Cache"))
+	before := w.srv.LeanWatches()
+	for i := range 21 {
+		want := "HIT"
+		if i == 0 {
+			want = "MISS"
+		}
+		if resp, _ := w.get(c, origin.URL+"/hot"); resp.Header.Get("X-Cache") != want {
+			t.Fatalf("request %d: X-Cache %q, want %q", i+1, resp.Header.Get("X-Cache"), want)
 		}
 	}
-	if got := w.srv.LeanWatches() - missWatches; got != 0 {
-		t.Errorf("20 hits started %d watches, want 0", got)
+	if got := w.srv.LeanWatches() - before; got != 0 {
+		t.Errorf("a fast miss and 20 hits started %d watches, want 0", got)
+	}
+	if resp, _ := w.get(c, origin.URL+"/slow"); resp.StatusCode != 200 {
+		t.Fatalf("slow: %d", resp.StatusCode)
+	}
+	if got := w.srv.LeanWatches() - before; got != 1 {
+		t.Errorf("a request served for 400ms started %d watches, want 1", got)
 	}
 }
 
