@@ -3,6 +3,7 @@ package dedup
 import (
 	"encoding/binary"
 	"net/http"
+	"slices"
 	"time"
 	"unsafe"
 )
@@ -60,7 +61,9 @@ func packHead(key string, e *Entry, size int) (p packed, body []byte) {
 		}
 		values += len(vs)
 	}
-	b := make([]byte, 0, n)
+	// Grown, not made: the capacity is then what the runtime allocated
+	// (its size class), which size counts.
+	b := slices.Grow([]byte(nil), n)
 	b = appendPackedString(b, key)
 	b = appendPackedString(b, e.URLKey)
 	for _, v := range e.Vary {
@@ -78,7 +81,7 @@ func packHead(key string, e *Entry, size int) (p packed, body []byte) {
 		fields: int32(len(e.Header)), values: int32(values), vary: int32(len(e.Vary)), body: int32(len(b)),
 		status: int32(e.Status), storedAt: nanos(e.StoredAt), expiresAt: nanos(e.ExpiresAt),
 	}
-	p.data = b[: len(b)+size : len(b)+size]
+	p.data = b[:len(b)+size]
 	return p, p.bodyBytes()
 }
 
@@ -107,7 +110,7 @@ func appendPackedString(b []byte, s string) []byte {
 }
 
 // size is the packed entry's weight in the memory store: what it holds in
-// memory.
+// memory (the capacity of data is its allocation).
 func (p *packed) size() int64 { return int64(cap(p.data)) + packedOverhead }
 
 // expired reports whether the entry's time is up at now.

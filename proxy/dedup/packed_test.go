@@ -179,3 +179,41 @@ func BenchmarkFullCacheCollection(b *testing.B) {
 	b.StopTimer()
 	b.ReportMetric(float64(heapObjects())/n, "objects/entry")
 }
+
+// TestMemoryStoreWeighsWhatItHolds: the store's bound is on memory, so an
+// entry's weight must be what it costs the heap (its packed bytes as
+// allocated, rounded up to the runtime's size class, and otter's node),
+// within a tenth, whatever the body's size.
+func TestMemoryStoreWeighsWhatItHolds(t *testing.T) {
+	for _, size := range []int{300, 2048, 4096, 20000} {
+		const n = 4000
+		s := NewMemoryStore(1 << 40)
+		keys := make([]string, n)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("v1:%064d", i)
+		}
+		before := heapBytes()
+		for i, k := range keys {
+			h := http.Header{"Content-Type": {"text/plain; charset=utf-8"}, "Content-Length": {strconv.Itoa(size)},
+				"Date": {"Wed, 02 Dec 2026 05:40:01 GMT"}, "X-Origin-Request": {strconv.Itoa(i)}}
+			e := &Entry{Status: 200, Header: h, Body: make([]byte, size), URLKey: fmt.Sprintf("u1:%064d", i), StoredAt: time.Now()}
+			if err := s.Set(context.Background(), k, e, time.Hour); err != nil {
+				t.Fatal(err)
+			}
+		}
+		s.c.CleanUp()
+		real, weight := float64(heapBytes()-before)/n, float64(s.c.WeightedSize())/n
+		if real > 1.1*weight || real < 0.9*weight {
+			t.Errorf("%d-byte bodies: %.0f bytes of heap per entry, weighed %.0f", size, real, weight)
+		}
+		runtime.KeepAlive(keys)
+		s.Close()
+	}
+}
+
+func heapBytes() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
