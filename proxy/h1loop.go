@@ -184,8 +184,8 @@ func (h *h1Conn) serveOne(first bool) h1Next {
 	_ = h.c.SetReadDeadline(time.Now().Add(h.s.cfg.ReadHeaderTimeout))
 	n, ok := h.headLen()
 	if !ok {
-		// Too long for the buffer, or an end of line this loop does not
-		// follow: net/http reads it.
+		// Too long for the buffer: net/http reads it (up to
+		// max_header_bytes).
 		return h1HandOff
 	}
 	if n < 0 {
@@ -248,13 +248,10 @@ func (h *h1Conn) headLen() (n int, ok bool) {
 		if h.br.Buffered() == h.br.Size() {
 			return 0, false
 		}
-		// One byte more than we have: blocks until the next read.
+		// One byte more than we have: blocks until the next read. A
+		// client that goes away or runs past the header timeout is
+		// closed, as net/http closes it.
 		if _, err := h.br.Peek(h.br.Buffered() + 1); err != nil {
-			if h.br.Buffered() > 0 {
-				// A partial head, then EOF or a timeout: net/http answers
-				// what it can of it.
-				return 0, false
-			}
 			return -1, true
 		}
 	}
