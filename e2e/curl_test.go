@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // curlResult is what one curl run reports through --write-out.
@@ -189,12 +191,17 @@ func TestCurlProxyAuthAndSessionUser(t *testing.T) {
 	if r := curl(t, nil, "-x", bad, o.Plain+"/hello"); r.Code != "400" {
 		t.Errorf("empty session on plain http://: %+v; want 400", r)
 	}
-	users := map[string]int{}
-	for _, rec := range p.accessLog() {
-		u, _ := rec["user"].(string)
-		users[u]++
+	// Log lines reach the file in batches, 50 ms late at most.
+	var users map[string]int
+	logged := func() bool {
+		users = map[string]int{}
+		for _, rec := range p.accessLog() {
+			u, _ := rec["user"].(string)
+			users[u]++
+		}
+		return users[proxyUser] > 0 && users[proxyUser+"-session-eu-1"] >= 3
 	}
-	if users[proxyUser] == 0 || users[proxyUser+"-session-eu-1"] < 3 {
+	if !testkit.Poll(testkit.Patience, logged) {
 		t.Errorf("access log users %v", users)
 	}
 	p.assertLoopbackOnly(t)

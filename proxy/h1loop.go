@@ -124,9 +124,8 @@ type h1Conn struct {
 	br   *bufio.Reader
 	base context.Context // every request's values
 
-	// idle is set while the loop waits for the next request, under the
-	// conns' lock when it changes, so that Shutdown closes exactly the
-	// idle ones.
+	// idle is set while the loop waits for a request to begin, so that
+	// Shutdown closes exactly the connections with nothing under way.
 	mu   sync.Mutex
 	idle bool
 
@@ -174,14 +173,16 @@ const (
 
 // serveOne reads and answers one request.
 func (h *h1Conn) serveOne(first bool) h1Next {
-	if !first {
-		if !h.waitForRequest() {
-			return h1Close
-		}
+	if !h.waitForRequest(first) {
+		return h1Close
 	}
 	connlimit.SetBusy(h.c, true)
 	defer connlimit.SetBusy(h.c, false)
-	_ = h.c.SetReadDeadline(time.Now().Add(h.s.cfg.ReadHeaderTimeout))
+	if !first {
+		// A connection's first request has had its header timeout since
+		// it opened, as net/http counts it.
+		_ = h.c.SetReadDeadline(time.Now().Add(h.s.cfg.ReadHeaderTimeout))
+	}
 	n, ok := h.headLen()
 	if !ok {
 		// Too long for the buffer: net/http reads it (up to
@@ -204,10 +205,11 @@ func (h *h1Conn) serveOne(first bool) h1Next {
 	return h.serve(req)
 }
 
-// waitForRequest waits, up to the idle timeout, for the first byte of the
-// next request; false: the client is done, or Shutdown closed the idle
-// connection.
-func (h *h1Conn) waitForRequest() bool {
+// waitForRequest waits for the first byte of the next request, up to the
+// idle timeout (the header timeout for a connection's first); false: the
+// client is done, or Shutdown closed the connection, which counts as idle
+// until a request begins.
+func (h *h1Conn) waitForRequest(first bool) bool {
 	h.setIdle(true)
 	defer h.setIdle(false)
 	if h.loop.conns.shuttingDown() {
@@ -216,7 +218,11 @@ func (h *h1Conn) waitForRequest() bool {
 	if h.br.Buffered() > 0 {
 		return true // pipelined
 	}
-	_ = h.c.SetReadDeadline(time.Now().Add(h.s.cfg.IdleTimeout))
+	wait := h.s.cfg.IdleTimeout
+	if first {
+		wait = h.s.cfg.ReadHeaderTimeout
+	}
+	_ = h.c.SetReadDeadline(time.Now().Add(wait))
 	_, err := h.br.Peek(1)
 	return err == nil
 }

@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -248,5 +250,39 @@ func TestServeAfterShutdown(t *testing.T) {
 	if c, err := net.DialTimeout("tcp", ln.Addr().String(), time.Second); err == nil {
 		c.Close()
 		t.Fatal("the listener still accepts after Serve returned")
+	}
+}
+
+// TestShutdownClosesSilentConnections: a connection that has not begun a
+// request (on the proxy port, or a tunnel just intercepted) has nothing
+// to drain: Shutdown closes it at once instead of waiting out its header
+// timeout.
+func TestShutdownClosesSilentConnections(t *testing.T) {
+	var hits atomic.Int64
+	origin := tlsOrigin(t, echoOrigin(t, &hits), true)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, proxy: proxy.Config{ReadHeaderTimeout: time.Minute}})
+	host := strings.TrimPrefix(origin.URL, "https://")
+	port, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer port.Close()
+	tunnel := insideTunnel(t, w, host, true)
+	time.Sleep(50 * time.Millisecond) // both waiting for a request
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := w.srv.Shutdown(ctx); err != nil {
+		t.Fatalf("Shutdown: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("Shutdown took %v with only silent connections open", d)
+	}
+	for name, c := range map[string]net.Conn{"proxy port": port, "tunnel": tunnel} {
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("%s connection still open after Shutdown: %v", name, err)
+		}
 	}
 }
