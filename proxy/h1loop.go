@@ -17,6 +17,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 )
 
 // The HTTP/1.1 requests on the proxy port and inside intercepted tunnels
@@ -101,17 +102,7 @@ func (hs *h1Conns) shutdown(ctx context.Context) error {
 		h.closeIfIdle()
 	}
 	hs.mu.Unlock()
-	done := make(chan struct{})
-	go func() {
-		hs.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return workers.Wait(ctx, &hs.wg)
 }
 
 func (hs *h1Conns) shuttingDown() bool { return hs.closing.Load() }

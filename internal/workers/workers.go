@@ -146,9 +146,17 @@ func (w *Pool) Stop(ctx context.Context) error {
 	}
 	w.idle = nil
 	w.mu.Unlock()
+	return Wait(ctx, &w.wg)
+}
+
+// Wait waits for wg until ctx ends, and then returns ctx's error: a
+// shutdown that waits for goroutines it owns, within its grace. The
+// goroutine that waits for wg outlives an early return only until wg is
+// done.
+func Wait(ctx context.Context, wg *sync.WaitGroup) error {
 	done := make(chan struct{})
 	go func() {
-		w.wg.Wait()
+		wg.Wait()
 		close(done)
 	}()
 	select {

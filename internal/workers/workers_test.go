@@ -1,12 +1,14 @@
 package workers
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"go.uber.org/goleak"
 )
@@ -105,4 +107,21 @@ func TestDoAfterClose(t *testing.T) {
 		}
 	}()
 	w.Go(func() {})
+}
+
+// TestWait: Wait returns once the group is done, or with the context's
+// error when that ends first.
+func TestWait(t *testing.T) {
+	var wg sync.WaitGroup
+	release := make(chan struct{})
+	wg.Go(func() { <-release })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	if err := Wait(ctx, &wg); err != context.DeadlineExceeded {
+		t.Fatalf("Wait on a busy group = %v, want the deadline", err)
+	}
+	close(release)
+	if err := Wait(context.Background(), &wg); err != nil {
+		t.Fatalf("Wait on a group that finishes = %v", err)
+	}
 }

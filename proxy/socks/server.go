@@ -18,6 +18,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
+	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 )
 
 // Pipeline is what lies behind the door. *proxy.Server satisfies it.
@@ -249,14 +250,9 @@ func (s *Server) Close() error {
 		cl.CloseAll()
 	}
 	s.cancel()
-	done := make(chan struct{})
-	go func() {
-		s.wg.Wait()
-		close(done)
-	}()
-	select {
-	case <-done:
-	case <-time.After(5 * time.Second):
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if workers.Wait(ctx, &s.wg) != nil {
 		s.o.Logger.Error("socks5: connection goroutines still running 5s after their connections were cut")
 	}
 	return nil
