@@ -197,22 +197,17 @@ type runner struct {
 }
 
 // worker accumulates the outcome of the requests one goroutine sent, so
-// that the hot path shares nothing but runner.next.
+// that the hot path shares nothing but runner.next: a Result of its own,
+// its latencies in the order they came.
 type worker struct {
-	requests  int
-	errors    int
-	durations []time.Duration // successful requests only
-	status    map[int]int
-	xcache    map[string]int
-	protos    map[string]int
-	bytes     int64
+	Result
 }
 
 func (w *worker) init(capacity int) {
-	w.durations = make([]time.Duration, 0, capacity)
-	w.status = make(map[int]int)
-	w.xcache = make(map[string]int)
-	w.protos = make(map[string]int)
+	w.latencies = make([]time.Duration, 0, capacity)
+	w.Status = make(map[int]int)
+	w.XCache = make(map[string]int)
+	w.Protos = make(map[string]int)
 }
 
 func (r *runner) work(ctx context.Context, w *worker) {
@@ -252,21 +247,21 @@ func (r *runner) do(ctx context.Context, w *worker, target string) {
 	nr, err := io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	elapsed := time.Since(start)
-	w.bytes += nr
+	w.BytesRead += nr
 	if err != nil {
 		r.fail(ctx, w, fmt.Errorf("read body: %w", err))
 		return
 	}
 
-	w.requests++
-	w.durations = append(w.durations, elapsed)
-	w.status[resp.StatusCode]++
-	w.protos[resp.Proto]++
+	w.Requests++
+	w.latencies = append(w.latencies, elapsed)
+	w.Status[resp.StatusCode]++
+	w.Protos[resp.Proto]++
 	xc := resp.Header.Get("X-Cache")
 	if xc == "" {
 		xc = "-"
 	}
-	w.xcache[xc]++
+	w.XCache[xc]++
 }
 
 // fail counts err against w, unless the run itself was cancelled: a request
@@ -275,8 +270,8 @@ func (r *runner) fail(ctx context.Context, w *worker, err error) {
 	if ctx.Err() != nil {
 		return
 	}
-	w.requests++
-	w.errors++
+	w.Requests++
+	w.Errors++
 
 	// Drop the URL from *url.Error so that the same failure on K targets
 	// is one sample, not K.
@@ -297,39 +292,18 @@ func (r *runner) fail(ctx context.Context, w *worker, err error) {
 	r.samples = append(r.samples, msg)
 }
 
-// result merges the workers' tallies.
+// result merges the workers' tallies. They ran at once: the run's
+// duration is elapsed, not their sum.
 func (r *runner) result(workers []worker, elapsed time.Duration) *Result {
-	res := &Result{
-		Duration: elapsed,
-		Status:   make(map[int]int),
-		XCache:   make(map[string]int),
-		Protos:   make(map[string]int),
-	}
-	total := 0
+	parts := make([]*Result, len(workers))
 	for i := range workers {
-		total += len(workers[i].durations)
+		parts[i] = &workers[i].Result
 	}
-	durations := make([]time.Duration, 0, total)
-	for i := range workers {
-		w := &workers[i]
-		res.Requests += w.requests
-		res.Errors += w.errors
-		res.BytesRead += w.bytes
-		durations = append(durations, w.durations...)
-		for k, v := range w.status {
-			res.Status[k] += v
-		}
-		for k, v := range w.xcache {
-			res.XCache[k] += v
-		}
-		for k, v := range w.protos {
-			res.Protos[k] += v
-		}
-	}
+	res := Merge(parts...)
 	r.mu.Lock()
 	res.ErrorSamples = append([]string(nil), r.samples...)
 	r.mu.Unlock()
-	res.setLatencies(durations)
+	res.Duration, res.RPS = elapsed, 0
 	if elapsed > 0 {
 		res.RPS = float64(res.Requests) / elapsed.Seconds()
 	}
