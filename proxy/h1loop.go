@@ -114,6 +114,7 @@ type h1Conn struct {
 	c    *tappedConn
 	br   *bufio.Reader
 	base context.Context // every request's values
+	addr string          // the client's address, every request's RemoteAddr
 
 	// idle is set while the loop waits for a request to begin, so that
 	// Shutdown closes exactly the connections with nothing under way.
@@ -132,7 +133,7 @@ type h1Conn struct {
 // done, or hands c to loop's http.Server at the first request that is not
 // plain.
 func (s *Server) serveH1(loop *h1Loop, c *tappedConn) {
-	h := &h1Conn{s: s, loop: loop, c: c, br: bufio.NewReaderSize(c, h1ReadSize), base: loop.base(c)}
+	h := &h1Conn{s: s, loop: loop, c: c, br: bufio.NewReaderSize(c, h1ReadSize), base: loop.base(c), addr: c.RemoteAddr().String()}
 	if !loop.conns.add(h) {
 		c.Close()
 		return
@@ -322,7 +323,7 @@ func (h *h1Conn) handOff() {
 func (h *h1Conn) serve(req *http.Request) (next h1Next) {
 	ctx := &h1Ctx{Context: h.base, h: h}
 	req = req.WithContext(ctx)
-	req.RemoteAddr = h.c.RemoteAddr().String()
+	req.RemoteAddr = h.addr
 	w := newH1Writer(h.c, req)
 	defer func() {
 		ctx.cancel(context.Canceled)

@@ -80,9 +80,15 @@ func StartCluster(t testing.TB, n int) []string {
 	const slots = 16384
 	ctx := context.Background()
 	addrs := make([]string, n)
+	buses := make([]string, n)
 	nodes := make([]*redis.Client, n)
 	for i := range n {
-		s := startOwn(t, bin, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		// The bus port too is drawn below the ephemeral range: Redis's
+		// default, the port plus 10000, can land inside it and be taken
+		// by an outgoing connection (the node then fails to start).
+		buses[i] = strconv.Itoa(testkit.ServerPort(t))
+		s := startOwn(t, bin, "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000",
+			"--cluster-port", buses[i])
 		addrs[i] = s.Addr
 		nodes[i] = redis.NewClient(&redis.Options{Addr: s.Addr})
 		defer nodes[i].Close()
@@ -90,9 +96,9 @@ func StartCluster(t testing.TB, n int) []string {
 			t.Fatalf("cluster: node %s: ADDSLOTSRANGE: %v", s.Addr, err)
 		}
 	}
-	for _, a := range addrs[1:] {
+	for i, a := range addrs[1:] {
 		host, port, _ := net.SplitHostPort(a)
-		if err := nodes[0].Do(ctx, "CLUSTER", "MEET", host, port).Err(); err != nil {
+		if err := nodes[0].Do(ctx, "CLUSTER", "MEET", host, port, buses[i+1]).Err(); err != nil {
 			t.Fatalf("cluster: MEET %s: %v", a, err)
 		}
 	}
