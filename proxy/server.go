@@ -391,9 +391,16 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	go func() { portErr <- s.port.conns.shutdown(ctx) }()
 	// Waits for the plain requests of the connections srv serves.
 	err := s.srv.Shutdown(ctx)
-	for _, ch := range []chan error{innerErr, portErr} {
-		if e := <-ch; err == nil {
-			err = e
+	var late []string // what the grace ran out on, for the log
+	if err != nil {
+		late = append(late, "the proxy port's server")
+	}
+	for i, ch := range []chan error{innerErr, portErr} {
+		if e := <-ch; e != nil {
+			late = append(late, [...]string{"the tunnels", "the proxy port's lean loop"}[i])
+			if err == nil {
+				err = e
+			}
 		}
 	}
 	// Requests whose connection left the servers (WebSocket upgrades) are
@@ -415,8 +422,8 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// The requests left end with their connections, and their workers
 	// with them.
 	_ = s.handlers.Stop(ctx)
-	if left > 0 {
-		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left)
+	if left > 0 || len(late) > 0 {
+		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left, "waiting_for", late)
 		if err == nil {
 			err = ctx.Err()
 		}
