@@ -340,7 +340,7 @@ func (e *Engine) fromCache(req *http.Request, rule *Rule, key string, body []byt
 	if ent == nil {
 		return nil, flightKey, false
 	}
-	resp, ok := e.serve(req, ent, found, CacheHit)
+	resp, ok := e.serve(req, ent, found, CacheHit, true)
 	return resp, flightKey, ok
 }
 
@@ -482,7 +482,7 @@ func (e *Engine) answer(req *http.Request, key string, f *flight, res *flightRes
 		markCache(res.stream.Header, CacheBypass, key)
 		return res.stream, nil
 	}
-	if resp, ok := e.serve(req, res.entry, key, xcache); ok {
+	if resp, ok := e.serve(req, res.entry, key, xcache, false); ok {
 		return resp, nil
 	}
 	return e.bypass(req, key)
@@ -492,7 +492,12 @@ func (e *Engine) answer(req *http.Request, key string, f *flight, res *flightRes
 // the client does not accept the stored coding. ok is false when it cannot
 // (unknown coding, a disk-tier file evicted meanwhile): the caller then
 // fetches for this client.
-func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http.Response, bool) {
+//
+// sole says the caller looked ent up for this response alone: an entry the
+// memory store unpacked for it (private) then lends the response its
+// header map instead of a copy (a hit's largest allocation). Entries a
+// flight shares with its waiters are never sole.
+func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string, sole bool) (*http.Response, bool) {
 	if ent.file != nil {
 		return e.serveFile(req, ent, key, xcache)
 	}
@@ -500,6 +505,9 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string) (*http
 	if err != nil {
 		e.log.Warn("cannot serve stored response to this client", "key", key, "err", err)
 		return nil, false
+	}
+	if header == nil && sole && ent.private {
+		header = ent.Header
 	}
 	resp := ent.response(req, body, header)
 	markCache(resp.Header, xcache, key)

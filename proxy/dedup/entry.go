@@ -37,6 +37,9 @@ type Entry struct {
 	// entry unpacked from the store); packed.data is nil otherwise. It is
 	// only ever set on an entry whose fields are final.
 	packed packed
+	// private: the entry was unpacked for the one caller that holds it,
+	// with a header map of its own (see Engine.serve's sole).
+	private bool
 }
 
 // HeaderValue is one request header's canonical name and joined value.

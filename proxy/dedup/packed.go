@@ -130,6 +130,7 @@ func (p *packed) entry() *Entry {
 		URLKey:    r.str(),
 		Body:      p.bodyBytes(),
 		packed:    *p,
+		private:   true,
 	}
 	if p.vary > 0 {
 		e.Vary = make([]HeaderValue, p.vary)

@@ -217,3 +217,34 @@ func heapBytes() int64 {
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc)
 }
+
+// TestHitsDoNotShareHeaders: a hit's response takes the header map its
+// entry was unpacked with, so what one client's answer does to its header
+// (the proxy adds and removes fields) must reach no other hit.
+func TestHitsDoNotShareHeaders(t *testing.T) {
+	f := newFixture(t, Config{TTL: time.Minute}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Origin", "o")
+		okHandler(w, r)
+	}))
+	if r := f.get("/a"); r.xcache != CacheMiss {
+		t.Fatalf("first: %+v", r)
+	}
+	get := func() *http.Response {
+		req, _ := http.NewRequest(http.MethodGet, f.origin.URL+"/a", nil)
+		resp, err := f.eng.RoundTrip(req)
+		if err != nil || resp.Header.Get(HeaderCache) != CacheHit {
+			t.Fatalf("hit: %v, %v", resp, err)
+		}
+		return resp
+	}
+	one := get()
+	one.Header.Set("X-Mutated", "1")
+	one.Header.Del("X-Origin")
+	two := get()
+	if two.Header.Get("X-Mutated") != "" || two.Header.Get("X-Origin") != "o" {
+		t.Fatalf("a hit's header changes reached the next hit: %v", two.Header)
+	}
+	if one.Header.Get("X-Origin") != "" {
+		t.Fatal("the first answer's own change did not stick")
+	}
+}

@@ -140,7 +140,7 @@ func (e *Engine) peerResponse(r *http.Request, key string) (*http.Response, []He
 		}
 		return nil, nil
 	}
-	resp, ok := e.serve(r, ent, key, CacheHit)
+	resp, ok := e.serve(r, ent, key, CacheHit, true)
 	if !ok {
 		return nil, nil
 	}

@@ -126,7 +126,7 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 func (e *Engine) serveWhole(req *http.Request, meta *Entry, b wholeBody, key, xcache string) (*http.Response, bool) {
 	ob, streaming := b.(objectBody)
 	if !streaming {
-		return e.serve(req, meta, key, xcache)
+		return e.serve(req, meta, key, xcache, false)
 	}
 	body, err := ob.open(req.Context(), 0, -1)
 	if err != nil {
