@@ -111,20 +111,15 @@ func TestMemoryStoreKeepsFewObjects(t *testing.T) {
 	for i := range keys {
 		keys[i] = fmt.Sprintf("v1:%064d", i)
 	}
-	before := heapObjects()
+	before := heap().HeapObjects
 	for i, k := range keys {
-		h := http.Header{}
-		for f := range 12 {
-			h["X-Field-"+strconv.Itoa(f)] = []string{fmt.Sprintf("value %d of entry %d", f, i)}
-		}
-		e := &Entry{Status: 200, Header: h, Body: make([]byte, 512), URLKey: "u" + strconv.Itoa(i), StoredAt: time.Now()}
-		if err := s.Set(ctx, k, e, time.Hour); err != nil {
+		if err := s.Set(ctx, k, page(i, 512, 12), time.Hour); err != nil {
 			t.Fatal(err)
 		}
 	}
 	s.c.CleanUp()
 	// What the store retains: the entries as built are garbage now.
-	per := float64(heapObjects()-before) / n
+	per := float64(heap().HeapObjects-before) / n
 	if got := s.c.EstimatedSize(); got != n {
 		t.Fatalf("store holds %d entries, want %d", got, n)
 	}
@@ -137,11 +132,27 @@ func TestMemoryStoreKeepsFewObjects(t *testing.T) {
 	runtime.KeepAlive(keys)
 }
 
-func heapObjects() int64 {
+// heap is the runtime's heap after a collection: what is live.
+func heap() runtime.MemStats {
 	runtime.GC()
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
-	return int64(m.HeapObjects)
+	return m
+}
+
+// page is the i-th cached page of size bytes, with a typical header and
+// fields more fields of its own.
+func page(i, size, fields int) *Entry {
+	h := http.Header{
+		"Content-Type":     {"text/html; charset=utf-8"},
+		"Content-Length":   {strconv.Itoa(size)},
+		"Date":             {"Wed, 02 Dec 2026 05:40:01 GMT"},
+		"X-Origin-Request": {strconv.Itoa(i)},
+	}
+	for f := range fields {
+		h["X-Field-"+strconv.Itoa(f)] = []string{fmt.Sprintf("value %d of entry %d", f, i)}
+	}
+	return &Entry{Status: 200, Header: h, Body: make([]byte, size), URLKey: fmt.Sprintf("u1:%064d", i), StoredAt: time.Now()}
 }
 
 // BenchmarkFullCacheCollection measures what a memory store full of small
@@ -157,16 +168,7 @@ func BenchmarkFullCacheCollection(b *testing.B) {
 	defer s.Close()
 	ctx := context.Background()
 	for i := range n {
-		h := http.Header{
-			"Content-Type":     {"text/html; charset=utf-8"},
-			"Content-Length":   {"2048"},
-			"Date":             {time.Now().UTC().Format(http.TimeFormat)},
-			"Cache-Control":    {"max-age=60"},
-			"Server":           {"origin"},
-			"X-Origin-Request": {strconv.Itoa(i)},
-		}
-		e := &Entry{Status: 200, Header: h, Body: make([]byte, 2048), URLKey: fmt.Sprintf("u1:%064d", i), StoredAt: time.Now()}
-		if err := s.Set(ctx, fmt.Sprintf("v1:%064d", i), e, time.Hour); err != nil {
+		if err := s.Set(ctx, fmt.Sprintf("v1:%064d", i), page(i, 2048, 1), time.Hour); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -177,7 +179,7 @@ func BenchmarkFullCacheCollection(b *testing.B) {
 		runtime.GC()
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(heapObjects())/n, "objects/entry")
+	b.ReportMetric(float64(heap().HeapObjects)/n, "objects/entry")
 }
 
 // TestMemoryStoreWeighsWhatItHolds: the store's bound is on memory, so an
@@ -192,30 +194,20 @@ func TestMemoryStoreWeighsWhatItHolds(t *testing.T) {
 		for i := range keys {
 			keys[i] = fmt.Sprintf("v1:%064d", i)
 		}
-		before := heapBytes()
+		before := heap().HeapAlloc
 		for i, k := range keys {
-			h := http.Header{"Content-Type": {"text/plain; charset=utf-8"}, "Content-Length": {strconv.Itoa(size)},
-				"Date": {"Wed, 02 Dec 2026 05:40:01 GMT"}, "X-Origin-Request": {strconv.Itoa(i)}}
-			e := &Entry{Status: 200, Header: h, Body: make([]byte, size), URLKey: fmt.Sprintf("u1:%064d", i), StoredAt: time.Now()}
-			if err := s.Set(context.Background(), k, e, time.Hour); err != nil {
+			if err := s.Set(context.Background(), k, page(i, size, 0), time.Hour); err != nil {
 				t.Fatal(err)
 			}
 		}
 		s.c.CleanUp()
-		real, weight := float64(heapBytes()-before)/n, float64(s.c.WeightedSize())/n
+		real, weight := float64(heap().HeapAlloc-before)/n, float64(s.c.WeightedSize())/n
 		if real > 1.1*weight || real < 0.9*weight {
 			t.Errorf("%d-byte bodies: %.0f bytes of heap per entry, weighed %.0f", size, real, weight)
 		}
 		runtime.KeepAlive(keys)
 		s.Close()
 	}
-}
-
-func heapBytes() int64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return int64(m.HeapAlloc)
 }
 
 // TestHitsDoNotShareHeaders: a hit's response takes the header map its
