@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -189,7 +190,7 @@ func (h *h1Conn) serveOne(first bool) h1Next {
 	// in place: it is all buffered, so nothing refills the buffer.
 	ahead, _ := h.br.Peek(h.br.Buffered())
 	req, err := http.ReadRequest(h.br)
-	if err != nil || !plainRequest(req) || !h.loop.plain(req) {
+	if err != nil || !plainRequest(req, ahead[:n]) || !h.loop.plain(req) {
 		h.c.replay = append([]byte(nil), ahead...)
 		return h1HandOff
 	}
@@ -276,10 +277,11 @@ func headEnd(b []byte) int {
 	return 0
 }
 
-// plainRequest reports whether req is one the lean loop answers: what
-// net/http would accept as is (a Host, valid header fields), for HTTP/1.1,
-// GET or HEAD, without a body, an upgrade or an Expect.
-func plainRequest(req *http.Request) bool {
+// plainRequest reports whether req, read from head, is one the lean loop
+// answers: what net/http would accept as is (one valid Host field, valid
+// header fields), for HTTP/1.1, GET or HEAD, without a body, an upgrade or
+// an Expect.
+func plainRequest(req *http.Request, head []byte) bool {
 	if req.ProtoMajor != 1 || req.ProtoMinor != 1 {
 		return false
 	}
@@ -289,7 +291,13 @@ func plainRequest(req *http.Request) bool {
 	if req.ContentLength != 0 || len(req.TransferEncoding) > 0 || req.Body != http.NoBody {
 		return false
 	}
-	if req.Host == "" || !httpguts.ValidHostHeader(req.Host) || isUpgrade(req.Header) {
+	// http.ReadRequest drops the Host field (an absolute-form request
+	// takes its host from the URL): net/http's server checks the field
+	// first, and so does this.
+	if host, ok := hostField(head); !ok || !httpguts.ValidHostHeader(host) || req.Host == "" {
+		return false
+	}
+	if isUpgrade(req.Header) {
 		return false
 	}
 	if _, ok := req.Header["Expect"]; ok {
@@ -306,6 +314,22 @@ func plainRequest(req *http.Request) bool {
 		}
 	}
 	return true
+}
+
+// hostField returns the value of the Host field of head, a request head,
+// and whether it has exactly one.
+func hostField(head []byte) (string, bool) {
+	var host []byte
+	n := 0
+	for line := range bytes.Lines(head) {
+		name, value, ok := bytes.Cut(line, []byte(":"))
+		if !ok || !bytes.EqualFold(name, []byte("Host")) {
+			continue
+		}
+		n++
+		host = bytes.TrimSpace(value)
+	}
+	return string(host), n == 1
 }
 
 // handOff gives the connection to the loop's http.Server, with what was

@@ -94,3 +94,20 @@ func TestWatchSeesTheClientLeave(t *testing.T) {
 	h.stopWatch()
 	server.Close()
 }
+
+func TestHostField(t *testing.T) {
+	for _, tc := range []struct {
+		head, host string
+		ok         bool
+	}{
+		{"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n", "a.test", true},
+		{"GET http://x:80/ HTTP/1.1\r\nhost:  b.test:8080 \r\n\r\n", "b.test:8080", true},
+		{"GET / HTTP/1.1\r\nAccept: */*\r\n\r\n", "", false},
+		{"GET / HTTP/1.1\r\nHost: a\r\nHOST: b\r\n\r\n", "b", false},
+		{"GET / HTTP/1.1\r\nX-Host: a\r\nReferer: http://Host:1/\r\n\r\n", "", false},
+	} {
+		if host, ok := hostField([]byte(tc.head)); host != tc.host || ok != tc.ok {
+			t.Errorf("hostField(%q) = %q, %v; want %q, %v", tc.head, host, ok, tc.host, tc.ok)
+		}
+	}
+}

@@ -286,3 +286,38 @@ func TestShutdownClosesSilentConnections(t *testing.T) {
 		}
 	}
 }
+
+// TestLeanLoopHostRules: what net/http refuses about the Host field, the
+// lean loop refuses too (it hands such a request over, and net/http
+// answers 400): an absolute-form request without one, two of them, a
+// malformed one. One Host field passes.
+func TestLeanLoopHostRules(t *testing.T) {
+	var hits atomic.Int64
+	origin := plainOrigin(t, echoOrigin(t, &hits))
+	w := newWorld(t, worldOpts{dedup: dedupOn(dedup.Config{})})
+	host := strings.TrimPrefix(origin.URL, "http://")
+	for _, tc := range []struct {
+		name, head string
+		want       int
+	}{
+		{"one Host", "GET http://%[1]s/ok HTTP/1.1\r\nHost: %[1]s\r\n\r\n", 200},
+		{"no Host", "GET http://%[1]s/none HTTP/1.1\r\nAccept: */*\r\n\r\n", 400},
+		{"two Hosts", "GET http://%[1]s/two HTTP/1.1\r\nHost: %[1]s\r\nhost: %[1]s\r\n\r\n", 400},
+		{"malformed Host", "GET http://%[1]s/bad HTTP/1.1\r\nHost: a b\r\n\r\n", 400},
+	} {
+		c, err := net.Dial("tcp", w.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+		fmt.Fprintf(c, tc.head, host)
+		got := readAnswers(t, bufio.NewReader(c), "GET")
+		c.Close()
+		if got[0].StatusCode != tc.want {
+			t.Errorf("%s: %d %q, want %d", tc.name, got[0].StatusCode, bodyOf(got[0]), tc.want)
+		}
+	}
+	if hits.Load() != 1 {
+		t.Errorf("origin saw %d requests, want 1", hits.Load())
+	}
+}
