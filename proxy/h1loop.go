@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -18,6 +19,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 )
 
@@ -415,9 +417,9 @@ func (h *h1Conn) startWatch() {
 	h.loop.conns.watches.Add(1)
 	go func() {
 		defer close(done)
-		// A timeout is stopWatch's past deadline (or a long silence),
+		// A deadline is stopWatch's past one (or the idle timeout's),
 		// not the client leaving.
-		if _, err := h.br.Peek(1); err != nil && !isTimeout(err) {
+		if _, err := h.br.Peek(1); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
 			ctx.cancel(context.Canceled)
 		}
 	}()
@@ -440,11 +442,6 @@ func (h *h1Conn) stopWatch() {
 	_ = h.c.SetReadDeadline(time.Unix(1, 0))
 	<-w
 	_ = h.c.SetReadDeadline(time.Time{})
-}
-
-func isTimeout(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.As(err, &t) && t.Timeout()
 }
 
 // h1Ctx is a lean request's context: the connection's values, and a Done
@@ -580,7 +577,7 @@ func (w *h1Writer) WriteHeader(code int) {
 	}
 	w.wroteHeader = true
 	h := w.header
-	w.noBody = w.req.Method == http.MethodHead || !bodyAllowedForStatus(code)
+	w.noBody = w.req.Method == http.MethodHead || !httpstatus.BodyAllowed(code)
 	if cl := h.Get("Content-Length"); cl != "" {
 		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
 			w.declared = n
@@ -597,7 +594,7 @@ func (w *h1Writer) WriteHeader(code int) {
 		w.chunked = true
 		h["Transfer-Encoding"] = []string{"chunked"}
 	}
-	if hasToken(h["Connection"], "close") || hasShutdown(w) {
+	if headerHasToken(h, "Connection", "close") || hasShutdown(w) {
 		w.closeAfter = true
 	}
 	if w.closeAfter {
@@ -618,13 +615,7 @@ func hasShutdown(w *h1Writer) bool {
 
 func (w *h1Writer) writeHead(code int, h http.Header) {
 	w.bw.WriteString("HTTP/1.1 ")
-	if text := http.StatusText(code); text != "" {
-		w.bw.WriteString(strconv.Itoa(code))
-		w.bw.WriteByte(' ')
-		w.bw.WriteString(text)
-	} else {
-		fmt.Fprintf(w.bw, "%03d status code %d", code, code)
-	}
+	w.bw.WriteString(httpstatus.Line(code))
 	w.bw.WriteString("\r\n")
 	// Trailer fields set before the head go out at the end.
 	var omit map[string]bool
@@ -747,23 +738,4 @@ func (w *h1Writer) writeTrailers() {
 		}
 	}
 	_ = t.Write(w.bw)
-}
-
-// bodyAllowedForStatus reports whether a response with status code may
-// carry a body (RFC 9112 §6.3).
-func bodyAllowedForStatus(code int) bool {
-	return code >= 200 && code != http.StatusNoContent && code != http.StatusNotModified
-}
-
-// hasToken reports whether the comma-separated values vs name token,
-// case-insensitively.
-func hasToken(vs []string, token string) bool {
-	for _, v := range vs {
-		for t := range strings.SplitSeq(v, ",") {
-			if strings.EqualFold(strings.TrimSpace(t), token) {
-				return true
-			}
-		}
-	}
-	return false
 }

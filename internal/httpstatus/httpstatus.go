@@ -46,3 +46,9 @@ func Line(code int) string {
 	}
 	return strconv.Itoa(code) + " " + http.StatusText(code)
 }
+
+// BodyAllowed reports whether a response with code carries a body (RFC
+// 9110 §6.4.1: not a 1xx, 204 or 304).
+func BodyAllowed(code int) bool {
+	return code >= 200 && code != http.StatusNoContent && code != http.StatusNotModified
+}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 )
 
@@ -733,7 +734,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		peerVary = peerHeaders(resp.Header)
 	}
 	size := resp.ContentLength
-	if req.Method == http.MethodHead || !bodyAllowed(resp.StatusCode) {
+	if req.Method == http.MethodHead || !httpstatus.BodyAllowed(resp.StatusCode) {
 		// Content-Length describes the body a GET would get; there is none.
 		size = 0
 	}
@@ -768,7 +769,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		resp.Body.Close()
 		release()
 		ent := meta
-		if req.Method != http.MethodHead && bodyAllowed(resp.StatusCode) {
+		if req.Method != http.MethodHead && httpstatus.BodyAllowed(resp.StatusCode) {
 			ent.Header.Set("Content-Length", "0")
 		}
 		e.keepEntry(key, ent, ttl, lease)

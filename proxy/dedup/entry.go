@@ -93,7 +93,7 @@ func (e *Entry) response(req *http.Request, body []byte, header http.Header) *ht
 	}
 	if !decoded {
 		body = e.Body
-	} else if bodyAllowed(e.Status) {
+	} else if httpstatus.BodyAllowed(e.Status) {
 		header.Set("Content-Length", strconv.Itoa(len(body)))
 	}
 	resp := &http.Response{
@@ -106,7 +106,7 @@ func (e *Entry) response(req *http.Request, body []byte, header http.Header) *ht
 		Request:    req,
 	}
 	switch {
-	case !bodyAllowed(e.Status):
+	case !httpstatus.BodyAllowed(e.Status):
 		resp.Body = http.NoBody
 	case req.Method == http.MethodHead:
 		// A HEAD answer keeps the Content-Length of what a GET would get
@@ -121,12 +121,6 @@ func (e *Entry) response(req *http.Request, body []byte, header http.Header) *ht
 		resp.ContentLength = int64(len(body))
 	}
 	return resp
-}
-
-// bodyAllowed reports whether a response with this status carries a body
-// (RFC 9110 §6.4.1).
-func bodyAllowed(status int) bool {
-	return status >= 200 && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
 func joinValues(vs []string) string {
