@@ -19,6 +19,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bufpool"
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // headerSession lets a client pick its sticky upstream session per request
@@ -503,6 +504,7 @@ func (s *Server) forwardCtx(ctx context.Context, w http.ResponseWriter, r *http.
 	for k, vs := range resp.Header {
 		h[k] = vs
 	}
+	httpstatus.KeepUntyped(h)
 	// Trailers announced before the head commit net/http to chunked
 	// encoding (HTTP/1.1) or a trailing HEADERS frame (HTTP/2), without
 	// which they are dropped; as goproxy and httputil.ReverseProxy do.

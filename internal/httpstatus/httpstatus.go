@@ -52,3 +52,15 @@ func Line(code int) string {
 func BodyAllowed(code int) bool {
 	return code >= 200 && code != http.StatusNoContent && code != http.StatusNotModified
 }
+
+// KeepUntyped stops net/http from adding a Content-Type to a response
+// that h, the origin's header, has none for: its servers otherwise sniff
+// the first bytes of the body and add one, which shows the proxy to the
+// client and changes how a browser treats the body. A nil value is
+// net/http's way to suppress a header it would add; nothing is written
+// for it.
+func KeepUntyped(h http.Header) {
+	if _, ok := h["Content-Type"]; !ok {
+		h["Content-Type"] = nil
+	}
+}

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bufpool"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // A body too big for the shared store crosses the fleet once: the
@@ -65,6 +66,7 @@ func (e *Engine) PeerHandler() http.Handler {
 		for k, vs := range resp.Header {
 			w.Header()[k] = vs
 		}
+		httpstatus.KeepUntyped(w.Header())
 		if len(vary) > 0 {
 			v := url.Values{}
 			for _, hv := range vary {
