@@ -7,32 +7,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
-)
 
-// pair returns the two ends of a loopback TCP connection.
-func pair(t *testing.T) (client, server net.Conn) {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, _ := ln.Accept()
-		accepted <- c
-	}()
-	client, err = net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server = <-accepted
-	if server == nil {
-		t.Fatal("accept failed")
-	}
-	t.Cleanup(func() { client.Close(); server.Close() })
-	return client, server
-}
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+)
 
 // counting counts the deadlines set on the connection under a Conn.
 type counting struct {
@@ -55,7 +32,7 @@ func (c *counting) SetWriteDeadline(t time.Time) error {
 // background read, none, the idle timeout, none) reaches the connection
 // only where it changes the deadline in force.
 func TestDeadlinesInForceAreNotSetAgain(t *testing.T) {
-	_, server := pair(t)
+	_, server := testkit.TCPPair(t)
 	under := &counting{Conn: server}
 	c := Wrap(under, time.Minute)
 	base := under.reads.Load()
@@ -85,7 +62,7 @@ func TestDeadlinesInForceAreNotSetAgain(t *testing.T) {
 // ends a read already waiting; clearing it lets reads wait again; and the
 // idle timeout ends a silent connection.
 func TestDeadlinesStillApply(t *testing.T) {
-	client, server := pair(t)
+	client, server := testkit.TCPPair(t)
 	c := Wrap(server, 300*time.Millisecond)
 	buf := make([]byte, 1)
 

@@ -1,6 +1,7 @@
 // Package testkit holds what the tests of several packages share: waiting
-// for a condition, a loopback address nobody listens on, fetching JSON from
-// an admin endpoint. Only tests import it.
+// for a condition, a loopback address nobody listens on, a loopback TCP
+// connection's two ends, fetching JSON from an admin endpoint. Only tests
+// import it.
 //
 // Deadlines are generous on purpose: the suite runs with -race on two
 // loaded cores, where a step that takes milliseconds on a laptop can take
@@ -140,4 +141,32 @@ func GetJSON(u string, v any) error {
 		return fmt.Errorf("GET %s: decode: %w", u, err)
 	}
 	return nil
+}
+
+// TCPPair returns the two ends of a loopback TCP connection, closed when
+// the test ends: for a test that needs real socket behaviour (deadlines,
+// half-closes, kernel buffers) where net.Pipe has none.
+func TCPPair(t testing.TB) (client, server net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan net.Conn, 1)
+	go func() {
+		c, _ := ln.Accept() // nil on failure
+		accepted <- c
+	}()
+	client, err = net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	server = <-accepted
+	if server == nil {
+		client.Close()
+		t.Fatal("testkit: accept failed")
+	}
+	t.Cleanup(func() { client.Close(); server.Close() })
+	return client, server
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/net/http2/hpack"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // peer is the server side of a cleartext HTTP/2 connection, scripted by
@@ -28,27 +29,7 @@ type peer struct {
 // peer has read the client's preface and sent an empty SETTINGS.
 func newPeer(t *testing.T, pre *fingerprint.H2) (*H2Conn, *peer) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	accepted := make(chan net.Conn, 1)
-	go func() {
-		c, err := ln.Accept()
-		if err == nil {
-			accepted <- c
-		}
-		close(accepted)
-	}()
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := <-accepted
-	if sc == nil {
-		t.Fatal("no connection")
-	}
+	c, sc := testkit.TCPPair(t)
 	sc.SetDeadline(time.Now().Add(20 * time.Second))
 	p := &peer{t: t, conn: sc}
 	p.fr = http2.NewFramer(sc, sc)
