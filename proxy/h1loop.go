@@ -350,7 +350,7 @@ func (h *h1Conn) serve(req *http.Request) (next h1Next) {
 	ctx := &h1Ctx{Context: h.base, h: h}
 	req = req.WithContext(ctx)
 	req.RemoteAddr = h.addr
-	w := newH1Writer(h.c, req)
+	w := newH1Writer(h.c, req, &h.loop.conns)
 	defer func() {
 		ctx.cancel(context.Canceled)
 		h.stopWatch()
@@ -532,6 +532,7 @@ type h1Writer struct {
 	bw     *bufio.Writer // nil once released
 	req    *http.Request
 	header http.Header
+	conns  *h1Conns // its loop's: a shutdown closes the connection after the response
 
 	wroteHeader bool
 	noBody      bool // HEAD, 1xx, 204, 304
@@ -544,10 +545,10 @@ type h1Writer struct {
 
 var h1Writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, 4<<10) }}
 
-func newH1Writer(conn io.Writer, req *http.Request) *h1Writer {
+func newH1Writer(conn io.Writer, req *http.Request, conns *h1Conns) *h1Writer {
 	bw := h1Writers.Get().(*bufio.Writer)
 	bw.Reset(conn)
-	return &h1Writer{bw: bw, req: req, header: make(http.Header), declared: -1, closeAfter: req.Close}
+	return &h1Writer{bw: bw, req: req, header: make(http.Header), conns: conns, declared: -1, closeAfter: req.Close}
 }
 
 // release gives the buffer back: the response is over, and a handler
@@ -594,7 +595,9 @@ func (w *h1Writer) WriteHeader(code int) {
 		w.chunked = true
 		h["Transfer-Encoding"] = []string{"chunked"}
 	}
-	if headerHasToken(h, "Connection", "close") || hasShutdown(w) {
+	// In a shutdown the response says the connection closes after it, as
+	// net/http's does.
+	if headerHasToken(h, "Connection", "close") || w.conns.shuttingDown() {
 		w.closeAfter = true
 	}
 	if w.closeAfter {
@@ -604,13 +607,6 @@ func (w *h1Writer) WriteHeader(code int) {
 		h["Date"] = []string{time.Now().UTC().Format(http.TimeFormat)}
 	}
 	w.writeHead(code, h)
-}
-
-// hasShutdown reports a shutdown in progress: the response says the
-// connection closes after it, as net/http's does.
-func hasShutdown(w *h1Writer) bool {
-	x, ok := w.req.Context().(*h1Ctx)
-	return ok && x.h.loop.conns.shuttingDown()
 }
 
 func (w *h1Writer) writeHead(code int, h http.Header) {
