@@ -54,29 +54,35 @@ func (m measured) cpuPerRequest() time.Duration {
 // running first or last costs fall on every contender alike.
 const missRounds = 8
 
+// sendMisses sends n requests at concurrency c through ct, each to a URL
+// of its own under base (stamp and round keep runs and rounds apart), and
+// fails if any request failed.
+func sendMisses(ctx context.Context, ct contender, base, stamp, round string, n, c int, h2 bool) (*loadgen.Result, error) {
+	targets := make([]string, n)
+	for i := range targets {
+		targets[i] = fmt.Sprintf("%s/u/%s/%s/%s/%d", base, ct.name, stamp, round, i)
+	}
+	res, err := loadgen.Run(ctx, loadgen.Options{Proxy: ct.proxy, CAFile: ct.caFile, Targets: targets, N: n, C: c, HTTP2: h2, Timeout: 30 * time.Second})
+	if err != nil {
+		return nil, err
+	}
+	if bad := failed(res); bad > 0 {
+		return nil, fmt.Errorf("%s: %d of %d requests failed (%q, statuses %v)", ct.name, bad, res.Requests, res.ErrorSamples, res.Status)
+	}
+	return res, nil
+}
+
 // missLoad sends o.n requests, every URL new (a miss for a cache), at
 // concurrency o.c through each contender: first a warm-up (connections,
-// certificates) and o.fill more, then o.n measured, in missRounds
-// alternating rounds.
+// certificates), then o.n measured, in missRounds alternating rounds.
 func missLoad(ctx context.Context, cs []contender, base string, o comparison, h2 bool) ([]measured, error) {
 	n, c := o.n, o.c
 	stamp := fmt.Sprint(time.Now().UnixNano())
 	send := func(ct contender, round string, n int) (*loadgen.Result, error) {
-		targets := make([]string, n)
-		for i := range targets {
-			targets[i] = fmt.Sprintf("%s/u/%s/%s/%s/%d", base, ct.name, stamp, round, i)
-		}
-		res, err := loadgen.Run(ctx, loadgen.Options{Proxy: ct.proxy, CAFile: ct.caFile, Targets: targets, N: n, C: c, HTTP2: h2, Timeout: 30 * time.Second})
-		if err != nil {
-			return nil, err
-		}
-		if bad := failed(res); bad > 0 {
-			return nil, fmt.Errorf("%s: %d of %d requests failed (%q, statuses %v)", ct.name, bad, res.Requests, res.ErrorSamples, res.Status)
-		}
-		return res, nil
+		return sendMisses(ctx, ct, base, stamp, round, n, c, h2)
 	}
 	for _, ct := range cs {
-		if _, err := send(ct, "warm", max(n/10, c)+o.fill); err != nil {
+		if _, err := send(ct, "warm", max(n/10, c)); err != nil {
 			return nil, err
 		}
 	}
@@ -397,6 +403,16 @@ func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
 	defer plainH2.stop()
 	contenderOf := func(name string, ch *child) contender {
 		return contender{name: name, proxy: &url.URL{Scheme: "http", Host: ch.addr}, caFile: ch.ca, pid: ch.cmd.Process.Pid}
+	}
+	if o.fill > 0 {
+		// Once per process: the rows share them, and a full cache stays
+		// full.
+		stamp := fmt.Sprint(time.Now().UnixNano())
+		for _, ct := range []contender{contenderOf(nameOnceproxy, once), contenderOf(nameGoproxyH2, plainH2), contenderOf(nameGoproxy, plain)} {
+			if _, err := sendMisses(ctx, ct, origin.URL(), stamp, "fill", o.fill, o.c, false); err != nil {
+				return nil, err
+			}
+		}
 	}
 	rows := []comparisonRow{
 		{title: "HTTP/1.1", base: []string{nameGoproxy}},
