@@ -14,7 +14,10 @@ var ErrNotFound = errors.New("dedup: not in cache")
 // engine treats every error other than ErrNotFound as "store unavailable":
 // the request still goes upstream.
 type Store interface {
-	// Get returns the entry stored under key, or ErrNotFound.
+	// Get returns the entry stored under key, or ErrNotFound. An entry a
+	// MemoryStore returns is its caller's alone (the engine lends its
+	// header to the response it serves); a Store that shares one read
+	// among concurrent callers must not share such an entry.
 	Get(ctx context.Context, key string) (*Entry, error)
 	// Set stores e under key for ttl. e must not be modified afterwards.
 	Set(ctx context.Context, key string, e *Entry, ttl time.Duration) error

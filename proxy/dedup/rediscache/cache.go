@@ -128,6 +128,17 @@ func (s *Cache) Get(ctx context.Context, key string) (*dedup.Entry, error) {
 	})
 	select {
 	case r := <-ch:
+		if errors.Is(r.Err, errRemoteFailed) {
+			// Redis away: the memory copy, however old, is the cache. Each
+			// caller reads its own: the memory store unpacks an entry per
+			// read, which the engine may then change (see dedup.Engine's
+			// serve), so one read is never handed to the callers the GET
+			// was shared by.
+			if e, err := s.local.Get(ctx, key); err == nil {
+				return e, nil
+			}
+			return nil, dedup.ErrNotFound
+		}
 		if r.Err != nil {
 			return nil, r.Err
 		}
@@ -136,6 +147,9 @@ func (s *Cache) Get(ctx context.Context, key string) (*dedup.Entry, error) {
 		return nil, dedup.ErrNotFound
 	}
 }
+
+// errRemoteFailed is getRemote's answer when Redis failed to answer.
+var errRemoteFailed = errors.New("rediscache: redis did not answer")
 
 // getRemote reads key's value from Redis into the memory tier.
 func (s *Cache) getRemote(ctx context.Context, key string) (*dedup.Entry, error) {
@@ -146,11 +160,8 @@ func (s *Cache) getRemote(ctx context.Context, key string) (*dedup.Entry, error)
 		return err
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
-		// Redis away: the memory copy, however old, is the cache. The
-		// breaker logs the outage once instead of every request.
-		if e, err := s.local.Get(ctx, key); err == nil {
-			return e, nil
-		}
+		// The breaker logs the outage once instead of every request.
+		return nil, errRemoteFailed
 	}
 	if err != nil {
 		return nil, dedup.ErrNotFound
