@@ -17,6 +17,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/contentcoding"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
 
 // rule is a compiled upstream.rules entry; the pool's default rule (no
@@ -172,8 +173,7 @@ func (p *Pool) classify(ctx context.Context, r *rule, req *http.Request, resp *h
 // its Body is the live connection of a WebSocket, which goproxy splices and
 // a read-ahead would both block on and break.
 func bodyMayBan(req *http.Request, resp *http.Response) bool {
-	st := resp.StatusCode
-	return req.Method != http.MethodHead && st >= 200 && st != http.StatusNoContent && st != http.StatusNotModified &&
+	return req.Method != http.MethodHead && httpstatus.BodyAllowed(resp.StatusCode) &&
 		resp.Body != nil && resp.Body != http.NoBody
 }
 

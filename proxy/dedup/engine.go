@@ -751,10 +751,16 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 	if small {
 		// Read before the flight's result goes out, under its deadline
 		// (see smallBodyBytes), straight into the form the memory store
-		// keeps: the entry is final but for its body, and the store takes
-		// it without a copy.
+		// keeps when it will keep it: the entry is final but for its
+		// body, and the store takes it without a copy.
 		meta.Header.Set("Content-Length", strconv.FormatInt(size, 10))
-		p, body := packHead(key, meta, int(size))
+		var p packed
+		var body []byte
+		if ttl > 0 {
+			p, body = packHead(key, meta, int(size))
+		} else {
+			body = make([]byte, size)
+		}
 		if err := readSmall(resp.Body, body); err != nil {
 			return fail(fmt.Errorf("read upstream body: %w", err)), nil
 		}
