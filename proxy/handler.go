@@ -501,10 +501,7 @@ func (s *Server) forwardCtx(ctx context.Context, w http.ResponseWriter, r *http.
 	// finish): the request's line is logged in Close.
 	defer resp.Body.Close()
 	h := w.Header()
-	for k, vs := range resp.Header {
-		h[k] = vs
-	}
-	httpstatus.KeepUntyped(h)
+	httpstatus.CopyHeader(h, resp.Header)
 	// Trailers announced before the head commit net/http to chunked
 	// encoding (HTTP/1.1) or a trailing HEADERS frame (HTTP/2), without
 	// which they are dropped; as goproxy and httputil.ReverseProxy do.

@@ -3,7 +3,9 @@
 // session pool, an unknown session id) implements Carrier; the edges that
 // answer clients (the proxy port, the SOCKS5 door's reply codes, the admin
 // API) read it with Of, through any wrapping. Line is the one way a code
-// becomes the Status of a response onceproxy builds.
+// becomes the Status of a response onceproxy builds, BodyAllowed the one
+// rule for which carry a body, and CopyHeader the one way an origin's
+// header reaches a ResponseWriter.
 package httpstatus
 
 import (
@@ -53,14 +55,18 @@ func BodyAllowed(code int) bool {
 	return code >= 200 && code != http.StatusNoContent && code != http.StatusNotModified
 }
 
-// KeepUntyped stops net/http from adding a Content-Type to a response
-// that h, the origin's header, has none for: its servers otherwise sniff
-// the first bytes of the body and add one, which shows the proxy to the
-// client and changes how a browser treats the body. A nil value is
-// net/http's way to suppress a header it would add; nothing is written
-// for it.
-func KeepUntyped(h http.Header) {
-	if _, ok := h["Content-Type"]; !ok {
-		h["Content-Type"] = nil
+// CopyHeader copies src, the header of a response from an origin, into
+// dst, a ResponseWriter's (the values are shared, not copied), and stops
+// net/http from adding a Content-Type that src has none for: its servers
+// otherwise sniff the first bytes of the body and add one, which shows the
+// proxy to the client and changes how a browser treats the body. A nil
+// value is net/http's way to suppress a header it would add; nothing is
+// written for it.
+func CopyHeader(dst, src http.Header) {
+	for k, vs := range src {
+		dst[k] = vs
+	}
+	if _, ok := dst["Content-Type"]; !ok {
+		dst["Content-Type"] = nil
 	}
 }

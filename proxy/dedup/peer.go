@@ -63,10 +63,7 @@ func (e *Engine) PeerHandler() http.Handler {
 			return
 		}
 		defer resp.Body.Close()
-		for k, vs := range resp.Header {
-			w.Header()[k] = vs
-		}
-		httpstatus.KeepUntyped(w.Header())
+		httpstatus.CopyHeader(w.Header(), resp.Header)
 		if len(vary) > 0 {
 			v := url.Values{}
 			for _, hv := range vary {
