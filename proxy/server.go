@@ -337,9 +337,13 @@ func (s *Server) Serve(ln net.Listener) error {
 	s.logger.Info("proxy listening", "addr", ln.Addr().String())
 	srvDone := make(chan error, 1)
 	go func() { srvDone <- s.srv.Serve(s.portLn) }()
-	var wait time.Duration // after a temporary Accept error, as net/http waits
+	// EMFILE and the like pass, as net/http's server lets them.
+	passes := func(err error) bool {
+		var tmp interface{ Temporary() bool }
+		return !s.closing.Load() && errors.As(err, &tmp) && tmp.Temporary()
+	}
 	for {
-		c, err := cl.Accept()
+		c, err := connlimit.AcceptRetrying(context.Background(), cl, s.logger, "proxy", passes)
 		if err != nil {
 			if s.closing.Load() {
 				if err := <-srvDone; !errors.Is(err, http.ErrServerClosed) {
@@ -347,19 +351,10 @@ func (s *Server) Serve(ln net.Listener) error {
 				}
 				return nil
 			}
-			// EMFILE and the like pass; net/http waits them out too.
-			var tmp interface{ Temporary() bool }
-			if errors.As(err, &tmp) && tmp.Temporary() {
-				wait = min(max(2*wait, 5*time.Millisecond), time.Second)
-				s.logger.Warn("proxy: accept failed; retrying", "err", err, "in", wait)
-				time.Sleep(wait)
-				continue
-			}
 			s.portLn.Close()
 			<-srvDone
 			return err
 		}
-		wait = 0
 		go s.serveH1(&s.port, &tappedConn{Conn: capture.NewConn(c, nil)})
 	}
 }

@@ -127,27 +127,17 @@ func (s *Server) Serve(ln net.Listener) error {
 			"addr", ta.String())
 	}
 
-	var delay time.Duration
+	// Out of file descriptors and the like: anything but the listener
+	// closed.
+	passes := func(err error) bool { return !s.isClosed() && !errors.Is(err, net.ErrClosed) }
 	for {
-		c, err := cl.Accept()
+		c, err := connlimit.AcceptRetrying(s.ctx, cl, s.o.Logger, "socks5", passes)
 		if err != nil {
 			if s.isClosed() {
 				return nil
 			}
-			if errors.Is(err, net.ErrClosed) {
-				return fmt.Errorf("socks5: accept: %w", err)
-			}
-			// Out of file descriptors and the like: back off as
-			// http.Server does, rather than spin or give up.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			s.o.Logger.Warn("socks5: accept failed; retrying", "err", err, "in", delay)
-			select {
-			case <-time.After(delay):
-			case <-s.ctx.Done():
-			}
-			continue
+			return fmt.Errorf("socks5: accept: %w", err)
 		}
-		delay = 0
 		if !s.goServe(func() { s.serveConn(c) }) {
 			c.Close()
 			return nil
