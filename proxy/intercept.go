@@ -214,20 +214,17 @@ func (s *Server) startInner() {
 	}()
 }
 
-// shutdownInner stops taking tunnels, closes idle ones and waits, until
-// ctx ends, for the requests being read or answered inside them.
+// shutdownInner stops taking tunnels, closes the idle ones the inner
+// server holds and waits, until ctx ends, for the requests it is reading
+// or answering (the tunnels' lean loop is stopped beside it, in
+// Shutdown).
 func (s *Server) shutdownInner(ctx context.Context) error {
 	s.innerMu.Lock()
 	s.innerClosed = true
 	s.innerMu.Unlock()
-	lean := make(chan error, 1)
-	go func() { lean <- s.tunnels.conns.shutdown(ctx) }()
 	s.innerLn.Close() // also when never served: a pending push must fail
 	err := s.inner.Shutdown(ctx)
 	s.innerWG.Wait()
-	if lerr := <-lean; err == nil {
-		err = lerr
-	}
 	return err
 }
 

@@ -380,19 +380,26 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	if cl := s.ln.Load(); cl != nil {
 		cl.Close() // no new clients; Serve returns
 	}
-	innerErr := make(chan error, 1)
-	go func() { innerErr <- s.shutdownInner(ctx) }()
-	portErr := make(chan error, 1)
-	go func() { portErr <- s.port.conns.shutdown(ctx) }()
-	// Waits for the plain requests of the connections srv serves.
-	err := s.srv.Shutdown(ctx)
-	var late []string // what the grace ran out on, for the log
-	if err != nil {
-		late = append(late, "the proxy port's server")
+	parts := []struct {
+		name string
+		stop func(context.Context) error // waits for its requests
+	}{
+		{"the proxy port's server", s.srv.Shutdown},
+		{"the proxy port's lean loop", s.port.conns.shutdown},
+		{"the tunnels' server", s.shutdownInner},
+		{"the tunnels' lean loop", s.tunnels.conns.shutdown},
 	}
-	for i, ch := range []chan error{innerErr, portErr} {
-		if e := <-ch; e != nil {
-			late = append(late, [...]string{"the tunnels", "the proxy port's lean loop"}[i])
+	errs := make([]error, len(parts))
+	var stopping sync.WaitGroup
+	for i, p := range parts {
+		stopping.Go(func() { errs[i] = p.stop(ctx) })
+	}
+	stopping.Wait()
+	var err error
+	var late []string // what the grace ran out on, for the log
+	for i, e := range errs {
+		if e != nil {
+			late = append(late, parts[i].name)
 			if err == nil {
 				err = e
 			}
