@@ -42,6 +42,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -130,13 +131,9 @@ const closeWait = 5 * time.Second
 func (b *Backend) Close() error {
 	b.c.cancel()
 	b.c.bg.Wait()
-	done := make(chan struct{})
-	go func() { b.c.leases.Wait(); close(done) }()
-	t := time.NewTimer(closeWait)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
+	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
+	defer cancel()
+	if workers.Wait(ctx, &b.c.leases) != nil {
 		b.c.log.Warn("postgres: flights still running at shutdown; their locks go with their sessions")
 	}
 	// pgxpool.Close waits for every connection out of the pool: only
