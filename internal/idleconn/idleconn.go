@@ -39,12 +39,12 @@ type Conn struct {
 
 	timeout time.Duration
 	last    atomic.Int64 // unix nanos of the last idle refresh
-	rd, wd  atomic.Int64 // the owner's read/write deadlines, unix nanos; 0 = none
 
-	// mu orders the updates of what is in force with the deadlines set
-	// on the connection: net/http clears the read deadline from the
-	// handler while its background reader refreshes it.
+	// mu orders the owner's deadlines and those in force with the
+	// deadlines set on the connection: net/http clears the read deadline
+	// from the handler while its background reader refreshes it.
 	mu             sync.Mutex
+	rd, wd         int64 // the owner's read/write deadlines, unix nanos; 0 = none
 	inRead, inWrit int64 // the deadlines in force, unix nanos
 }
 
@@ -64,16 +64,20 @@ func (c *Conn) touch(force bool) {
 		return
 	}
 	c.last.Store(now)
-	_ = c.apply(true, true)
+	_ = c.apply(true, true, nil)
 }
 
-// apply sets the effective read and/or write deadlines on the connection,
-// those that changed.
-func (c *Conn) apply(read, write bool) error {
+// apply runs set (nil: nothing), which changes the owner's deadlines, then
+// sets the effective read and/or write deadlines on the connection, those
+// that changed.
+func (c *Conn) apply(read, write bool, set func()) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if set != nil {
+		set()
+	}
 	if read {
-		if d := c.effective(c.rd.Load()); d != c.inRead {
+		if d := c.effective(c.rd); d != c.inRead {
 			if err := c.Conn.SetReadDeadline(time.Unix(0, d)); err != nil {
 				return err
 			}
@@ -81,7 +85,7 @@ func (c *Conn) apply(read, write bool) error {
 		}
 	}
 	if write {
-		if d := c.effective(c.wd.Load()); d != c.inWrit {
+		if d := c.effective(c.wd); d != c.inWrit {
 			if err := c.Conn.SetWriteDeadline(time.Unix(0, d)); err != nil {
 				return err
 			}
@@ -120,19 +124,15 @@ func (c *Conn) Write(p []byte) (int, error) {
 
 // SetDeadline sets the owner's deadline for both directions.
 func (c *Conn) SetDeadline(t time.Time) error {
-	c.rd.Store(unixNano(t))
-	c.wd.Store(unixNano(t))
-	return c.apply(true, true)
+	return c.apply(true, true, func() { c.rd, c.wd = unixNano(t), unixNano(t) })
 }
 
 // SetReadDeadline sets the owner's read deadline.
 func (c *Conn) SetReadDeadline(t time.Time) error {
-	c.rd.Store(unixNano(t))
-	return c.apply(true, false)
+	return c.apply(true, false, func() { c.rd = unixNano(t) })
 }
 
 // SetWriteDeadline sets the owner's write deadline.
 func (c *Conn) SetWriteDeadline(t time.Time) error {
-	c.wd.Store(unixNano(t))
-	return c.apply(false, true)
+	return c.apply(false, true, func() { c.wd = unixNano(t) })
 }
