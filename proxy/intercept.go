@@ -261,6 +261,7 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 	}
 	t.scheme = "http"
 	stream := readahead.New(client, first[:])
+	h2 := false
 	if first[0] == recordTypeHandshake {
 		t.scheme = "https"
 		tc, hello, err := s.terminateTLS(client, stream, t)
@@ -270,12 +271,13 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 			return
 		}
 		t.tap = capture.NewConn(tc, hello)
+		h2 = tc.ConnectionState().NegotiatedProtocol == "h2"
 	} else {
 		_ = client.SetReadDeadline(time.Time{})
 		t.tap = capture.NewConn(stream, nil)
 	}
 	conn := &tappedConn{Conn: t.tap, t: t}
-	if tc, ok := t.tap.NetConn().(*tls.Conn); !ok || tc.ConnectionState().NegotiatedProtocol != "h2" {
+	if !h2 {
 		// HTTP/1.1, or h2c in a plain tunnel, which the lean loop hands
 		// over at its preface.
 		s.serveH1(&s.tunnels, conn)
