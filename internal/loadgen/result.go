@@ -52,16 +52,18 @@ type Result struct {
 // every successful request of every run.
 func Merge(runs ...*Result) *Result {
 	m := &Result{Status: make(map[int]int), XCache: make(map[string]int), Protos: make(map[string]int)}
-	var all []time.Duration
+	n := 0
+	for _, r := range runs {
+		n += len(r.latencies)
+	}
+	all := make([]time.Duration, 0, n)
 	for _, r := range runs {
 		m.Requests += r.Requests
 		m.Errors += r.Errors
 		m.Duration += r.Duration
 		m.BytesRead += r.BytesRead
 		for _, s := range r.ErrorSamples {
-			if len(m.ErrorSamples) < maxErrorSamples && !slices.Contains(m.ErrorSamples, s) {
-				m.ErrorSamples = append(m.ErrorSamples, s)
-			}
+			m.ErrorSamples = addSample(m.ErrorSamples, s)
 		}
 		for k, v := range r.Status {
 			m.Status[k] += v
@@ -158,4 +160,13 @@ func formatBytes(n int64) string {
 		f, unit = f/1024, next
 	}
 	return fmt.Sprintf("%.1f %s", f, unit)
+}
+
+// addSample adds msg to samples, the first few distinct error messages,
+// unless it is there already or they are full.
+func addSample(samples []string, msg string) []string {
+	if len(samples) >= maxErrorSamples || slices.Contains(samples, msg) {
+		return samples
+	}
+	return append(samples, msg)
 }

@@ -280,16 +280,8 @@ func (r *runner) fail(ctx context.Context, w *worker, err error) {
 		msg = ue.Op + ": " + ue.Err.Error()
 	}
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.samples) >= maxErrorSamples {
-		return
-	}
-	for _, s := range r.samples {
-		if s == msg {
-			return
-		}
-	}
-	r.samples = append(r.samples, msg)
+	r.samples = addSample(r.samples, msg)
+	r.mu.Unlock()
 }
 
 // result merges the workers' tallies. They ran at once: the run's
@@ -303,7 +295,7 @@ func (r *runner) result(workers []worker, elapsed time.Duration) *Result {
 	r.mu.Lock()
 	res.ErrorSamples = append([]string(nil), r.samples...)
 	r.mu.Unlock()
-	res.Duration, res.RPS = elapsed, 0
+	res.Duration = elapsed // Merge summed the workers' none
 	if elapsed > 0 {
 		res.RPS = float64(res.Requests) / elapsed.Seconds()
 	}
