@@ -62,12 +62,18 @@ func sendMisses(ctx context.Context, ct contender, base, stamp, round string, n,
 	for i := range targets {
 		targets[i] = fmt.Sprintf("%s/u/%s/%s/%s/%d", base, ct.name, stamp, round, i)
 	}
-	res, err := loadgen.Run(ctx, loadgen.Options{Proxy: ct.proxy, CAFile: ct.caFile, Targets: targets, N: n, C: c, HTTP2: h2, Timeout: 30 * time.Second})
+	return runChecked(ctx, ct.name, loadgen.Options{Proxy: ct.proxy, CAFile: ct.caFile, Targets: targets, N: n, C: c, HTTP2: h2, Timeout: 30 * time.Second})
+}
+
+// runChecked runs opts and fails, naming what it measured, if any request
+// failed: a comparison of runs with failures would compare failures.
+func runChecked(ctx context.Context, name string, opts loadgen.Options) (*loadgen.Result, error) {
+	res, err := loadgen.Run(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	if bad := failed(res); bad > 0 {
-		return nil, fmt.Errorf("%s: %d of %d requests failed (%q, statuses %v)", ct.name, bad, res.Requests, res.ErrorSamples, res.Status)
+		return nil, fmt.Errorf("%s: %d of %d requests failed (%q, statuses %v)", name, bad, res.Requests, res.ErrorSamples, res.Status)
 	}
 	return res, nil
 }
@@ -415,8 +421,8 @@ func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
 		}
 	}
 	rows := []comparisonRow{
-		{title: "HTTP/1.1", base: []string{nameGoproxy}},
-		{title: "HTTP/2", h2: true, base: []string{nameGoproxyH2, nameGoproxy}},
+		{base: []string{nameGoproxy}},
+		{h2: true, base: []string{nameGoproxyH2, nameGoproxy}},
 	}
 	for i := range rows {
 		r := &rows[i]
@@ -428,7 +434,11 @@ func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
 		if r.ms, err = missLoad(ctx, cs, origin.URL(), o, r.h2); err != nil {
 			return nil, err
 		}
-		r.title = fmt.Sprintf("unique https misses, %s clients, c=%d, %d requests each in %d alternating rounds", r.title, o.c, o.n, missRounds)
+		proto := "HTTP/1.1"
+		if r.h2 {
+			proto = "HTTP/2"
+		}
+		r.title = fmt.Sprintf("unique https misses, %s clients, c=%d, %d requests each in %d alternating rounds", proto, o.c, o.n, missRounds)
 		if o.fill > 0 {
 			r.title += fmt.Sprintf(", after %d more", o.fill)
 		}

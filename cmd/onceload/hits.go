@@ -123,14 +123,7 @@ func hitLoad(ctx context.Context, scheme, addr, originCA string, proxy *url.URL,
 		if via {
 			opts.Proxy, opts.CAFile = proxy, proxyCA
 		}
-		res, err := loadgen.Run(ctx, opts)
-		if err != nil {
-			return nil, err
-		}
-		if bad := failed(res); bad > 0 {
-			return nil, fmt.Errorf("%s: %d of %d requests failed (%q, statuses %v)", row.scheme, bad, res.Requests, res.ErrorSamples, res.Status)
-		}
-		return res, nil
+		return runChecked(ctx, row.scheme, opts)
 	}
 	// Warm both sides: connections, certificates, and every key cached.
 	for _, via := range []bool{false, true} {
