@@ -308,8 +308,8 @@ func servePlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Writer) 
 }
 
 // compareWithPlainMITM is onceload -compare: onceproxy (the binary given
-// by -onceproxy) against a plain goproxy MITM, on unique https URLs, over
-// HTTP/1.1 and HTTP/2.
+// by -onceproxy) against a plain goproxy MITM, on unique https URLs over
+// HTTP/1.1 and HTTP/2, and on unique plain http URLs.
 func compareWithPlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 	self, code := comparisonBinaries(cfg, "-compare", stderr)
 	if code != 0 {
@@ -348,6 +348,9 @@ func comparisonBinaries(cfg *config, flag string, stderr io.Writer) (self string
 type comparisonRow struct {
 	title string
 	h2    bool
+	// plain sends the load to a plain http origin: absolute-form requests
+	// to the proxy, no tunnel, no TLS on either side.
+	plain bool
 	ms    []measured
 	// base names the contenders the others are compared with: for HTTP/2
 	// clients first the goproxy that answers them over HTTP/2 too (the same
@@ -377,16 +380,22 @@ type comparison struct {
 	stderr   io.Writer
 }
 
-// runComparison starts an HTTPS origin, onceproxy (o.bin, with o.env) and
-// the plain MITM (o.self) twice, as shipped and with goproxy's AllowHTTP2,
-// and runs o.n unique-URL misses at concurrency o.c through them, over
-// HTTP/1.1 (onceproxy and goproxy) and HTTP/2 (all three).
+// runComparison starts an HTTPS origin and a plain http one, onceproxy
+// (o.bin, with o.env) and the plain MITM (o.self) twice, as shipped and
+// with goproxy's AllowHTTP2, and runs o.n unique-URL misses at
+// concurrency o.c through them: https over HTTP/1.1 (onceproxy and
+// goproxy) and HTTP/2 (all three), then plain http (onceproxy and goproxy).
 func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
 	origin, err := loadgen.StartOrigin(loadgen.OriginOptions{TLS: true, BodySize: o.bodySize})
 	if err != nil {
 		return nil, err
 	}
 	defer origin.Close()
+	plainOrigin, err := loadgen.StartOrigin(loadgen.OriginOptions{BodySize: o.bodySize})
+	if err != nil {
+		return nil, err
+	}
+	defer plainOrigin.Close()
 	dir, err := os.MkdirTemp("", "onceload-compare")
 	if err != nil {
 		return nil, err
@@ -423,6 +432,7 @@ func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
 	rows := []comparisonRow{
 		{base: []string{nameGoproxy}},
 		{h2: true, base: []string{nameGoproxyH2, nameGoproxy}},
+		{plain: true, base: []string{nameGoproxy}},
 	}
 	for i := range rows {
 		r := &rows[i]
@@ -431,20 +441,24 @@ func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
 			cs = append(cs, contenderOf(nameGoproxyH2, plainH2))
 		}
 		cs = append(cs, contenderOf(nameGoproxy, plain))
-		if r.ms, err = missLoad(ctx, cs, origin.URL(), o, r.h2); err != nil {
+		base, scheme := origin.URL(), "https"
+		if r.plain {
+			base, scheme = plainOrigin.URL(), "http"
+		}
+		if r.ms, err = missLoad(ctx, cs, base, o, r.h2); err != nil {
 			return nil, err
 		}
 		proto := "HTTP/1.1"
 		if r.h2 {
 			proto = "HTTP/2"
 		}
-		r.title = fmt.Sprintf("unique https misses, %s clients, c=%d, %d requests each in %d alternating rounds", proto, o.c, o.n, missRounds)
+		r.title = fmt.Sprintf("unique %s misses, %s clients, c=%d, %d requests each in %d alternating rounds", scheme, proto, o.c, o.n, missRounds)
 		if o.fill > 0 {
 			r.title += fmt.Sprintf(", after %d more", o.fill)
 		}
 	}
-	if origin.Requests() == 0 {
-		return nil, errors.New("the origin saw no request")
+	if origin.Requests() == 0 || plainOrigin.Requests() == 0 {
+		return nil, errors.New("an origin saw no request")
 	}
 	return rows, nil
 }

@@ -242,7 +242,7 @@ func TestCompareRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("onceload -compare: %v\n%s", err, out)
 	}
-	for _, want := range []string{"HTTP/1.1 clients", "HTTP/2 clients", "onceproxy", "goproxy", "goproxy-h2", "CPU/req vs goproxy-h2", "CPU/req"} {
+	for _, want := range []string{"unique https misses, HTTP/1.1 clients", "unique https misses, HTTP/2 clients", "unique http misses, HTTP/1.1 clients", "onceproxy", "goproxy", "goproxy-h2", "CPU/req vs goproxy-h2", "CPU/req"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}

@@ -359,7 +359,7 @@ var urlSeq atomic.Int64
 // on) and a plain goproxy MITM (loadgen.PlainMITM), each a process of its
 // own, against the same loopback HTTPS origin: b.N unique https URLs
 // through each at c=32, over HTTP/1.1 and HTTP/2 clients, in alternating
-// rounds. It reports req/s and CPU per request of each and their ratios;
+// rounds, then b.N unique plain http URLs (http-…). It reports req/s and CPU per request of each and their ratios;
 // HTTP/2 clients are compared with a goproxy that answers them over
 // HTTP/2 (AllowHTTP2, the same protocol work: h2-…) and with goproxy as
 // shipped, which answers them over HTTP/1.1 (h2-vs-h1-…). Run it alone on
@@ -388,8 +388,11 @@ func BenchmarkVsPlainMITM(b *testing.B) {
 	b.StopTimer()
 	for _, r := range rows {
 		proto := "h1"
-		if r.h2 {
+		switch {
+		case r.h2:
 			proto = "h2"
+		case r.plain:
+			proto = "http"
 		}
 		for _, m := range r.ms {
 			b.ReportMetric(m.res.RPS, proto+"-"+m.name+"-req/s")
