@@ -118,6 +118,10 @@ type h1Conn struct {
 	br   *bufio.Reader
 	base context.Context // every request's values
 	addr string          // the client's address, every request's RemoteAddr
+	// headBy is when the head being read must have arrived: the header
+	// timeout, counted from the connection's start for its first request
+	// and from the end of the one before for the others.
+	headBy time.Time
 
 	// idle is set while the loop waits for a request to begin, so that
 	// Shutdown closes exactly the connections with nothing under way.
@@ -176,12 +180,13 @@ func (h *h1Conn) serveOne(first bool) h1Next {
 	if !first {
 		// A connection's first request has had its header timeout since
 		// it opened, as net/http counts it.
-		_ = h.c.SetReadDeadline(time.Now().Add(h.s.cfg.ReadHeaderTimeout))
+		h.headBy = time.Now().Add(h.s.cfg.ReadHeaderTimeout)
+		_ = h.c.SetReadDeadline(h.headBy)
 	}
 	n, ok := h.headLen()
 	if !ok {
-		// Too long for the buffer: net/http reads it (up to
-		// max_header_bytes).
+		// Too long for the buffer (net/http reads it, up to
+		// max_header_bytes), or a blank line first.
 		return h1HandOff
 	}
 	if n < 0 {
@@ -217,7 +222,11 @@ func (h *h1Conn) waitForRequest(first bool) bool {
 	if first {
 		wait = h.s.cfg.ReadHeaderTimeout
 	}
-	_ = h.c.SetReadDeadline(time.Now().Add(wait))
+	deadline := time.Now().Add(wait)
+	if first {
+		h.headBy = deadline
+	}
+	_ = h.c.SetReadDeadline(deadline)
 	_, err := h.br.Peek(1)
 	return err == nil
 }
@@ -239,11 +248,15 @@ func (h *h1Conn) closeIfIdle() {
 
 // headLen waits until the buffer holds a whole request head and returns
 // its length, blank line included. ok is false when the head does not fit
-// the buffer; n is -1 when the connection failed first.
+// the buffer or begins with a blank line (net/http's to answer); n is -1
+// when the connection failed first.
 func (h *h1Conn) headLen() (n int, ok bool) {
 	for {
 		buf, _ := h.br.Peek(h.br.Buffered())
-		if end := headEnd(buf); end > 0 {
+		switch end := headEnd(buf); {
+		case end < 0:
+			return 0, false
+		case end > 0:
 			return end, true
 		}
 		if h.br.Buffered() == h.br.Size() {
@@ -259,8 +272,8 @@ func (h *h1Conn) headLen() (n int, ok bool) {
 }
 
 // headEnd is the length of the head at the start of b up to and including
-// the empty line that ends it (CRLF or a bare LF, as net/http accepts), or
-// 0 when b holds no whole head.
+// the empty line that ends it (CRLF or a bare LF, as net/http accepts), 0
+// when b holds no whole head, or -1 when b begins with a blank line.
 func headEnd(b []byte) int {
 	start := 0
 	for i, c := range b {
@@ -270,7 +283,7 @@ func headEnd(b []byte) int {
 		line := b[start:i]
 		if len(line) == 0 || len(line) == 1 && line[0] == '\r' {
 			if start == 0 {
-				return 0 // a blank line before the request line: net/http's business
+				return -1 // a blank line before the request line: net/http's business
 			}
 			return i + 1
 		}
@@ -299,6 +312,11 @@ func plainRequest(req *http.Request, head []byte) bool {
 	if host, ok := hostField(head); !ok || !httpguts.ValidHostHeader(host) || req.Host == "" {
 		return false
 	}
+	if folded(head) {
+		// textproto joins a folded line to the field before it, which
+		// may be Host: net/http then judges the joined value.
+		return false
+	}
 	if isUpgrade(req.Header) {
 		return false
 	}
@@ -319,7 +337,9 @@ func plainRequest(req *http.Request, head []byte) bool {
 }
 
 // hostField returns the value of the Host field of head, a request head,
-// and whether it has exactly one.
+// and whether it has exactly one. The value is trimmed as textproto trims
+// it (spaces, tabs and the line's end; not the other Unicode spaces, which
+// net/http then refuses).
 func hostField(head []byte) (string, bool) {
 	var host []byte
 	n := 0
@@ -329,9 +349,22 @@ func hostField(head []byte) (string, bool) {
 			continue
 		}
 		n++
-		host = bytes.TrimSpace(value)
+		host = bytes.Trim(value, " \t\r\n")
 	}
 	return string(host), n == 1
+}
+
+// folded reports whether a line of head's fields continues the one before
+// (obs-fold: it begins with a space or a tab).
+func folded(head []byte) bool {
+	first := true
+	for line := range bytes.Lines(head) {
+		if !first && len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
+			return true
+		}
+		first = false
+	}
+	return false
 }
 
 // handOff gives the connection to the loop's http.Server, with what was
@@ -342,6 +375,10 @@ func (h *h1Conn) handOff() {
 		h.c.replay = append([]byte(nil), ahead...)
 	}
 	_ = h.c.SetReadDeadline(time.Time{})
+	// The head's timeout has been running since it began: net/http would
+	// start one afresh, and a client sending a head slowly would get
+	// nearly twice the time.
+	h.c.headBy = h.headBy
 	h.loop.handOff(h.c)
 }
 

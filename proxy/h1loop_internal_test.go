@@ -21,7 +21,9 @@ func TestHeadEnd(t *testing.T) {
 		{"GET / HTTP/1.1\r\nHost: a\n\r\n", 26},
 		{"GET / HTTP/1.1\r\nHost: a\r\n", 0},
 		{"GET / HTTP/1.1\r\n", 0},
-		{"\r\nGET / HTTP/1.1\r\n\r\n", 0}, // a leading blank line: net/http's to judge
+		{"\r\nGET / HTTP/1.1\r\n\r\n", -1}, // a leading blank line: net/http's to judge
+		{"\nGET / HTTP/1.1\r\n\r\n", -1},
+		{"\r", 0}, // maybe a blank line: wait for its end
 		{"", 0},
 	} {
 		if got := headEnd([]byte(tc.in)); got != tc.want {

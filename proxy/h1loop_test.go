@@ -304,6 +304,14 @@ func TestLeanLoopHostRules(t *testing.T) {
 		{"no Host", "GET http://%[1]s/none HTTP/1.1\r\nAccept: */*\r\n\r\n", 400},
 		{"two Hosts", "GET http://%[1]s/two HTTP/1.1\r\nHost: %[1]s\r\nhost: %[1]s\r\n\r\n", 400},
 		{"malformed Host", "GET http://%[1]s/bad HTTP/1.1\r\nHost: a b\r\n\r\n", 400},
+		// textproto trims spaces and tabs only: a no-break space stays,
+		// and makes the field malformed.
+		{"Host ending in a no-break space", "GET http://%[1]s/nbsp HTTP/1.1\r\nHost: %[1]s\u00a0\r\n\r\n", 400},
+		// A folded line joins the field before it: "host evil".
+		{"folded Host", "GET http://%[1]s/fold HTTP/1.1\r\nHost: %[1]s\r\n evil\r\n\r\n", 400},
+		// An empty line where the request line should be: net/http's
+		// answer, at once, not the header timeout's silence.
+		{"blank line first", "\r\nGET http://%[1]s/blank HTTP/1.1\r\nHost: %[1]s\r\n\r\n", 400},
 	} {
 		c, err := net.Dial("tcp", w.proxyURL.Host)
 		if err != nil {
@@ -319,5 +327,38 @@ func TestLeanLoopHostRules(t *testing.T) {
 	}
 	if hits.Load() != 1 {
 		t.Errorf("origin saw %d requests, want 1", hits.Load())
+	}
+}
+
+// TestHandOffKeepsTheHeadersDeadline: a head sent slowly, which the lean
+// loop hands to net/http once it outgrows the loop's buffer, still has to
+// arrive within read_header_timeout of its start; net/http's own timeout
+// would start afresh at the handoff and give it nearly twice that.
+func TestHandOffKeepsTheHeadersDeadline(t *testing.T) {
+	const timeout = 3 * time.Second
+	w := newWorld(t, worldOpts{proxy: proxy.Config{ReadHeaderTimeout: timeout}})
+	c, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(4 * timeout))
+	start := time.Now()
+	if _, err := io.WriteString(c, "GET http://127.0.0.1:9/slow HTTP/1.1\r\nHost: 127.0.0.1:9\r\nX-Pad: "); err != nil {
+		t.Fatal(err)
+	}
+	// Late in the head's time, more than the loop's buffer holds, and
+	// still no end of the head.
+	time.Sleep(timeout * 6 / 10)
+	_, _ = c.Write([]byte(strings.Repeat("a", 8<<10)))
+	_, err = io.Copy(io.Discard, c)
+	closed := time.Since(start)
+	if err != nil {
+		t.Fatalf("reading until the proxy closes: %v", err)
+	}
+	// Closed at timeout after the start; net/http's fresh timeout would
+	// close it at 1.6 times that.
+	if closed > timeout*13/10 {
+		t.Errorf("the connection closed %v after the head began, want about %v", closed, timeout)
 	}
 }

@@ -80,6 +80,22 @@ type tappedConn struct {
 	// connection to the inner server (see handOff): read first, and not
 	// by the tap, which saw it already.
 	replay []byte
+	// headBy, set by the lean loop's handOff, bounds the first read
+	// deadline the inner server sets (its header timeout for the request
+	// the loop began reading): the head keeps the time it had left.
+	headBy time.Time
+}
+
+// SetReadDeadline sets the read deadline, the first one after a handoff
+// no later than headBy.
+func (c *tappedConn) SetReadDeadline(t time.Time) error {
+	if by := c.headBy; !by.IsZero() {
+		c.headBy = time.Time{}
+		if !t.IsZero() && t.After(by) {
+			t = by
+		}
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 func (c *tappedConn) Read(p []byte) (int, error) {
