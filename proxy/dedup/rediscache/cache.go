@@ -154,11 +154,16 @@ var errRemoteFailed = errors.New("rediscache: redis did not answer")
 // getRemote reads key's value from Redis into the memory tier.
 func (s *Cache) getRemote(ctx context.Context, key string) (*dedup.Entry, error) {
 	var blob []byte
+	vk := s.valueKey(tagOf(key))
 	err := s.exec(ctx, func(ctx context.Context) error {
 		var err error
-		blob, err = s.rdb.Get(ctx, s.valueKey(tagOf(key))).Bytes()
+		blob, err = s.rdb.Get(ctx, vk).Bytes()
 		return err
 	})
+	if errors.Is(err, errWrongType) {
+		s.dropForeign(ctx, vk)
+		return nil, dedup.ErrNotFound
+	}
 	if err != nil && !errors.Is(err, redis.Nil) {
 		// The breaker logs the outage once instead of every request.
 		return nil, errRemoteFailed

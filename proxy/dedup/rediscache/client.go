@@ -83,8 +83,10 @@ func newClient(cfg Config, logger *slog.Logger) (*client, error) {
 		MaxRequests: 1, // one probe when the interval is over
 		Timeout:     cfg.BreakerInterval,
 		ReadyToTrip: func(n gobreaker.Counts) bool { return n.ConsecutiveFailures >= uint32(cfg.BreakerFailures) },
+		// A key of the wrong type is bad data that Redis answered
+		// about: it says nothing against Redis (see errWrongType).
 		IsSuccessful: func(err error) bool {
-			return err == nil || errors.Is(err, redis.Nil)
+			return err == nil || errors.Is(err, redis.Nil) || isWrongType(err)
 		},
 		// A caller that gave up says nothing about Redis.
 		IsExcluded: func(err error) bool { return errors.Is(err, context.Canceled) },
@@ -234,10 +236,51 @@ func (c *client) run(ctx context.Context, op func(context.Context) error, bounde
 		return ctx.Err()
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
 		return dedup.ErrUnavailable
+	case isWrongType(err):
+		return fmt.Errorf("%w: %v", errWrongType, err)
 	default:
 		c.failed.Add(1)
 		return fmt.Errorf("%w: %v", dedup.ErrUnavailable, err)
 	}
+}
+
+// errWrongType answers an operation on a key that holds another type than
+// the one this package writes there (another program's, or another
+// version's): bad input, not an outage. The callers remove such a key
+// (dropForeign) rather than let it fail every request for it.
+var errWrongType = errors.New("rediscache: a key holds another type than this package writes")
+
+func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }
+
+// dropForeign removes those of keys that hold another type than a string,
+// the only type this package keeps in them, and counts them as rejected
+// input.
+func (c *client) dropForeign(ctx context.Context, keys ...string) {
+	types := make([]*redis.StatusCmd, len(keys))
+	err := c.exec(ctx, func(ctx context.Context) error {
+		_, err := c.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range keys {
+				types[i] = p.Type(ctx, k)
+			}
+			return nil
+		})
+		return err
+	})
+	if err != nil {
+		return
+	}
+	var foreign []string
+	for i, t := range types {
+		if typ := t.Val(); typ != "string" && typ != "none" {
+			foreign = append(foreign, keys[i])
+			c.log.Warn("redis: a key holds another type than onceproxy writes there; removing it", "key", keys[i], "type", typ)
+		}
+	}
+	if len(foreign) == 0 {
+		return
+	}
+	c.rejected.Add(int64(len(foreign)))
+	_ = c.exec(ctx, func(ctx context.Context) error { return c.rdb.Del(ctx, foreign...).Err() })
 }
 
 // onReconnect registers f to run each time Redis comes back after the

@@ -36,7 +36,10 @@ import (
 // A caller that has not waited yet ignores an old outcome: a new request
 // may retry a failed flight. A waiter takes the lock over when the lease
 // has lapsed, or at once when it names the holder as gone (its presence
-// key lapsed) and the lock is still that holder's. The waiters flag tells
+// key lapsed) and the lock is still that holder's. A lock without an
+// expiry (not one of ours: something else wrote it) gets the lease, so
+// that it lapses like ours instead of holding its key for ever. The
+// waiters flag tells
 // the leader that someone elsewhere waits: only then does the end of the
 // flight cost a message to every instance (and, without a value, an
 // outcome kept in Redis).
@@ -59,24 +62,31 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   redis.call('DEL', KEYS[3])
   return {1}
 end
+if redis.call('PTTL', KEYS[1]) == -1 then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 redis.call('SET', KEYS[4], '1', 'PX', ARGV[2])
 return {0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[3])}
 `)
 
 // finishScript ends a flight without a value (storedScript ends the
-// others): it releases our own lock only and, when someone waits
-// elsewhere, keeps the outcome for them and wakes every process's
-// waiters. It returns 0 (nobody waited), 1 (waiters woken) or 2: there are
-// waiters and the outcome was too big to send before knowing that
-// (ARGV[6]), so the lock is kept and the caller stores the outcome and
-// runs the script again.
+// others): it releases our own lock and, when someone waits elsewhere,
+// keeps the outcome for them and wakes every process's waiters. It returns
+// 0 (nobody waited, or the flight is another's now), 1 (waiters woken) or
+// 2: there are waiters and the outcome was too big to send before knowing
+// that (ARGV[6]), so the lock is kept and the caller runs the script again
+// with the outcome.
+//
+// A lock that another instance holds (ours lapsed, and it took the flight
+// over) leaves everything as it is: the outcome and the waiters flag are
+// its flight's now, and ours must not stand in for its answer.
 //
 // KEYS: lock, value, outcome, waiters. ARGV: token, outcome or "", outcome
 // TTL (ms), channel, message, "1" when the outcome follows.
 var finishScript = redis.NewScript(`
+local lock = redis.call('GET', KEYS[1])
+if lock and lock ~= ARGV[1] then return 0 end
 local waited = redis.call('EXISTS', KEYS[4]) == 1
 if waited and ARGV[6] == '1' then return 2 end
-if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+if lock then redis.call('DEL', KEYS[1]) end
 if not waited then return 0 end
 redis.call('DEL', KEYS[4])
 if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
@@ -183,6 +193,12 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			return nil, nil, fmt.Errorf("rediscache: %s keeps answering what cannot be used; fetching without the fleet", key)
 		}
 		res, value, present, err := s.joinStep(ctx, keys, token, waited, holder, gone)
+		if errors.Is(err, errWrongType) {
+			// Something else wrote one of the flight's keys: remove it
+			// and look again.
+			s.dropForeign(ctx, keys...)
+			continue
+		}
 		if errors.Is(err, dedup.ErrUnavailable) {
 			return s.alone(key)
 		}
@@ -335,7 +351,12 @@ func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []stri
 		}
 		return cmd.Err()
 	})
-	return cmd, err
+	if err != nil {
+		// cmd may still be the flusher's: a step whose caller gave up
+		// goes out without it.
+		return nil, err
+	}
+	return cmd, nil
 }
 
 // byHash runs send with its scripts sent by their hash and, when Redis
@@ -626,11 +647,12 @@ func (s *Cache) finishOutcome(ctx context.Context, l *lease, out dedup.Outcome) 
 		return err
 	})
 	if err == nil && kind == 2 {
-		// Someone waits for an outcome too big to have sent blind.
-		args[5] = ""
+		// Someone waits for an outcome too big to have sent blind: sent
+		// through the script, which stores it only while the flight is
+		// still ours.
+		args[1], args[5] = outcome, ""
 		err = s.execBatched(ctx, func(ctx context.Context) error {
-			_, err := s.evalWith(ctx, finishScript, keys, args,
-				func(p redis.Pipeliner) { p.Set(ctx, keys[2], outcome, s.cfg.FailureTTL) }, nil)
+			_, err := s.evalWith(ctx, finishScript, keys, args, nil, nil)
 			return err
 		})
 	}

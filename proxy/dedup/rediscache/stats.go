@@ -2,6 +2,7 @@ package rediscache
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -41,8 +42,11 @@ func (s *Bus) flushStats(ctx context.Context) {
 	}
 }
 
-// flushOnce adds the buffered counts to today's hash. Counts that could not
-// be written are put back for the next flush.
+// flushOnce adds the buffered counts to today's hash. Counts whose command
+// got no answer are put back for the next flush; those Redis refused (a
+// field that is not a number: not written by onceproxy) replace the field.
+// The pipeline is no transaction: the counts Redis added stay added, and
+// putting them back too would count them twice.
 func (s *Bus) flushOnce(ctx context.Context) {
 	fields := []struct {
 		name string
@@ -61,11 +65,12 @@ func (s *Bus) flushOnce(ctx context.Context) {
 		return
 	}
 	key := s.dayKey(time.Now())
+	incrs := make([]*redis.IntCmd, len(fields))
 	err := s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, f := range fields {
 				if taken[i] != 0 {
-					p.HIncrBy(ctx, key, f.name, taken[i])
+					incrs[i] = p.HIncrBy(ctx, key, f.name, taken[i])
 				}
 			}
 			p.Expire(ctx, key, (statsDays+1)*24*time.Hour)
@@ -73,11 +78,32 @@ func (s *Bus) flushOnce(ctx context.Context) {
 		})
 		return err
 	})
-	if err != nil {
-		for i, f := range fields {
-			f.v.Add(taken[i])
+	var refused []any
+	for i, f := range fields {
+		switch {
+		case taken[i] == 0:
+		case incrs[i] == nil:
+			f.v.Add(taken[i]) // never sent (the breaker is open)
+		case err == nil || incrs[i].Err() == nil:
+			// Added.
+		case isReply(incrs[i].Err()):
+			s.rejected.Add(1)
+			refused = append(refused, f.name, taken[i])
+		default:
+			f.v.Add(taken[i]) // no answer: the next flush tries again
 		}
 	}
+	if len(refused) > 0 {
+		s.log.Warn("redis: a fleet counter held something else than a number; replacing it", "key", key)
+		_ = s.exec(ctx, func(ctx context.Context) error { return s.rdb.HSet(ctx, key, refused...).Err() })
+	}
+}
+
+// isReply reports whether err is Redis's answer to a command (it refused
+// it), rather than a failure to get one.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
 }
 
 // FleetStats reads the last seven days of counters.
