@@ -616,6 +616,15 @@ func (w *h1Writer) WriteHeader(code int) {
 	w.wroteHeader = true
 	h := w.header
 	w.noBody = w.req.Method == http.MethodHead || !httpstatus.BodyAllowed(code)
+	if !httpstatus.BodyAllowed(code) {
+		// As net/http answers them: RFC 9110 forbids a length on a 204,
+		// and a 304's length and type describe a body that is not there.
+		h.Del("Content-Length")
+		h.Del("Transfer-Encoding")
+		if code == http.StatusNotModified {
+			h.Del("Content-Type")
+		}
+	}
 	if cl := h.Get("Content-Length"); cl != "" {
 		if n, err := strconv.ParseInt(cl, 10, 64); err == nil && n >= 0 {
 			w.declared = n

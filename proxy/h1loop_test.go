@@ -362,3 +362,42 @@ func TestHandOffKeepsTheHeadersDeadline(t *testing.T) {
 		t.Errorf("the connection closed %v after the head began, want about %v", closed, timeout)
 	}
 }
+
+// TestLeanLoopBodilessAnswersAsNetHTTP: a 204 and a 304 from the origin
+// that carry a length (and, the 304, a type) reach the client without
+// them, as net/http's server sends such answers.
+func TestLeanLoopBodilessAnswersAsNetHTTP(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Raw, past net/http's own suppression.
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		status := "204 No Content"
+		if r.URL.Path == "/304" {
+			status = "304 Not Modified"
+		}
+		fmt.Fprintf(c, "HTTP/1.1 %s\r\nContent-Type: text/html\r\nContent-Length: 5\r\nConnection: close\r\n\r\n", status)
+	}))
+	w := newWorld(t, worldOpts{dedup: dedupOn(dedup.Config{})})
+	for _, path := range []string{"/204", "/304"} {
+		c, err := net.Dial("tcp", w.proxyURL.Host)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(15 * time.Second))
+		fmt.Fprintf(c, "GET %s%s HTTP/1.1\r\nHost: %s\r\n\r\n", origin.URL, path, strings.TrimPrefix(origin.URL, "http://"))
+		resp := readAnswers(t, bufio.NewReader(c), "GET")[0]
+		c.Close()
+		if want := path[1:]; fmt.Sprint(resp.StatusCode) != want {
+			t.Fatalf("%s: status %d", path, resp.StatusCode)
+		}
+		if _, ok := resp.Header["Content-Length"]; ok {
+			t.Errorf("%s: Content-Length %q sent", path, resp.Header.Get("Content-Length"))
+		}
+		if ct, ok := resp.Header["Content-Type"]; ok && path == "/304" {
+			t.Errorf("%s: Content-Type %q sent", path, ct)
+		}
+	}
+}
