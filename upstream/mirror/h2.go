@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -45,6 +46,10 @@ const (
 	maxStreamID        = 1<<31 - 1
 	assumedMaxStreams  = 100 // until the peer's SETTINGS say otherwise
 	defaultHeaderLimit = 10 << 20
+	// maxInterim bounds the 1xx responses before a final one, as net/http
+	// does: an origin sending them without end would hold the request
+	// (and its stream) forever.
+	maxInterim = 5
 )
 
 // An H2Conn is an HTTP/2 client connection that presents the client's
@@ -99,7 +104,6 @@ func NewH2Conn(c net.Conn, pre *fingerprint.H2, opts Options) (*H2Conn, error) {
 		conn:           c,
 		opts:           opts,
 		pre:            pre,
-		bw:             bufio.NewWriterSize(c, 32<<10),
 		streams:        make(map[uint32]*h2Stream),
 		nextID:         1,
 		peerMaxStreams: assumedMaxStreams,
@@ -110,6 +114,7 @@ func NewH2Conn(c net.Conn, pre *fingerprint.H2, opts Options) (*H2Conn, error) {
 		readDone:       make(chan struct{}),
 	}
 	cc.cond = sync.NewCond(&cc.mu)
+	cc.bw = bufio.NewWriterSize(socketWriter{cc}, 32<<10)
 	if pre.FirstStreamID%2 == 1 {
 		cc.nextID = pre.FirstStreamID
 	}
@@ -176,17 +181,34 @@ func (cc *H2Conn) lockWrite() {
 	cc.queued.Add(-1)
 }
 
-// flush writes the buffered frames, bounded by the write timeout, unless
-// another writer waits for wmu: its frames then join these and its flush
-// sends them all, in one write where concurrent requests would each have
-// cost one. Every writer ends with a flush (or a fatal error), so the
-// last one in a row always writes. wmu held, taken with lockWrite.
+// flush writes the buffered frames unless another writer waits for wmu:
+// its frames then join these and its flush sends them all, in one write
+// where concurrent requests would each have cost one. Every writer ends
+// with a flush (or a fatal error), so the last one in a row always
+// writes. wmu held, taken with lockWrite.
 func (cc *H2Conn) flush() error {
 	if cc.queued.Load() > 0 {
 		return nil
 	}
-	cc.conn.SetWriteDeadline(time.Now().Add(cc.opts.writeTimeout()))
 	return cc.bw.Flush()
+}
+
+// socketWriter is the socket under bw. It sets the write deadline before
+// each write because bw writes not only in flush: a frame that does not
+// fit the buffer's room makes bw write at once, in the middle of building
+// a header block. A deadline set only by flush would by then be the last
+// flush's, long past on a connection that idled, and the write would fail
+// with a timeout that kills the connection. Setting it here costs what
+// setting it in flush did, once per write to the socket. A connection
+// without deadlines is written to unbounded, as before.
+type socketWriter struct{ cc *H2Conn }
+
+func (w socketWriter) Write(p []byte) (int, error) {
+	err := w.cc.conn.SetWriteDeadline(time.Now().Add(w.cc.opts.writeTimeout()))
+	if err != nil && !errors.Is(err, os.ErrNoDeadline) {
+		return 0, fmt.Errorf("mirror: h2 set write deadline: %w", err)
+	}
+	return w.cc.conn.Write(p)
 }
 
 // CanTakeRequest reports whether a new stream can be opened now.
@@ -231,10 +253,17 @@ type h2Stream struct {
 	recvEnded   bool        // END_STREAM received
 	trailer     http.Header // trailers received, moved to resp.Trailer at the body's EOF
 	sendEnded   bool        // END_STREAM sent
-	over        bool        // done is closed, the stream is out of the map
+	// sendStopped: the request body will never be sent, as the origin
+	// answered an Expect: 100-continue request without asking for it.
+	// END_STREAM will not go out, so the stream is reset once the
+	// response has been read (see cancelUnsent).
+	sendStopped bool
+	sawEOF      bool // the reader reached the end of the response body
+	over        bool // done is closed, the stream is out of the map
 	err         error
 	readCond    *sync.Cond
 	continued   bool
+	interim     int // 1xx responses received
 }
 
 // RoundTrip sends req on a new stream and waits for the response head.
@@ -590,9 +619,12 @@ func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
 		select {
 		case <-cs.continueCh:
 		case <-t.C:
-		case <-cs.respReady: // a final answer first: the body was not wanted
+		case <-cs.respReady:
+			// A final answer first: the body is not wanted, but the
+			// response is, and resetting the stream now would cut it
+			// off. Stop sending and leave the stream to the reader.
 			t.Stop()
-			cs.abort(errors.New("mirror: the origin answered before the body"), true)
+			cs.stopSending()
 			return
 		case <-cs.done:
 			t.Stop()
@@ -677,6 +709,34 @@ func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
 	cs.sentEnd()
 }
 
+// stopSending gives up the request body for good, the stream staying open
+// for the response.
+func (cs *h2Stream) stopSending() {
+	cc := cs.cc
+	cc.mu.Lock()
+	cs.sendStopped = true
+	rst := cs.cancelUnsent()
+	cc.mu.Unlock()
+	if rst {
+		if err := cc.writeControl(cs.id, http2.ErrCodeCancel, 0, 0); err != nil {
+			cc.fatal(err)
+		}
+	}
+}
+
+// cancelUnsent ends a stream whose request body was given up and whose
+// response the reader has read to its end. END_STREAM never went out, so
+// the origin holds its side open until it is reset: it reports whether
+// RST_STREAM (CANCEL) is due. Whichever of the reader and the body writer
+// comes last does it. mu held.
+func (cs *h2Stream) cancelUnsent() bool {
+	if cs.over || !cs.sendStopped || cs.sendEnded || !cs.sawEOF {
+		return false
+	}
+	cs.end(nil)
+	return true
+}
+
 // sentEnd records END_STREAM sent.
 func (cs *h2Stream) sentEnd() {
 	cc := cs.cc
@@ -712,17 +772,21 @@ func (cs *h2Stream) end(err error) {
 }
 
 // abort ends the stream with err; sendRST resets it at the origin
-// (CANCEL). Buffered response bytes go back to the connection window.
+// (CANCEL). Buffered response bytes go back to the connection window,
+// also those of a stream already over (ended by an error the reader has
+// not read up to yet): nobody will read them now.
 func (cs *h2Stream) abort(err error, sendRST bool) {
 	cc := cs.cc
 	cc.mu.Lock()
+	connInc := cs.discard()
 	if cs.over {
 		cc.mu.Unlock()
+		if err := cc.writeControl(cs.id, 0, 0, connInc); err != nil {
+			cc.fatal(err)
+		}
 		return
 	}
 	ended := cs.recvEnded && cs.sendEnded
-	connInc := cc.consumeConn(cs.bufLen)
-	cs.buf, cs.bufLen = nil, 0
 	cs.end(err)
 	cc.mu.Unlock()
 	if cs.body != nil {
@@ -735,6 +799,18 @@ func (cs *h2Stream) abort(err error, sendRST bool) {
 	if err := cc.writeControl(cs.id, rst, 0, connInc); err != nil {
 		cc.fatal(err)
 	}
+}
+
+// discard drops the response bytes buffered for the reader and returns
+// the connection WINDOW_UPDATE increment due (see consumeConn). The origin
+// counted those bytes against the connection window when it sent them;
+// unless they are counted as consumed here, the window never gets them
+// back, and enough of them stall every stream on the connection. The
+// stream's own window needs nothing: the stream is over. mu held.
+func (cs *h2Stream) discard() int64 {
+	n := cs.bufLen
+	cs.buf, cs.bufLen = nil, 0
+	return cs.cc.consumeConn(n)
 }
 
 // writeControl sends, in this order and with one flush, an RST_STREAM of
@@ -802,6 +878,7 @@ func (b h2Body) Read(p []byte) (int, error) {
 	}
 	if cs.bufLen == 0 {
 		err := cs.err
+		rst := false
 		if err == nil && cs.recvEnded {
 			err = io.EOF
 			if cs.wantLen >= 0 && cs.gotLen != cs.wantLen {
@@ -811,11 +888,19 @@ func (b h2Body) Read(p []byte) (int, error) {
 				cs.resp.Trailer[k] = vs
 			}
 			clear(cs.trailer)
+			cs.sawEOF = true
 			cs.maybeDone()
+			rst = cs.cancelUnsent()
 		} else if err == nil {
 			err = errors.New("mirror: stream closed")
 		}
+		id := cs.id
 		cc.mu.Unlock()
+		if rst {
+			if werr := cc.writeControl(id, http2.ErrCodeCancel, 0, 0); werr != nil {
+				cc.fatal(werr)
+			}
+		}
 		return 0, err
 	}
 	n := 0
@@ -851,18 +936,26 @@ var errBodyClosed = errors.New("mirror: response body closed")
 
 // Close ends the stream. A response read in full while the request body
 // is still being sent (the origin answered early and may never open its
-// window again) is ended too: the rest of the body is not wanted.
+// window again), or was given up (see sendStopped), is ended too: the
+// rest of the body is not wanted. Unread bytes go back to the connection
+// window, as net/http's transport does, whatever the stream's state.
 func (b h2Body) Close() error {
 	cs := b.cs
-	cs.cc.mu.Lock()
+	cc := cs.cc
+	cc.mu.Lock()
 	complete := cs.recvEnded && cs.sendEnded
+	var connInc int64
 	if complete {
-		cs.buf, cs.bufLen = nil, 0
+		connInc = cs.discard()
 		cs.maybeDone()
 	}
-	cs.cc.mu.Unlock()
+	cc.mu.Unlock()
 	if !complete {
 		cs.abort(errBodyClosed, true)
+		return nil
+	}
+	if err := cc.writeControl(cs.id, 0, 0, connInc); err != nil {
+		cc.fatal(err)
 	}
 	return nil
 }
@@ -963,25 +1056,7 @@ func (cc *H2Conn) handle(f http2.Frame, push *pushBlock) error {
 	case *http2.DataFrame:
 		return cc.handleData(f)
 	case *http2.RSTStreamFrame:
-		cc.mu.Lock()
-		defer cc.mu.Unlock()
-		cs := cc.streams[f.StreamID]
-		if cs == nil {
-			return nil
-		}
-		if f.ErrCode == http2.ErrCodeNo && cs.recvEnded {
-			// The origin has answered in full and does not want the rest
-			// of the body.
-			cs.sendEnded = true
-			cs.maybeDone()
-			return nil
-		}
-		err := error(http2.StreamError{StreamID: f.StreamID, Code: f.ErrCode})
-		if f.ErrCode == http2.ErrCodeRefusedStream && cs.resp == nil {
-			err = fmt.Errorf("mirror: %w: %w", err, ErrUnprocessed)
-		}
-		cs.buf, cs.bufLen = nil, 0
-		cs.end(err)
+		return cc.handleReset(f)
 	case *http2.PushPromiseFrame:
 		*push = pushBlock{block: append([]byte(nil), f.HeaderBlockFragment()...), promised: f.PromiseID, active: true}
 		if f.HeadersEnded() {
@@ -1000,6 +1075,33 @@ func (cc *H2Conn) handle(f http2.Frame, push *pushBlock) error {
 		}
 	}
 	return nil
+}
+
+func (cc *H2Conn) handleReset(f *http2.RSTStreamFrame) error {
+	cc.mu.Lock()
+	cs := cc.streams[f.StreamID]
+	if cs == nil {
+		cc.mu.Unlock()
+		return nil
+	}
+	if f.ErrCode == http2.ErrCodeNo && cs.recvEnded {
+		// The origin has answered in full and does not want the rest
+		// of the body.
+		cs.sendEnded = true
+		cs.maybeDone()
+		cc.mu.Unlock()
+		return nil
+	}
+	err := error(http2.StreamError{StreamID: f.StreamID, Code: f.ErrCode})
+	if f.ErrCode == http2.ErrCodeRefusedStream && cs.resp == nil {
+		err = fmt.Errorf("mirror: %w: %w", err, ErrUnprocessed)
+	}
+	// The reset response is cut short: what it left unread is dropped,
+	// and credited back to the connection.
+	connInc := cs.discard()
+	cs.end(err)
+	cc.mu.Unlock()
+	return cc.writeControl(f.StreamID, 0, 0, connInc)
 }
 
 func (cc *H2Conn) refusePush(push *pushBlock) error {
@@ -1059,22 +1161,35 @@ func (cc *H2Conn) handleSettings(f *http2.SettingsFrame) error {
 	return cc.flush()
 }
 
+// handleHeaders processes a response header block. A stream that fails
+// on it is reset at the origin, which would otherwise go on sending.
 func (cc *H2Conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	cc.mu.Lock()
-	defer cc.mu.Unlock()
 	cs := cc.streams[f.StreamID]
 	if cs == nil {
+		cc.mu.Unlock()
 		return nil // a stream already cancelled; the block was decoded all the same
 	}
+	rst := cs.headers(f)
+	cc.mu.Unlock()
+	return cc.writeControl(f.StreamID, rst, 0, 0)
+}
+
+// headers takes a header block of the stream: the response head, a 1xx,
+// or the trailers. It ends the stream with an error if the block is not
+// one of those, and returns the RST_STREAM code due then (0: none). mu
+// held.
+func (cs *h2Stream) headers(f *http2.MetaHeadersFrame) http2.ErrCode {
+	cc := cs.cc
 	if f.Truncated {
 		cs.end(errors.New("mirror: response header list too large"))
-		return nil
+		return http2.ErrCodeCancel
 	}
 	if cs.resp != nil {
 		// Trailers.
 		if !f.StreamEnded() {
 			cs.end(errors.New("mirror: h2 trailers without END_STREAM"))
-			return nil
+			return http2.ErrCodeProtocol
 		}
 		// Kept aside: the reader of the body fills resp.Trailer at EOF,
 		// as net/http's transports do, since whoever holds the response
@@ -1088,19 +1203,24 @@ func (cc *H2Conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 		}
 		cs.recvEnded = true
 		cs.readCond.Broadcast()
-		return nil
+		return 0
 	}
 	status, err := strconv.Atoi(f.PseudoValue("status"))
 	if err != nil || status < 100 || status > 999 {
 		cs.end(errors.New("mirror: h2 response without a valid :status"))
-		return nil
+		return http2.ErrCodeProtocol
 	}
 	if status < 200 {
+		cs.interim++
+		if cs.interim > maxInterim {
+			cs.end(fmt.Errorf("mirror: more than %d 1xx informational responses", maxInterim))
+			return http2.ErrCodeCancel
+		}
 		if status == http.StatusContinue && !cs.continued {
 			cs.continued = true
 			close(cs.continueCh)
 		}
-		return nil // interim responses (103 Early Hints) are not passed on
+		return 0 // interim responses (103 Early Hints) are not passed on
 	}
 	resp := &http.Response{
 		Status:     httpstatus.Line(status),
@@ -1148,7 +1268,7 @@ func (cc *H2Conn) handleHeaders(f *http2.MetaHeadersFrame) error {
 	if cs.recvEnded {
 		cs.maybeDone()
 	}
-	return nil
+	return 0
 }
 
 func (cc *H2Conn) handleData(f *http2.DataFrame) error {
@@ -1169,13 +1289,11 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 		connInc = cc.consumeConn(n)
 	case cs.resp == nil:
 		rst = http2.ErrCodeProtocol
-		connInc = cc.consumeConn(n + cs.bufLen)
-		cs.buf, cs.bufLen = nil, 0
+		connInc = cc.consumeConn(n) + cs.discard()
 		cs.end(errors.New("mirror: h2 DATA before the response headers"))
 	case n > cs.recvWindow:
 		rst = http2.ErrCodeFlowControl
-		connInc = cc.consumeConn(n + cs.bufLen)
-		cs.buf, cs.bufLen = nil, 0
+		connInc = cc.consumeConn(n) + cs.discard()
 		cs.end(http2.StreamError{StreamID: cs.id, Code: http2.ErrCodeFlowControl})
 	default:
 		cs.recvWindow -= n
@@ -1191,7 +1309,9 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 		}
 		if cs.wantLen >= 0 && cs.gotLen > cs.wantLen {
 			rst = http2.ErrCodeProtocol
-			cs.buf, cs.bufLen = nil, 0
+			// This frame's bytes and all still unread go back to the
+			// connection: the stream is over.
+			connInc += cs.discard()
 			cs.end(fmt.Errorf("mirror: response body longer than its Content-Length %d", cs.wantLen))
 		} else if f.StreamEnded() {
 			cs.recvEnded = true
