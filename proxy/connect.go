@@ -21,20 +21,26 @@ import (
 // hosts, interception (TLS or plain HTTP inside the tunnel) for the rest.
 // goproxy replies 200 itself for both.
 func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.ConnectAction, string) {
+	// goproxy closes the client's connection after a refused CONNECT: the
+	// answer says so, or a client that answers a 407 on the same
+	// connection (curl --proxy-anyauth) finds it gone.
+	reject := func(resp *http.Response) (*goproxy.ConnectAction, string) {
+		resp.Close = true
+		pctx.Resp = resp
+		return goproxy.RejectConnect, host
+	}
 	name, port, err := net.SplitHostPort(host)
 	if err == nil {
 		err = checkConnectTarget(name, port)
 	}
 	if err != nil {
 		s.logger.Warn("refused CONNECT", "target", host, "client", pctx.Req.RemoteAddr, "err", err)
-		pctx.Resp = errorResponse(pctx.Req, http.StatusBadRequest, kindBadRequest,
-			fmt.Sprintf("bad CONNECT target %q: %v", host, err))
-		return goproxy.RejectConnect, host
+		return reject(errorResponse(pctx.Req, http.StatusBadRequest, kindBadRequest,
+			fmt.Sprintf("bad CONNECT target %q: %v", host, err)))
 	}
 	user, ok := s.authenticate(pctx.Req.Header)
 	if !ok {
-		pctx.Resp = s.challenge(pctx.Req, "proxy credentials required (Proxy-Authorization: Basic)")
-		return goproxy.RejectConnect, host
+		return reject(s.challenge(pctx.Req, "proxy credentials required (Proxy-Authorization: Basic)"))
 	}
 	// Who the client is, decided once for the whole tunnel: its
 	// requests carry this identity, whatever they say themselves. The
@@ -42,26 +48,22 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 	info, err := s.tunnelClient(user, pctx.Req.RemoteAddr, pctx.Req.Header)
 	if err != nil {
 		s.logger.Warn("refused CONNECT with a bad session hint", "target", host, "client", pctx.Req.RemoteAddr, "err", err)
-		pctx.Resp = badSession(pctx.Req, err)
-		return goproxy.RejectConnect, host
+		return reject(badSession(pctx.Req, err))
 	}
 	if r := s.attribute(pctx.Req, info); r != nil {
 		s.logger.Warn("refused CONNECT: the client holds its share of connections", "target", host, "client", info.Client)
-		pctx.Resp = r
-		return goproxy.RejectConnect, host
+		return reject(r)
 	}
 	if _, refused := s.checkTarget(pctx.Req.Context(), pctx.Req, name); refused != nil {
 		s.logger.Warn("refused CONNECT to a forbidden target", "target", host, "client", pctx.Req.RemoteAddr)
-		pctx.Resp = refused
-		return goproxy.RejectConnect, host
+		return reject(refused)
 	}
 	pctx.UserData = info // for hijackConnect
 	if s.bypass.Match(name) {
 		// A blind tunnel is one request as far as the rate limit goes;
 		// intercepted tunnels are counted request by request.
 		if r := s.limit(pctx.Req.Context(), pctx.Req, info.Client, name); r != nil {
-			pctx.Resp = r
-			return goproxy.RejectConnect, host
+			return reject(r)
 		}
 		return &goproxy.ConnectAction{Action: goproxy.ConnectAccept}, host
 	}

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 )
 
 // The gate is what every request and tunnel passes before anything leaves
@@ -54,11 +56,8 @@ func (s *Server) challenge(req *http.Request, reason string) *http.Response {
 // limit applies the client rate limit to client (clientinfo.Info.Client,
 // from identify); nil means the request may go on.
 func (s *Server) limit(ctx context.Context, req *http.Request, client, host string) *http.Response {
-	if !s.limiter.Enabled() {
-		return nil
-	}
-	d := s.limiter.Allow(ctx, client, host)
-	if d.Allowed {
+	d, ok := s.allow(ctx, client, host)
+	if ok {
 		return nil
 	}
 	if d.Unavailable {
@@ -67,13 +66,43 @@ func (s *Server) limit(ctx context.Context, req *http.Request, client, host stri
 		resp.Header.Set("Retry-After", retryAfter(d.RetryAfter))
 		return resp
 	}
-	s.metrics.RateLimited()
 	resp := errorResponse(req, http.StatusTooManyRequests, kindRateLimited,
 		fmt.Sprintf("rate limit of %d requests per window reached for this client; retry in %s", d.Limit, retryAfter(d.RetryAfter)+"s"))
 	resp.Header.Set("Retry-After", retryAfter(d.RetryAfter))
 	resp.Header.Set("X-RateLimit-Limit", strconv.Itoa(d.Limit))
 	resp.Header.Set("X-RateLimit-Remaining", "0")
 	return resp
+}
+
+// allow takes one request of client's to host from the rate limit; ok is
+// true when it may go on, else d says why not.
+func (s *Server) allow(ctx context.Context, client, host string) (d ratelimit.Decision, ok bool) {
+	if !s.limiter.Enabled() {
+		return d, true
+	}
+	d = s.limiter.Allow(ctx, client, host)
+	if !d.Allowed && !d.Unavailable {
+		s.metrics.RateLimited()
+	}
+	return d, d.Allowed
+}
+
+// rateLimitedError is the rate limit's refusal of a blind SOCKS5 tunnel:
+// a policy's "no" (reply 0x02), with the HTTP status a request would get.
+type rateLimitedError struct{ d ratelimit.Decision }
+
+func (e rateLimitedError) Error() string {
+	if e.d.Unavailable {
+		return "rate limiter unavailable and rate_limit.fail_closed is set"
+	}
+	return fmt.Sprintf("rate limit of %d requests per window reached for this client; retry in %ss", e.d.Limit, retryAfter(e.d.RetryAfter))
+}
+
+func (e rateLimitedError) HTTPStatus() int {
+	if e.d.Unavailable {
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusTooManyRequests
 }
 
 // retryAfter is a Retry-After value in whole seconds, at least 1.

@@ -75,6 +75,11 @@ func TestProxyAuth(t *testing.T) {
 		if tc.want == 407 && !strings.HasPrefix(resp.Header.Get("Proxy-Authenticate"), "Basic ") {
 			t.Fatalf("CONNECT 407 without a challenge")
 		}
+		// goproxy closes the connection after a refusal: the answer has
+		// to say so, or a client answers the challenge on a dead one.
+		if tc.want == 407 && !resp.Close {
+			t.Fatalf("CONNECT 407 without Connection: close: %v", resp.Header)
+		}
 	}
 	// And a full HTTPS request through the MITM with the right credentials.
 	if resp, body := w.get(w.clientAs("alice", "right"), tlsO.URL+"/s"); resp.StatusCode != 200 || !strings.Contains(body, "path=/s") {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -110,6 +111,45 @@ func (c *tappedConn) Read(p []byte) (int, error) {
 func (c *tappedConn) Unwrap() net.Conn  { return c.NetConn() }
 func (c *tappedConn) CloseWrite() error { return halfclose.CloseWrite(c.NetConn()) }
 func (c *tappedConn) CloseRead() error  { return halfclose.CloseRead(c.NetConn()) }
+
+// tunnelHost is where a request in a tunnel to target goes, its Host
+// field (HTTP/2: :authority) being host: host, with the tunnel's port when
+// it names the tunnel's host without one (the client's bytes went to that
+// port, not to the scheme's default), or the target when host is empty.
+func tunnelHost(host, target string) string {
+	if host == "" {
+		return target
+	}
+	if _, _, err := net.SplitHostPort(host); err == nil {
+		return host
+	}
+	name, _, err := net.SplitHostPort(target)
+	if err == nil && strings.EqualFold(strings.Trim(host, "[]"), name) {
+		return target
+	}
+	return host
+}
+
+// The protocols the MITM offers a client: HTTP/2 and HTTP/1.1.
+var mitmNextProtos = []string{"h2", "http/1.1"}
+
+// mitmProtos is the NextProtos of the MITM's handshake with a client
+// whose hello is hello (nil: it did not parse). A client that offers none
+// of ours (curl --http1.0 offers only "http/1.0") gets no protocol chosen,
+// as from a server that does not negotiate, and speaks HTTP/1.x: Go would
+// refuse its handshake instead (no_application_protocol), and so does no
+// origin that serves HTTP/1.0.
+func mitmProtos(hello *fingerprint.ClientHello) []string {
+	if hello == nil || len(hello.ALPN) == 0 {
+		return mitmNextProtos
+	}
+	for _, p := range hello.ALPN {
+		if slices.Contains(mitmNextProtos, p) {
+			return mitmNextProtos
+		}
+	}
+	return nil
+}
 
 // replayed is the connection capture.PeekClientHello returns, which
 // replays the hello it read, seen through to the client connection under
@@ -323,7 +363,7 @@ func (s *Server) terminateTLS(client, stream net.Conn, t *tunnel) (*tls.Conn, *f
 			"client", t.remoteAddr, "target", t.host, "err", err)
 	}
 	cfg := s.certs.ServerConfig(t.host).Clone()
-	cfg.NextProtos = []string{"h2", "http/1.1"}
+	cfg.NextProtos = mitmProtos(hello)
 	// A client resuming a session would put onceproxy's ticket (a
 	// pre_shared_key) into its next hello, which the origin never issued:
 	// without tickets every hello is a first one, as the origin sees it.
@@ -368,10 +408,7 @@ func (s *Server) serveDecrypted(w http.ResponseWriter, r *http.Request) {
 		// Origin-form: the Host header (HTTP/2: :authority) names the
 		// origin, as it would for the origin itself; the CONNECT target
 		// stands in when the client sent neither.
-		r.URL.Host = r.Host
-		if r.URL.Host == "" {
-			r.URL.Host = t.host
-		}
+		r.URL.Host = tunnelHost(r.Host, t.host)
 	}
 	r.RemoteAddr = t.remoteAddr
 	ctx := r.Context()

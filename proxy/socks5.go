@@ -74,8 +74,18 @@ func (s *Server) CheckTunnel(ctx context.Context, t socks.Tunnel) (context.Conte
 // DialTunnel opens the upstream side of a blind tunnel, through the
 // upstream session t.User asks for, as for a bypass CONNECT. ctx is
 // CheckTunnel's.
+//
+// A tunnel dialled upstream is one request for the rate limit, as a
+// bypass CONNECT is (intercepted tunnels count request by request, and a
+// stream to a port other than the MITM ones that turns out to be HTTP
+// counts its dial too: the dial is upstream work).
 func (s *Server) DialTunnel(ctx context.Context, t socks.Tunnel) (net.Conn, error) {
-	return s.dialBlind(ctx, t.Target, clientinfo.From(ctx), t.Client)
+	info := clientinfo.From(ctx)
+	name, _, _ := net.SplitHostPort(t.Target)
+	if d, ok := s.allow(ctx, info.Client, name); !ok {
+		return nil, rateLimitedError{d}
+	}
+	return s.dialBlind(ctx, t.Target, info, t.Client)
 }
 
 // InterceptTunnel serves c, a client stream of TLS or plain HTTP, as an

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"time"
 )
@@ -44,13 +45,37 @@ func classifyStream(b []byte) (k sniffKind, more bool) {
 	for i, c := range b {
 		switch {
 		case c == ' ' && i > 0:
-			// "GET /", "PRI * HTTP/2.0" (h2c, which goproxy also serves).
-			return sniffHTTP, false
+			return classifyTarget(b[i+1:])
 		case i >= maxMethodLen, !(c >= 'A' && c <= 'Z' || c == '-' || c == '_'):
 			return sniffOther, false
 		}
 	}
 	return sniffOther, true
+}
+
+// classifyTarget looks at what follows a method and a space: an HTTP
+// request target ("/path", "*" of "PRI * HTTP/2.0" or OPTIONS, or an
+// absolute "http://" or "https://" URL) makes the stream HTTP. Other text
+// protocols where the client speaks first also begin with an upper-case
+// word and a space (IRC's "NICK name", Redis's "AUTH secret"): they are
+// tunnelled, not given to an HTTP server that would never answer them.
+func classifyTarget(b []byte) (k sniffKind, more bool) {
+	if len(b) == 0 {
+		return sniffOther, true
+	}
+	if b[0] == '/' || b[0] == '*' {
+		return sniffHTTP, false
+	}
+	for _, scheme := range []string{"http://", "https://"} {
+		n := min(len(b), len(scheme))
+		if strings.EqualFold(string(b[:n]), scheme[:n]) {
+			if n == len(scheme) {
+				return sniffHTTP, false
+			}
+			return sniffOther, true // a prefix of it so far
+		}
+	}
+	return sniffOther, false
 }
 
 // sniff waits up to timeout (0: only the connection's idle deadline), or

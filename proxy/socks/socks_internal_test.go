@@ -67,6 +67,19 @@ func TestClassifyStream(t *testing.T) {
 		{" GET", sniffOther, false},
 		{"get / HTTP/1.1", sniffOther, false},
 		{strings.Repeat("A", maxMethodLen+1), sniffOther, false},
+		// Absolute-form, whole or still arriving.
+		{"GET http://a/ HTTP/1.1", sniffHTTP, false},
+		{"GET HTTPS://a/ HTTP/1.1", sniffHTTP, false},
+		{"GET htt", sniffOther, true},
+		{"GET https:/", sniffOther, true},
+		{"GET ", sniffOther, true},
+		{"OPTIONS * HTTP/1.1", sniffHTTP, false},
+		// Other text protocols whose client speaks first, with an
+		// upper-case word and a space: tunnelled.
+		{"NICK alice\r\nUSER alice 0 * :A\r\n", sniffOther, false},
+		{"AUTH secret\r\n", sniffOther, false},
+		{"EHLO x", sniffOther, false},
+		{"GET hello", sniffOther, false},
 	} {
 		k, more := classifyStream([]byte(tc.in))
 		if k != tc.want || more != tc.more {
