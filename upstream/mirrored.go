@@ -238,7 +238,7 @@ func (t *mirroredTransport) conn(ctx context.Context, key connKey, fp *fingerpri
 			if len(dead) > 0 || mc != nil {
 				t.mu.Unlock()
 				closeAll(dead)
-				if mc != nil {
+				if mc != nil && t.fit(mc) {
 					return mc, true, nil
 				}
 				continue
@@ -309,6 +309,34 @@ func (t *mirroredTransport) takeLocked(key connKey) (mc *mconn, dead []*mconn) {
 		t.removeLocked(c)
 	}
 	return mc, dead
+}
+
+// A prober is a pooled connection that nothing watches while it is idle
+// (HTTP/1.1: no reader runs between requests), so that only a look before
+// its reuse tells whether the origin closed it, or sent it bytes no request
+// asked for, meanwhile. Its Probe closes a connection found unfit.
+type prober interface{ Probe() error }
+
+// fit reports whether mc, just taken from the pool, can carry a request;
+// one that cannot leaves the pool. It runs outside mu: the look costs a
+// system call, and may wait a few milliseconds for TLS records.
+//
+// Checking here rather than leaving RoundTrip to fail keeps a request off
+// a connection the origin closed while it was idle whatever its method and
+// body: a POST, or a body that cannot be sent twice, is not retried after
+// ErrNoResponse (the origin may have got it), as under net/http, whose
+// background read notices the close before the connection is reused.
+func (t *mirroredTransport) fit(mc *mconn) bool {
+	p, ok := mc.cc.(prober)
+	if !ok {
+		return true
+	}
+	if err := p.Probe(); err != nil {
+		t.log.Debug("upstream connection not reused", "addr", mc.key.addr, "err", err)
+		t.done(mc) // it cannot take a request now: removed and closed
+		return false
+	}
+	return true
 }
 
 // hasH1Locked reports whether the origin answered key's hello with

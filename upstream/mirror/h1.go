@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,6 +97,11 @@ func NewClientConn(c net.Conn, proto string, pre *fingerprint.H2, opts Options) 
 
 // An H1Conn sends HTTP/1.1 requests on one connection, one at a time,
 // with their header fields in the client's order and case.
+//
+// Nothing reads the connection between requests, so nothing sees the
+// origin close it, or send bytes no request asked for, while it is idle:
+// a request on a connection that served one before first checks it (see
+// [H1Conn.Probe]).
 type H1Conn struct {
 	conn net.Conn
 	lr   *limitReader
@@ -103,18 +109,35 @@ type H1Conn struct {
 	bw   *bufio.Writer
 	opts Options
 
-	mu     sync.Mutex // protects the fields below
-	busy   bool       // a request is in flight (its response body unread)
-	broken bool       // closed, or in a state another request cannot follow
+	// sock is the socket under conn, under TLS and wrappers, for the
+	// check of an idle connection; nil when there is none to reach.
+	sock syscall.RawConn
+	// records: conn is a TLS layer over sock, which takes records of its
+	// own (session tickets, key updates) off the socket on a read.
+	records bool
+	// direct: conn is the socket itself, with nothing above it that
+	// could hold bytes already read from it.
+	direct  bool
+	scratch [1]byte // the idle check's reads
+
+	mu      sync.Mutex // protects the fields below
+	busy    bool       // a request is in flight (its response body unread), or a probe
+	broken  bool       // closed, or in a state another request cannot follow
+	used    bool       // a response ended with the connection kept: a next request reuses it
+	checked bool       // Probe found the idle connection fit since its last response
 }
 
 // NewH1Conn wraps c, an established connection to the origin.
 func NewH1Conn(c net.Conn, opts Options) *H1Conn {
 	lr := &limitReader{r: c, n: -1}
-	return &H1Conn{conn: c, lr: lr, br: bufio.NewReader(lr), bw: bufio.NewWriter(c), opts: opts}
+	cc := &H1Conn{conn: c, lr: lr, br: bufio.NewReader(lr), bw: bufio.NewWriter(c), opts: opts}
+	cc.sock, cc.records, cc.direct = socketOf(c)
+	return cc
 }
 
-// CanTakeRequest reports whether the connection is open and idle.
+// CanTakeRequest reports whether the connection is open and idle. It looks
+// at no socket (a pool calls it under its lock): whether the origin closed
+// an idle connection, or sent it bytes, is [H1Conn.Probe]'s to find out.
 func (cc *H1Conn) CanTakeRequest() bool {
 	cc.mu.Lock()
 	defer cc.mu.Unlock()
@@ -145,6 +168,184 @@ func abort(c net.Conn) {
 		nc.NetConn().Close()
 	}
 	c.Close()
+}
+
+// errUnsolicited means the origin sent bytes on an idle connection: its
+// framing and ours disagree, and the bytes would be read as the next
+// request's answer. net/http logs "Unsolicited response received on idle
+// HTTP channel" and drops the connection.
+var errUnsolicited = errors.New("the origin sent bytes on the idle connection")
+
+// recordWait bounds the read that lets the TLS layer take records that
+// arrived on an idle connection. Only a record of the TLS layer's own
+// (NewSessionTicket, KeyUpdate) makes the read wait this long; data, a
+// close_notify or the end of the connection return at once.
+const recordWait = 5 * time.Millisecond
+
+// Probe checks that the idle connection can still take a request: the
+// origin has not closed it (a FIN or a close_notify while it was idle),
+// and has sent nothing since the last response. A connection found unfit
+// is closed, and the error wraps ErrUnprocessed.
+//
+// The check costs one system call (a recv that peeks at the socket,
+// without waiting): a Go socket is non-blocking, and a read with a
+// deadline already past would not reach the socket at all (the runtime's
+// poller fails it first). Only when TLS records arrived on the idle
+// connection does it wait, up to a few milliseconds, for the TLS layer to
+// read them: a session ticket or a key update leaves the connection fit.
+//
+// RoundTrip runs the same check on a connection that served a request
+// before, unless a Probe passed since: a pool probes a connection before
+// it commits a request to it (one whose body cannot be sent twice must
+// not go out on a dead connection), and the request pays for one check.
+func (cc *H1Conn) Probe() error {
+	cc.mu.Lock()
+	switch {
+	case cc.broken:
+		cc.mu.Unlock()
+		return fmt.Errorf("mirror: connection closed: %w", ErrUnprocessed)
+	case cc.busy:
+		cc.mu.Unlock()
+		return errBusy
+	}
+	cc.busy = true // no request reads the connection meanwhile
+	cc.mu.Unlock()
+	err := cc.idleCheck()
+	cc.mu.Lock()
+	cc.busy = false
+	cc.checked = err == nil
+	cc.broken = cc.broken || err != nil
+	cc.mu.Unlock()
+	if err != nil {
+		abort(cc.conn)
+		return fmt.Errorf("mirror: %w: %w", err, ErrUnprocessed)
+	}
+	return nil
+}
+
+// idleCheck looks for what arrived on the idle connection since the last
+// response. It returns nil when nothing did.
+func (cc *H1Conn) idleCheck() error {
+	if cc.br.Buffered() > 0 {
+		return errUnsolicited
+	}
+	if !cc.direct {
+		// The layers over the socket may hold bytes already read off it:
+		// TLS records read ahead, a tunnel's read-ahead. A read with a
+		// deadline already past hands those out, and lets TLS go through
+		// whole records it holds, without a system call; it never reaches
+		// the socket, hence the peek below.
+		if err := cc.readIdle(time.Unix(1, 0)); err != nil {
+			return err
+		}
+	}
+	if cc.sock == nil {
+		return nil // no socket to look at: nothing more to know
+	}
+	for range 3 {
+		pending, err := peekSocket(cc.sock)
+		if err != nil {
+			return fmt.Errorf("the origin closed the idle connection: %w", err)
+		}
+		if !pending {
+			return nil
+		}
+		if !cc.records {
+			return errUnsolicited
+		}
+		// TLS records arrived: data, a close_notify, or records of the
+		// TLS layer's own, which its Read consumes and reads on past
+		// (utls's, like crypto/tls's, returns only with application
+		// data, an alert or an error). A short read tells them apart.
+		if err := cc.readIdle(time.Now().Add(recordWait)); err != nil {
+			return err
+		}
+		// The records were the TLS layer's own, or the deadline passed
+		// before the read reached the socket: look again.
+	}
+	// Bytes keep coming that the TLS layer leaves on the socket: the
+	// connection is in no state to bet a request on.
+	return errUnsolicited
+}
+
+// readIdle reads the idle connection with the read deadline at d, then
+// clears the deadline. Data means unsolicited bytes, a timeout nothing to
+// read, and anything else the connection's end.
+func (cc *H1Conn) readIdle(d time.Time) error {
+	if err := cc.conn.SetReadDeadline(d); err != nil {
+		return fmt.Errorf("the idle connection failed: %w", err)
+	}
+	n, err := cc.conn.Read(cc.scratch[:])
+	if n > 0 {
+		return errUnsolicited
+	}
+	var ne net.Error
+	if err != nil && !errors.Is(err, os.ErrDeadlineExceeded) && !(errors.As(err, &ne) && ne.Timeout()) {
+		return fmt.Errorf("the origin closed the idle connection: %w", err)
+	}
+	if err := cc.conn.SetReadDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("the idle connection failed: %w", err)
+	}
+	return nil
+}
+
+// socketOf finds the socket under c: under a TLS layer (NetConn, as
+// [Conn] and crypto/tls have it; records is then true) and wrappers that
+// say what they wrap (Unwrap, as the proxy's idle-timeout and read-ahead
+// wrappers do). direct means c is the socket itself.
+func socketOf(c net.Conn) (sock syscall.RawConn, records, direct bool) {
+	for depth := 0; depth < 16 && c != nil; depth++ {
+		if sc, ok := c.(syscall.Conn); ok {
+			rc, err := sc.SyscallConn()
+			if err != nil {
+				return nil, records, false
+			}
+			return rc, records, depth == 0
+		}
+		switch u := c.(type) {
+		case interface{ NetConn() net.Conn }:
+			c, records = u.NetConn(), true
+		case interface{ Unwrap() net.Conn }:
+			c = u.Unwrap()
+		default:
+			return nil, records, false
+		}
+	}
+	return nil, records, false
+}
+
+// msgPeek is MSG_PEEK, the same value on every system with recv(2).
+const msgPeek = 0x2
+
+// peekSocket reports, without consuming anything or waiting, whether the
+// socket has bytes to read (pending), has ended (err: io.EOF, a reset), or
+// neither. Go's sockets are non-blocking, so recv returns EAGAIN at once
+// when nothing arrived. Control, unlike Read, ignores the read deadline.
+// Where recv cannot look (Windows, js, wasip1) nothing is known.
+func peekSocket(sock syscall.RawConn) (pending bool, err error) {
+	var n int
+	var rerr error
+	var b [1]byte
+	if err := sock.Control(func(fd uintptr) { n, rerr = recvfrom(syscall.Recvfrom, fd, b[:], msgPeek) }); err != nil {
+		return false, err // closed here
+	}
+	switch {
+	case rerr == nil && n > 0:
+		return true, nil
+	case rerr == nil:
+		return false, io.EOF
+	case errors.Is(rerr, syscall.EAGAIN), errors.Is(rerr, syscall.EINTR), // EWOULDBLOCK is EAGAIN on Unix
+		errors.Is(rerr, errors.ErrUnsupported):
+		return false, nil
+	}
+	return false, os.NewSyscallError("recvfrom", rerr)
+}
+
+// recvfrom calls syscall.Recvfrom, whose descriptor is an int on Unix and
+// a Handle on Windows: the type parameter spares a file per system.
+func recvfrom[FD ~int | ~uintptr](recv func(FD, []byte, int) (int, syscall.Sockaddr, error), fd uintptr, p []byte, flags int) (int, error) {
+	n, _, err := recv(FD(fd), p, flags)
+	return n, err
 }
 
 // RoundTrip sends req and reads the response head. The header fields go
@@ -178,8 +379,19 @@ func (cc *H1Conn) RoundTripWithin(req *http.Request, d time.Duration) (*http.Res
 		return nil, errBusy
 	}
 	cc.busy = true
+	check := cc.used && !cc.checked
+	cc.checked = false
 	cc.mu.Unlock()
 
+	if check {
+		if err := cc.idleCheck(); err != nil {
+			// Nothing of the request went out: a caller may send it
+			// again on another connection, whatever its method.
+			closeBody()
+			cc.fail()
+			return nil, fmt.Errorf("mirror: %w: %w", err, ErrUnprocessed)
+		}
+	}
 	body, head, err := cc.head(req)
 	if err != nil {
 		closeBody()
@@ -326,7 +538,8 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 var errBodyLength = errors.New("mirror: request body length")
 
 // readResponse reads the final response head, passing 1xx responses by
-// (a 100 lets an Expect body go), bounded by MaxResponseHeaderBytes.
+// (a 100 lets an Expect body go), all the heads together bounded by
+// MaxResponseHeaderBytes.
 func (cc *H1Conn) readResponse(req *http.Request, w *h1Write, expect bool) (*http.Response, error) {
 	if expect {
 		// The body goes after 100 Continue or after the timeout, whichever
@@ -334,16 +547,21 @@ func (cc *H1Conn) readResponse(req *http.Request, w *h1Write, expect bool) (*htt
 		t := time.AfterFunc(cc.opts.expectTimeout(), func() { w.decide(true) })
 		defer t.Stop()
 	}
+	// One budget for the final head and the 1xx ones before it, as
+	// net/http has it: an origin sending 1xx responses without end fails
+	// the request instead of holding it (and the connection) forever. A
+	// count would also stop a long WebDAV operation's periodic 102s.
+	cc.lr.n = cc.opts.maxHeaderBytes()
+	defer func() { cc.lr.n = -1 }()
 	for first := true; ; first = false {
-		cc.lr.n = cc.opts.maxHeaderBytes()
+		before := cc.lr.n
 		buffered := cc.br.Buffered()
 		resp, err := http.ReadResponse(cc.br, req)
 		limitHit := cc.lr.n == 0
-		silent := first && buffered == 0 && cc.lr.n == cc.opts.maxHeaderBytes()
-		cc.lr.n = -1
+		silent := first && buffered == 0 && cc.lr.n == before
 		if err != nil {
 			if limitHit {
-				return nil, fmt.Errorf("mirror: response header over %d bytes", cc.opts.maxHeaderBytes())
+				return nil, fmt.Errorf("mirror: response headers (1xx ones included) over %d bytes", cc.opts.maxHeaderBytes())
 			}
 			if silent && (errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET)) {
 				return nil, fmt.Errorf("mirror: read response: %w: %w", ErrNoResponse, err)
@@ -415,13 +633,18 @@ func (b *h1Body) finish(eof bool) {
 				t.Stop()
 			}
 		}
-		if !eof || !b.reuse || b.w.err != nil {
+		// Bytes already read past the response's end mean the origin's
+		// framing and ours disagree (a 204 or a HEAD answer with a body,
+		// data past Content-Length): the next request would take them for
+		// its answer. net/http drops such a connection too.
+		if !eof || !b.reuse || b.w.err != nil || b.cc.br.Buffered() > 0 {
 			b.cc.fail()
 			return
 		}
 		b.cc.conn.SetDeadline(time.Time{})
 		b.cc.mu.Lock()
 		b.cc.busy = false
+		b.cc.used = true
 		b.cc.mu.Unlock()
 	})
 }
