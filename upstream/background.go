@@ -243,7 +243,9 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
 		return // validated at start-up
 	}
 	req.Header.Set("User-Agent", "onceproxy-health")
-	resp, err := s.transportFor(req, false).RoundTrip(req) // a probe has no client to mirror
+	// A probe has no client to mirror. s.roundTrip makes a gateway's 407
+	// to a plain-http probe the auth failure it is, not a success.
+	resp, err := s.roundTrip(s.transportFor(req, false), req)
 	if ctx.Err() != nil {
 		// Shutting down: the probe proves nothing.
 		if resp != nil {
@@ -254,6 +256,11 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
 	var v verdict
 	if err != nil {
 		v = classifyErr(pctx, err)
+		if v.target {
+			// health.url is the operator's always-up URL: a gateway that
+			// cannot reach it is the session's trouble.
+			v = verdict{kind: outcomeConnError, msg: "health probe: " + err.Error()}
+		}
 		if v.kind == outcomeNone && pctx.Err() != nil {
 			// The probe's own timeout: the session hangs.
 			v = verdict{kind: outcomeConnError, msg: "health probe: " + err.Error()}

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"context"
 	"encoding/base64"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -46,21 +48,33 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		conn.Close()
 		return nil, &DialError{Op: "write CONNECT to upstream proxy", Err: err}
 	}
-	br := bufio.NewReader(conn)
+	// The reply head is read through a limit, as net/http bounds a
+	// response's header (MaxResponseHeaderBytes): a gateway that sends an
+	// endless header must not make us buffer it. The limit is lifted once
+	// the head is read, for the short body of a refusal.
+	lr := &io.LimitedReader{R: conn, N: maxConnectReplyBytes}
+	br := bufio.NewReader(lr)
 	resp, err := http.ReadResponse(br, req)
 	if err != nil {
 		conn.Close()
+		if lr.N <= 0 {
+			err = fmt.Errorf("reply head exceeds %d bytes: %w", maxConnectReplyBytes, errConnectReplyTooLarge)
+		}
 		return nil, &DialError{Op: "read CONNECT response from upstream proxy", Err: err}
 	}
+	lr.N = maxConnectReplyBytes
 	if resp.StatusCode != http.StatusOK {
 		// A short body often says why (bad credentials, host refused).
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		resp.Body.Close()
 		conn.Close()
-		return nil, &DialError{
-			Op:  "CONNECT " + addr + " through upstream proxy " + proxyURL.Host,
-			Err: &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)},
+		var gerr error = &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)}
+		if st := targetStatusOfConnect(resp.StatusCode); st != 0 {
+			// "Bad gateway" to CONNECT is how a gateway says it could
+			// not reach addr: not proof that the session is at fault.
+			gerr = &TargetUnreachableError{Target: addr, Status: st, Err: gerr}
 		}
+		return nil, &DialError{Op: "CONNECT " + addr + " through upstream proxy " + proxyURL.Host, Err: gerr}
 	}
 	if !stop() {
 		// ctx ended while we finished the handshake: the deadline was
@@ -69,9 +83,18 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		return nil, &DialError{Op: "CONNECT " + addr, Err: ctx.Err()}
 	}
 	_ = conn.SetDeadline(time.Time{})
-	// The proxy may already have relayed the first bytes of the origin.
+	// The proxy may already have relayed the first bytes of the origin;
+	// br (and its limited reader) is dropped: the tunnel reads conn.
 	return readahead.Buffered(conn, br), nil
 }
+
+// maxConnectReplyBytes bounds the head of a gateway's CONNECT reply: real
+// ones are a few hundred bytes; net/http's default cap on a response
+// header is 1 MiB, a gateway's handshake needs far less.
+const maxConnectReplyBytes = 64 << 10
+
+// errConnectReplyTooLarge is a CONNECT reply head over maxConnectReplyBytes.
+var errConnectReplyTooLarge = errors.New("upstream proxy's CONNECT reply too large")
 
 func trimLine(b []byte) string {
 	for i, c := range b {

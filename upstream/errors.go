@@ -83,3 +83,45 @@ func (e *gatewayStatusError) Error() string {
 	}
 	return fmt.Sprintf("%s %s", e.Status, e.Detail)
 }
+
+// TargetUnreachableError is a gateway's answer that it could not reach the
+// target: CONNECT answered 502, 503 or 504, or a SOCKS5 reply "host
+// unreachable", "network unreachable", "connection refused" or "TTL
+// expired". It is the one answer a gateway gives both when the origin is
+// down and when the session's exit cannot reach it, so it is not charged
+// to the session on sight (see targetMisses in pool.go). Status is what the
+// client is answered: 504 when the gateway timed out, else 502.
+type TargetUnreachableError struct {
+	Target string
+	Status int
+	Err    error // the gateway's answer
+}
+
+func (e *TargetUnreachableError) Error() string {
+	return "target " + e.Target + " unreachable through the upstream gateway: " + e.Err.Error()
+}
+
+func (e *TargetUnreachableError) Unwrap() error { return e.Err }
+
+// HTTPStatus is 502, or 504 when the gateway timed out reaching the target.
+func (e *TargetUnreachableError) HTTPStatus() int { return e.Status }
+
+// Timeout makes a 504 a timeout for the edges that map net.Error timeouts
+// to 504 Gateway Timeout.
+func (e *TargetUnreachableError) Timeout() bool { return e.Status == http.StatusGatewayTimeout }
+
+// Temporary is part of net.Error; deprecated there, always false.
+func (e *TargetUnreachableError) Temporary() bool { return false }
+
+// targetStatusOfConnect maps a gateway's CONNECT status to the status of a
+// TargetUnreachableError, 0 when the status does not say the target was
+// unreachable.
+func targetStatusOfConnect(code int) int {
+	switch code {
+	case http.StatusBadGateway, http.StatusServiceUnavailable:
+		return http.StatusBadGateway
+	case http.StatusGatewayTimeout:
+		return http.StatusGatewayTimeout
+	}
+	return 0
+}

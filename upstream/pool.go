@@ -243,6 +243,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 	var (
 		tried   []*session
 		rotated *session // a tried session whose exit IP changed since its failure
+		misses  targetMisses
 	)
 	for attempt := 1; ; attempt++ {
 		now := p.now()
@@ -265,8 +266,29 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, fmt.Errorf("upstream: replay request body: %w", err)
 		}
 		gen := s.gen.Load()
-		resp, err := s.transportFor(out, r.mirror).RoundTrip(out)
-		v := p.classify(ctx, r, out, resp, err)
+		resp, err := s.roundTrip(s.transportFor(out, r.mirror), out)
+		v, bodyErr := p.classify(ctx, r, out, resp, err)
+		if bodyErr != nil {
+			// The body died while it was read for a ban signal: the
+			// response is no answer to give (its body is closed).
+			resp, err = nil, bodyErr
+		}
+		if v.target {
+			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil) // the gateway answered
+			tried = append(tried, s)
+			if !misses.add(s, v.msg) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
+				!anyUsable(p.sessions.Load(), &pr, p.now(), tried) {
+				return p.answer(s, nil, err)
+			}
+			p.log.Info("upstream gateway cannot reach the target; retrying once on another session", "session", s.id,
+				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path)
+			continue
+		}
+		if resp != nil && resp.StatusCode < 500 {
+			// The origin answered through s: the sessions whose gateway
+			// said it could not reach it were at fault after all.
+			misses.charge(p)
+		}
 		p.gatewayOutcome(s, v, err)
 		p.mark(s, v.kind, v.retryAfter, s.scrub(v.msg))
 		if v.kind == outcomeOK || v.kind == outcomeNone {
@@ -425,6 +447,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 	var (
 		tried   []*session
 		lastErr error
+		misses  targetMisses
 	)
 	for attempt := 1; attempt <= st.cfg.Retry.MaxAttempts; attempt++ {
 		now := p.now()
@@ -446,6 +469,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		p.endExhaustion()
 		c, err := s.tunnel(ctx, addr)
 		if err == nil {
+			misses.charge(p) // the target was reachable through s
 			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil)
 			p.mark(s, outcomeOK, 0, "")
 			if p.log.Enabled(ctx, slog.LevelDebug) {
@@ -454,15 +478,85 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 			return c, nil
 		}
 		v := classifyErr(ctx, err)
+		lastErr = fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
+		if v.target {
+			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil) // the gateway answered
+			tried = append(tried, s)
+			if !misses.add(s, v.msg) {
+				return nil, lastErr
+			}
+			continue
+		}
 		p.gatewayOutcome(s, v, err)
 		p.mark(s, v.kind, 0, s.scrub(v.msg))
-		lastErr = fmt.Errorf("upstream session %s: %w", s.id, scrubbed{err, s})
 		if v.kind == outcomeNone {
 			return nil, lastErr
 		}
 		tried = append(tried, s)
 	}
 	return nil, lastErr
+}
+
+// targetMisses are the sessions of one request (or tunnel) whose gateway
+// answered that it could not reach the target (TargetUnreachableError).
+//
+// The rule: such an answer is the origin's trouble until shown otherwise.
+// A gateway gives it alike when the origin is down and when the session's
+// exit cannot reach it, and an origin that is down must not bench every
+// session it is tried on (each would get a connection error's cooldown,
+// and the next requests a 503). So the session is not marked, and the
+// request is tried once more, on another session: if that one reaches the
+// target too, the sessions that could not are charged a connection error
+// (the target was reachable, their exit was not); if it also cannot, the
+// origin is taken to be unreachable and the client is answered 502 (504
+// when the gateway timed out) with the gateway's reason. Gateways that
+// cannot be reached, refuse our credentials or fail otherwise are the
+// session's fault at once, as before.
+type targetMisses struct {
+	list []targetMiss
+}
+
+type targetMiss struct {
+	s   *session
+	msg string
+}
+
+// maxTargetMisses is how many gateways must say the target is unreachable
+// before the request is answered so: the first one and one other.
+const maxTargetMisses = 2
+
+// add records a miss of s and reports whether the request may be tried
+// once more.
+func (m *targetMisses) add(s *session, msg string) bool {
+	m.list = append(m.list, targetMiss{s, s.scrub(msg)})
+	return len(m.list) < maxTargetMisses
+}
+
+// charge marks the sessions that missed a target another session reached.
+func (m *targetMisses) charge(p *Pool) {
+	for _, tm := range m.list {
+		p.mark(tm.s, outcomeConnError, 0, tm.msg+" (reachable through another session)")
+	}
+	m.list = nil
+}
+
+// roundTrip sends req on tr, one of s's transports. A 407 to an
+// absolute-form request (plain http through an HTTP gateway, on plainTr)
+// is the gateway's answer, never an origin's: it becomes the error a 407
+// to CONNECT is, so it marks the session alike (its credentials are
+// refused) and never reaches the client with the gateway's
+// Proxy-Authenticate.
+func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Response, error) {
+	resp, err := tr.RoundTrip(req)
+	if err != nil || resp.StatusCode != http.StatusProxyAuthRequired || s.plainTr == s.tlsTr || tr != http.RoundTripper(s.plainTr) {
+		return resp, err
+	}
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	resp.Body.Close()
+	return nil, &DialError{
+		Op:  req.Method + " " + req.URL.Host + " through upstream proxy " + s.proxyURL.Host,
+		Err: &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)},
+	}
 }
 
 // Describe names the egress for logs, without credentials.
@@ -567,6 +661,11 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 	if s.gen.Load() != gen {
 		return true // rotated since this attempt started
 	}
+	if s.rotateFailGen == gen && p.now().Before(s.rotateFailUntil) {
+		// The rotation this attempt waited for was tried and failed: the
+		// flights queued behind it must not each call the API again.
+		return false
+	}
 	proceed, release, rotated := p.claimRotation(ctx, s, gen, pv)
 	if !proceed {
 		return rotated
@@ -576,6 +675,10 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 	}
 	if err := p.rotateLocked(ctx, s, pv, "after a 429 or ban"); err != nil {
 		release()
+		if ctx.Err() == nil {
+			// The API failed, not our flight: back off for this exit IP.
+			s.rotateFailGen, s.rotateFailUntil = gen, p.now().Add(rotateFailBackoff)
+		}
 		if errors.Is(err, errProviderNotFound) && s.source == sourceConfig {
 			// A configured plain proxy next to a provider: stop asking.
 			s.notAtProvider.Store(true)
@@ -585,6 +688,12 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 	}
 	return true
 }
+
+// rotateFailBackoff is how long after a failed rotation of a session the
+// flights failing at the same exit IP (the same generation) do without
+// one, instead of calling the provider API again one after the other: N
+// concurrent 429s cost at most one rotate call per period.
+const rotateFailBackoff = 10 * time.Second
 
 // rotatorOf is the provider whose API rotates s: its own, or for a
 // hand-listed session of no provider the only provider there is; nil when

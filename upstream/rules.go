@@ -134,6 +134,10 @@ type verdict struct {
 	msg       string
 	// gateway: the session's gateway could not be reached at all.
 	gateway bool
+	// target: the gateway answered that it could not reach the target
+	// (TargetUnreachableError). Not charged to the session on sight: see
+	// targetMisses in pool.go.
+	target bool
 }
 
 // banScanLimit bounds how much of a body is read to look for a ban_body
@@ -143,30 +147,33 @@ const banScanLimit = 64 << 10
 
 // classify turns an attempt's result into a verdict. It may replace
 // resp.Body (after looking for a ban signal) with a reader that gives the
-// client the body intact.
-func (p *Pool) classify(ctx context.Context, r *rule, req *http.Request, resp *http.Response, err error) verdict {
+// client the body intact. When reading the body for the ban signal failed,
+// it returns that error too: the response is dead (its body closed), and
+// the caller must answer with the error, never with the response.
+func (p *Pool) classify(ctx context.Context, r *rule, req *http.Request, resp *http.Response, err error) (verdict, error) {
 	if err != nil {
-		return classifyErr(ctx, err)
+		return classifyErr(ctx, err), nil
 	}
 	st := resp.StatusCode
 	switch {
 	case st == http.StatusTooManyRequests:
-		return verdict{kind: outcomeRateLimited, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: resp.Status}
+		return verdict{kind: outcomeRateLimited, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: resp.Status}, nil
 	case slices.Contains(r.banStatuses, st):
-		return verdict{kind: outcomeBanned, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: "ban status " + resp.Status}
+		return verdict{kind: outcomeBanned, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: "ban status " + resp.Status}, nil
 	case st >= 500:
-		return verdict{kind: outcomeServerError, msg: resp.Status}
+		return verdict{kind: outcomeServerError, msg: resp.Status}, nil
 	}
 	if r.banBody != nil && bodyMayBan(req, resp) {
 		found, err := scanBody(resp, r.banBody)
 		if err != nil {
-			return classifyErr(ctx, fmt.Errorf("read response body: %w", err))
+			err = fmt.Errorf("read response body: %w", err)
+			return classifyErr(ctx, err), err
 		}
 		if found {
-			return verdict{kind: outcomeBanned, msg: fmt.Sprintf("ban body %q in a %s answer", r.banBody, resp.Status)}
+			return verdict{kind: outcomeBanned, msg: fmt.Sprintf("ban body %q in a %s answer", r.banBody, resp.Status)}, nil
 		}
 	}
-	return verdict{kind: outcomeOK}
+	return verdict{kind: outcomeOK}, nil
 }
 
 // bodyMayBan reports whether resp has a body worth scanning. Never a 101:
@@ -180,6 +187,7 @@ func bodyMayBan(req *http.Request, resp *http.Response) bool {
 func classifyErr(ctx context.Context, err error) verdict {
 	var (
 		de   *DialError
+		tu   *TargetUnreachableError
 		gs   *gatewayStatusError
 		cert *tls.CertificateVerificationError
 		ua   x509.UnknownAuthorityError
@@ -195,6 +203,10 @@ func classifyErr(ctx context.Context, err error) verdict {
 		return verdict{kind: outcomeNone, msg: err.Error()}
 	case errors.As(err, &gs) && gs.StatusCode == http.StatusTooManyRequests:
 		return verdict{kind: outcomeRateLimited, neverSent: true, msg: err.Error()}
+	case errors.As(err, &tu):
+		// Nothing was sent (it failed at CONNECT), and whose fault it is
+		// is not known yet: the caller decides (targetMisses).
+		return verdict{kind: outcomeNone, neverSent: true, target: true, msg: err.Error()}
 	case errors.As(err, &de):
 		return verdict{kind: outcomeConnError, neverSent: true, msg: err.Error(), gateway: gatewayUnreachable(err)}
 	default:
@@ -222,21 +234,41 @@ func retryAfter(v string, now time.Time) time.Duration {
 // scanBody reads up to banScanLimit bytes of resp's body, looks for needle
 // in them (decoded if the body is compressed), and puts the bytes back in
 // front of the rest of the body.
+//
+// Only io.EOF is the end of a body. io.ReadFull is not used: it reports a
+// short body as io.ErrUnexpectedEOF, the very error net/http gives for a
+// body cut short (a chunked body without its last chunk, fewer bytes than
+// Content-Length), and a truncated body must never pass for a complete
+// one. On any other error the body is closed, and the bytes read are put
+// back in front of the error, for whoever reads it anyway; the error is
+// returned.
 func scanBody(resp *http.Response, needle []byte) (bool, error) {
 	buf := make([]byte, banScanLimit)
-	n, err := io.ReadFull(resp.Body, buf)
+	n := 0
+	var err error
+	for n < len(buf) && err == nil {
+		var nn int
+		nn, err = resp.Body.Read(buf[n:])
+		n += nn
+	}
 	buf = buf[:n]
 	switch {
 	case err == nil:
 		resp.Body = &prefixedBody{r: io.MultiReader(bytes.NewReader(buf), resp.Body), c: resp.Body}
-	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+	case err == io.EOF: // the clean end of the body, as Read reports it
 		resp.Body = &prefixedBody{r: bytes.NewReader(buf), c: resp.Body}
 	default:
 		resp.Body.Close()
+		resp.Body = &prefixedBody{r: io.MultiReader(bytes.NewReader(buf), errReader{err}), c: io.NopCloser(nil)}
 		return false, err
 	}
 	return bytes.Contains(decodePrefix(buf, resp.Header.Get("Content-Encoding")), needle), nil
 }
+
+// errReader fails every read with err.
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // decodePrefix decodes as much of a possibly truncated compressed body as
 // it can; unknown codings are searched as they are.

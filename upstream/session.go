@@ -87,6 +87,11 @@ type session struct {
 	gen       atomic.Uint64 // bumped by every rotation: a new exit IP
 	rotations atomic.Int64
 	rotateSem chan struct{} // one provider rotation of this session at a time
+	// rotateFailGen and rotateFailUntil record the last failed rotation
+	// after a 429 or ban: the generation it was for and the end of its
+	// backoff (rotateAfterFailure). Guarded by rotateSem.
+	rotateFailGen   uint64
+	rotateFailUntil time.Time
 	// notAtProvider: the provider answered 404 for this configured
 	// session; it is not one of its sessions and is never rotated again.
 	notAtProvider atomic.Bool
@@ -286,6 +291,9 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			raw := &rawDialer{d: k.dialer}
 			cd, _ := socks5Dialer(pu, raw)
 			if _, err := cd.DialContext(ctx, "tcp", addr); err != nil {
+				if st := socksTargetStatus(err); st != 0 {
+					err = &TargetUnreachableError{Target: addr, Status: st, Err: err}
+				}
 				return nil, &DialError{Op: "socks5 connect " + addr + " through session " + spec.id + " (" + pu.Host + ")", Err: err}
 			}
 			return k.idle(raw.conn), nil
@@ -366,4 +374,27 @@ func (r *rawDialer) DialContext(ctx context.Context, network, addr string) (net.
 	c, err := r.d.DialContext(ctx, network, addr)
 	r.conn = c
 	return c, err
+}
+
+// socksTargetReplies are the SOCKS5 replies (RFC 1928 §6) by which a gateway
+// says it could not reach the target, with the status the client is
+// answered. x/net's client reports a reply only as the text "unknown error
+// " + its name, inside the *net.OpError of the "socks connect".
+var socksTargetReplies = map[string]int{
+	"unknown error network unreachable": http.StatusBadGateway,
+	"unknown error host unreachable":    http.StatusBadGateway,
+	"unknown error connection refused":  http.StatusBadGateway,
+	"unknown error TTL expired":         http.StatusGatewayTimeout,
+}
+
+// socksTargetStatus returns the status of a TargetUnreachableError for a
+// SOCKS5 CONNECT failure err, 0 when err is not a target-unreachable reply
+// (the gateway could not be reached, refused our credentials, or failed
+// by itself: "general SOCKS server failure").
+func socksTargetStatus(err error) int {
+	var oe *net.OpError
+	if !errors.As(err, &oe) || oe.Op != "socks connect" || oe.Err == nil {
+		return 0
+	}
+	return socksTargetReplies[oe.Err.Error()]
 }

@@ -1,0 +1,305 @@
+package upstream_test
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// TestReviewDeadOriginDoesNotBenchSessions: a gateway's "cannot reach the
+// target" (CONNECT 502, SOCKS5 connection refused) for an origin that is
+// down is the origin's trouble: the request is tried on at most one other
+// session, answered 502 with the gateway's reason, and no session cools
+// down, so the next request to a live origin is served.
+func TestReviewDeadOriginDoesNotBenchSessions(t *testing.T) {
+	for _, proto := range []string{"http", "socks5"} {
+		t.Run(proto, func(t *testing.T) {
+			fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 3})
+			o := newOrigin(t, true)
+			cfg := providerConfig(fp)
+			cfg.Provider.Protocol = proto
+			cfg.CAFiles = []string{originCAFile(t, o.Server)}
+			logger, _ := testLogger(t)
+			p := newPool(t, cfg, logger)
+			dead := testkit.DeadAddr(t)
+
+			conns := func() (n int64) {
+				for _, id := range []string{"s1", "s2", "s3"} {
+					n += fp.Conns(id)
+				}
+				return n
+			}
+			checkNoneBenched := func(what string) {
+				t.Helper()
+				for _, s := range p.Sessions() {
+					if !s.Available || s.LastOutcome == "connection_error" {
+						t.Errorf("%s: session %s benched: %+v", what, s.ID, s)
+					}
+				}
+			}
+
+			_, err := send(t, p, http.MethodPost, "https://"+dead+"/x", clientinfo.Info{}, "body")
+			var tu *upstream.TargetUnreachableError
+			if st, _ := httpstatus.Of(err); !errors.As(err, &tu) || st != http.StatusBadGateway || errors.Is(err, upstream.ErrExhausted) {
+				t.Fatalf("POST to a dead origin: err = %v (status %d), want a 502 TargetUnreachableError", err, st)
+			}
+			if n := conns(); n > 2 {
+				t.Errorf("a dead origin was tried through %d gateway connections, want at most 2", n)
+			}
+			checkNoneBenched("after a request")
+			if r := mustGet(t, p, o.URL, clientinfo.Info{}); r.status != 200 {
+				t.Fatalf("live origin afterwards: %+v", r)
+			}
+
+			before := conns()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			c, err := p.DialContext(ctx, "tcp", dead)
+			if err == nil {
+				c.Close()
+				t.Fatal("tunnel to a dead origin opened")
+			}
+			if st, _ := httpstatus.Of(err); !errors.As(err, &tu) || st != http.StatusBadGateway {
+				t.Fatalf("tunnel to a dead origin: err = %v, want a 502 TargetUnreachableError", err)
+			}
+			if n := conns() - before; n > 2 {
+				t.Errorf("a dead origin's tunnel was tried through %d gateway connections, want at most 2", n)
+			}
+			checkNoneBenched("after a tunnel")
+		})
+	}
+}
+
+// TestReviewPlain407IsAuthFailure: a gateway's 407 to a plain-http
+// (absolute-form) request is the session's refused credentials, marked
+// like a 407 to CONNECT, and never passed to the client.
+func TestReviewPlain407IsAuthFailure(t *testing.T) {
+	gw := startHTTPGateway(t, "u", "right")
+	o := newOrigin(t, false)
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{Sessions: []upstream.SessionConfig{{ID: "a", URL: "http://u:wrong@" + gw.srv.Listener.Addr().String()}}}, logger)
+	r, err := send(t, p, http.MethodGet, o.URL+"/x", clientinfo.Info{}, "")
+	if err == nil {
+		t.Fatalf("plain GET with refused credentials answered %d (Proxy-Authenticate %q), want an error",
+			r.status, r.header.Get("Proxy-Authenticate"))
+	}
+	if !strings.Contains(err.Error(), "407") {
+		t.Errorf("error does not say why: %v", err)
+	}
+	if st := statusOf(t, p, "a"); st.Available || st.LastOutcome != "connection_error" {
+		t.Errorf("session after a 407: %+v, want connection_error and cooling", st)
+	}
+}
+
+// TestReviewHealthProbe407: a health probe answered 407 by the gateway is
+// a failure, not a success.
+func TestReviewHealthProbe407(t *testing.T) {
+	gw := startHTTPGateway(t, "u", "right")
+	o := newOrigin(t, false)
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{
+		Sessions: []upstream.SessionConfig{{ID: "a", URL: "http://u:wrong@" + gw.srv.Listener.Addr().String()}},
+		Health:   upstream.HealthConfig{URL: o.URL + "/ip", Interval: 20 * time.Millisecond, Timeout: time.Second},
+	}, logger)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		st := statusOf(t, p, "a")
+		return !st.Available && st.LastOutcome == "connection_error"
+	}, "a probe answered 407 marks the session")
+}
+
+// TestReviewConnectReplyHeadBounded: a gateway that answers CONNECT with
+// an endless header fails the dial with a clear error once the head
+// passes its bound, instead of being buffered until the deadline.
+func TestReviewConnectReplyHeadBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		ln.Close()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil || l == "\r\n" {
+				break
+			}
+		}
+		io.WriteString(c, "HTTP/1.1 200 OK\r\n")
+		line := "X-A: " + strings.Repeat("a", 4000) + "\r\n"
+		for total := 0; total < 8<<20; total += len(line) {
+			if _, err := io.WriteString(c, line); err != nil {
+				return
+			}
+		}
+		_, _ = io.Copy(io.Discard, c) // until the client hangs up
+	})
+	p := newPool(t, upstream.Config{URL: "http://u:p@" + ln.Addr().String(), DialTimeout: 5 * time.Second}, quiet)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := p.DialContext(ctx, "tcp", "example.invalid:443")
+	if err == nil {
+		c.Close()
+		t.Fatal("tunnel opened through an endless CONNECT reply")
+	}
+	if !strings.Contains(err.Error(), "exceeds") {
+		t.Fatalf("err = %v, want the reply head's bound", err)
+	}
+}
+
+// banBodyPool is a one-session pool with a ban_body rule and one attempt
+// per request, through a fresh gateway, to origin o.
+func banBodyPool(t *testing.T, o *origin, idle time.Duration) *upstream.Pool {
+	gw := startHTTPGateway(t, "u", "p")
+	return newPool(t, upstream.Config{
+		Sessions:    []upstream.SessionConfig{{ID: "a", URL: "http://u:p@" + gw.srv.Listener.Addr().String()}},
+		Rules:       []upstream.RuleConfig{{BanBody: "blocked"}},
+		CAFiles:     []string{originCAFile(t, o.Server)},
+		Retry:       upstream.RetryConfig{MaxAttempts: 1},
+		IdleTimeout: idle,
+	}, quiet)
+}
+
+// TestReviewBanBodyTruncated: with ban_body, a body cut short inside the
+// scanned prefix never passes for a complete one.
+func TestReviewBanBodyTruncated(t *testing.T) {
+	o := newOrigin(t, true)
+	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
+		w.WriteHeader(200)
+		io.WriteString(w, strings.Repeat("x", 1000))
+		w.(http.Flusher).Flush()
+		c, _, err := http.NewResponseController(w).Hijack()
+		if err == nil {
+			c.Close() // cut mid-body: chunked, without its last chunk
+		}
+		return true
+	})
+	p := banBodyPool(t, o, 0)
+	req, _ := http.NewRequest(http.MethodGet, o.URL+"/x", nil)
+	resp, err := p.RoundTrip(req)
+	if err != nil {
+		return // the truncation surfaced
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err == nil {
+		t.Fatalf("a truncated body read as complete: %d bytes, no error", len(b))
+	}
+}
+
+// TestReviewBanBodyReadErrorIsAnError: a read error while scanning for the
+// ban body on the last attempt is answered as an error, not as a response
+// whose body is already closed.
+func TestReviewBanBodyReadErrorIsAnError(t *testing.T) {
+	o := newOrigin(t, true)
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // runs before the origin closes
+	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
+		w.WriteHeader(200)
+		io.WriteString(w, strings.Repeat("x", 1000))
+		w.(http.Flusher).Flush()
+		<-release // silent past the pool's idle timeout
+		return true
+	})
+	p := banBodyPool(t, o, 200*time.Millisecond)
+	req, _ := http.NewRequest(http.MethodGet, o.URL+"/x", nil)
+	resp, err := p.RoundTrip(req)
+	if err == nil {
+		b, rerr := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		t.Fatalf("RoundTrip = %d with a dead body (read %d bytes, %v), want an error", resp.StatusCode, len(b), rerr)
+	}
+	if st, _ := httpstatus.Of(err); st == http.StatusServiceUnavailable {
+		t.Errorf("err = %v: a 503, want a 502 naming the body read", err)
+	}
+	if !strings.Contains(err.Error(), "read response body") {
+		t.Errorf("err = %v, want the reason", err)
+	}
+}
+
+// TestReviewRotateFailureNoStorm: concurrent 429s on a session whose
+// provider rotate API fails: the flights queued behind the failed rotation
+// do not call the API again.
+func TestReviewRotateFailureNoStorm(t *testing.T) {
+	o := newOrigin(t, false)
+	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
+		time.Sleep(100 * time.Millisecond)
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+		return true
+	})
+	gw := startHTTPGateway(t, "u", "p")
+	host, port, _ := net.SplitHostPort(gw.srv.Listener.Addr().String())
+	var mu sync.Mutex
+	rotates := map[string]int{}
+	var total atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method == http.MethodPost {
+			mu.Lock()
+			rotates[r.URL.Path]++
+			mu.Unlock()
+			total.Add(1)
+			time.Sleep(200 * time.Millisecond)
+			http.Error(w, "oops", http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintf(w, `{"sessions":[{"id":"s1","username":"u","password":"p","gateway_host":%q,"http_port":%s},`+
+			`{"id":"s2","username":"u","password":"p","gateway_host":%q,"http_port":%s}]}`, host, port, host, port)
+	}))
+	t.Cleanup(api.Close)
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL, APIKey: "k"}}, logger)
+	const n = 8
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(clientinfo.With(context.Background(), clientinfo.Info{Session: "s1"}), 10*time.Second)
+			defer cancel()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, o.URL, nil)
+			if resp, err := p.RoundTrip(req); err == nil {
+				resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	mu.Lock()
+	defer mu.Unlock()
+	if total.Load() == 0 {
+		t.Fatal("no rotation was tried")
+	}
+	for path, c := range rotates {
+		if c > 1 {
+			t.Errorf("%s: %d rotate API calls for %d concurrent 429s, want 1", path, c, n)
+		}
+	}
+}
