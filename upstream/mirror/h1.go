@@ -119,6 +119,7 @@ type H1Conn struct {
 	// could hold bytes already read from it.
 	direct  bool
 	scratch [1]byte // the idle check's reads
+	peek    *peeker // the idle check's look at sock, made once
 
 	mu      sync.Mutex // protects the fields below
 	busy    bool       // a request is in flight (its response body unread), or a probe
@@ -132,6 +133,9 @@ func NewH1Conn(c net.Conn, opts Options) *H1Conn {
 	lr := &limitReader{r: c, n: -1}
 	cc := &H1Conn{conn: c, lr: lr, br: bufio.NewReader(lr), bw: bufio.NewWriter(c), opts: opts}
 	cc.sock, cc.records, cc.direct = socketOf(c)
+	if cc.sock != nil {
+		cc.peek = newPeeker()
+	}
 	return cc
 }
 
@@ -243,7 +247,7 @@ func (cc *H1Conn) idleCheck() error {
 		return nil // no socket to look at: nothing more to know
 	}
 	for range 3 {
-		pending, err := peekSocket(cc.sock)
+		pending, err := cc.peek.look(cc.sock)
 		if err != nil {
 			return fmt.Errorf("the origin closed the idle connection: %w", err)
 		}
@@ -317,18 +321,32 @@ func socketOf(c net.Conn) (sock syscall.RawConn, records, direct bool) {
 // msgPeek is MSG_PEEK, the same value on every system with recv(2).
 const msgPeek = 0x2
 
-// peekSocket reports, without consuming anything or waiting, whether the
-// socket has bytes to read (pending), has ended (err: io.EOF, a reset), or
-// neither. Go's sockets are non-blocking, so recv returns EAGAIN at once
-// when nothing arrived. Control, unlike Read, ignores the read deadline.
-// Where recv cannot look (Windows, js, wasip1) nothing is known.
-func peekSocket(sock syscall.RawConn) (pending bool, err error) {
-	var n int
-	var rerr error
-	var b [1]byte
-	if err := sock.Control(func(fd uintptr) { n, rerr = recvfrom(syscall.Recvfrom, fd, b[:], msgPeek) }); err != nil {
+// A peeker looks at a socket without consuming anything or waiting. It
+// is made once per connection: the function RawConn.Control calls, and
+// what it answers, would otherwise be three allocations per request.
+type peeker struct {
+	n   int
+	err error
+	b   [1]byte
+	fn  func(fd uintptr)
+}
+
+func newPeeker() *peeker {
+	p := &peeker{}
+	p.fn = func(fd uintptr) { p.n, p.err = recvfrom(syscall.Recvfrom, fd, p.b[:], msgPeek) }
+	return p
+}
+
+// look reports whether the socket has bytes to read (pending), has ended
+// (err: io.EOF, a reset), or neither. Go's sockets are non-blocking, so
+// recv returns EAGAIN at once when nothing arrived. Control, unlike Read,
+// ignores the read deadline. Where recv cannot look (Windows, js, wasip1)
+// nothing is known.
+func (p *peeker) look(sock syscall.RawConn) (pending bool, err error) {
+	if err := sock.Control(p.fn); err != nil {
 		return false, err // closed here
 	}
+	n, rerr := p.n, p.err
 	switch {
 	case rerr == nil && n > 0:
 		return true, nil
