@@ -61,9 +61,9 @@ type note struct {
 
 // Publish sends msg on topic to the other instances; with ttl > 0 it is
 // also kept for ttl under key (a later note on the same key replaces it
-// unless it would expire sooner) for instances that subscribe later. It
-// never blocks: with the queue full (the database slow or away) the note
-// is dropped.
+// unless it would expire sooner) for instances that subscribe later, for
+// maxLasting at most. It never blocks: with the queue full (the database
+// slow or away) the note is dropped.
 func (b *Bus) Publish(topic, key, msg string, ttl time.Duration) {
 	if !storable(topic) || !storable(key) || !storable(msg) || strings.Contains(topic, " ") {
 		b.log.Debug("postgres: note dropped, not text", "topic", topic)
@@ -71,7 +71,8 @@ func (b *Bus) Publish(topic, key, msg string, ttl time.Duration) {
 	}
 	n := note{topic: topic, msg: msg}
 	if ttl > 0 && key != "" {
-		n.key, n.ttl = key, ttl
+		// Longer would be refused when recalled, and swept.
+		n.key, n.ttl = key, min(ttl, maxLasting)
 	}
 	select {
 	case b.out <- n:
@@ -138,8 +139,10 @@ type recalled struct {
 	left time.Duration
 }
 
-// maxLasting bounds how long a recalled note may claim to hold: anything
-// longer was not written by onceproxy.
+// maxLasting bounds how long a note or a claim lasts: this package writes
+// none for longer, so a row that claims to hold longer (an 'infinity' put
+// there by hand) was not written by onceproxy. It is ignored when
+// recalled, replaced by the next write of its key, and swept.
 const maxLasting = 7 * 24 * time.Hour
 
 // recalledNote checks one row of the notes table: what is left of it must
@@ -186,14 +189,16 @@ func (b *Bus) sendNotes(ctx context.Context) {
 func (b *Bus) handleNote(arg string) bool { return b.topics.Deliver(b.instance, arg) }
 
 // Claim makes this instance the fleet's only holder of name for ttl (a row
-// that only an expired claim gives way to). ok is false while another
-// instance holds it; release gives it up early. While the database is away
-// every caller gets ok: a claim that cannot be checked must not stop the
-// work it guards.
+// that only an expired claim gives way to), maxLasting at most. ok is false
+// while another instance holds it; release gives it up early. While the
+// database is away every caller gets ok: a claim that cannot be checked
+// must not stop the work it guards.
 func (b *Bus) Claim(ctx context.Context, name string, ttl time.Duration) (release func(), ok bool) {
 	if !storable(name) {
 		return func() {}, true
 	}
+	// Longer would be taken for a claim no instance wrote, and swept.
+	ttl = min(ttl, maxLasting)
 	token := b.newToken()
 	var won bool
 	err := b.exec(ctx, func(ctx context.Context) error {

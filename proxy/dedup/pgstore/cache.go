@@ -42,6 +42,9 @@ type Cache struct {
 	// peer is the address of this instance's peer listener, named by
 	// the flights it leads (AdvertisePeer); nil or "": none.
 	peer atomic.Pointer[string]
+	// dropping holds the rows too big to read being deleted (dropTooBig):
+	// one delete per row, however many readers find it meanwhile.
+	dropping sync.Map
 }
 
 var (
@@ -123,10 +126,15 @@ func (s *Cache) readShared(ctx context.Context, key string) (*dedup.Entry, error
 		return nil, dedup.ErrNotFound
 	}
 	var blob []byte
+	var size int32
 	err := s.exec(ctx, func(ctx context.Context) error {
-		return s.pool.QueryRow(ctx, s.sql.get, key).Scan(&blob)
+		return s.pool.QueryRow(ctx, s.sql.get, key, int64(s.cfg.MaxValueBytes)).Scan(&blob, &size)
 	})
 	if err != nil {
+		return nil, dedup.ErrNotFound
+	}
+	if s.tooBig(size) {
+		s.dropTooBig(key, size, s.sql.dropBigValue, "cached value")
 		return nil, dedup.ErrNotFound
 	}
 	e, ok := s.decodeValue(ctx, key, blob)

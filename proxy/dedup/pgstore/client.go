@@ -70,7 +70,7 @@ type client struct {
 	// life is canceled by Close: waits and reconnect work stop with it.
 	life   context.Context
 	cancel context.CancelFunc
-	bg     sync.WaitGroup // onBack functions running
+	bg     sync.WaitGroup // onBack functions and background work running
 	leases sync.WaitGroup // flights holding a lock
 }
 
@@ -220,9 +220,10 @@ var errCallerGone = errors.New("pgstore: caller gave up")
 
 // notFailure reports an error that says nothing of the database's
 // health, which neither the breaker nor the error count hears of: busy or
-// closing lock sessions, a full lock table.
+// closing lock sessions, a full lock table, a flight's lock found gone
+// (the failure that dropped its connection was counted then).
 func notFailure(err error) bool {
-	return errors.Is(err, errSessionsBusy) || errors.Is(err, errClosing) || isLockTableFull(err)
+	return errors.Is(err, errSessionsBusy) || errors.Is(err, errClosing) || errors.Is(err, errLockGone) || isLockTableFull(err)
 }
 
 // exec runs one database operation through the breaker, bounded by the
@@ -342,6 +343,22 @@ func (c *client) reconnected() {
 			f()
 		}()
 	}
+}
+
+// background runs f in a goroutine that Close waits for, with a context
+// that Close cancels; false (f not run) once Close has begun.
+func (c *client) background(f func(ctx context.Context)) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.life.Err() != nil {
+		return false
+	}
+	c.bg.Add(1)
+	go func() {
+		defer c.bg.Done()
+		f(c.life)
+	}()
+	return true
 }
 
 // recoverInput keeps a panic while handling what came from the database

@@ -5,6 +5,8 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
+	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -71,7 +73,7 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		if take && !slot {
 			slot = s.trySlot()
 		}
-		st, val, lease, err := s.step(ctx, key, lock, waited, slot)
+		st, val, size, lease, err := s.step(ctx, key, lock, waited, slot)
 		slot = false // step gave it back, or the lease holds it
 		if err != nil {
 			return nil, nil, err
@@ -81,7 +83,9 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		case stateLocked:
 			return lease, nil, nil
 		case stateValue:
-			if e, ok := s.decodeValue(ctx, key, val); ok {
+			if s.tooBig(size) {
+				s.dropTooBig(key, size, s.sql.dropBigValue, "cached value")
+			} else if e, ok := s.decodeValue(ctx, key, val); ok {
 				s.putLocal(key, e)
 				// Found at once it is a cache hit; found after waiting,
 				// it is the result of the flight we waited on.
@@ -93,7 +97,9 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			take = true
 			continue
 		case stateOutcome:
-			if out, ok := s.decodeOutcome(ctx, key, val); ok {
+			if s.tooBig(size) {
+				s.dropTooBig(key, size, s.sql.dropBigOutcome, "flight outcome")
+			} else if out, ok := s.decodeOutcome(ctx, key, val); ok {
 				if out.IsTooLarge() && s.peerAddr() != "" {
 					out.Peer = s.peerFor(ctx, key)
 				}
@@ -147,8 +153,9 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 // step runs the acquire function once: with a flight slot, on one of the
 // lock sessions, taking the lock; without, only looking, on a pooled
 // connection. A taken lock comes back as a lease that holds the slot;
-// otherwise the slot is given back.
-func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot bool) (state int32, val []byte, l *lease, err error) {
+// otherwise the slot is given back. size is the size of the value or
+// outcome found, whose bytes (val) come only up to max_value_bytes.
+func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot bool) (state int32, val []byte, size int32, l *lease, err error) {
 	if slot && !s.held.take(lock) {
 		// One of our sessions holds this lock already (a key whose ID
 		// collides with a flight of ours): look, as if it were held
@@ -158,28 +165,71 @@ func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot b
 	}
 	if !slot {
 		err = s.exec(ctx, func(ctx context.Context) error {
-			return s.pool.QueryRow(ctx, s.sql.acquire, lock, key, waited, false).Scan(&state, &val)
+			return s.pool.QueryRow(ctx, s.sql.acquire, lock, key, waited, false, int64(s.cfg.MaxValueBytes)).Scan(&state, &val, &size)
 		})
-		return state, val, nil, err
+		return state, val, size, nil, err
 	}
 	ls := s.session()
 	var gen uint64
 	err = s.exec(ctx, func(ctx context.Context) error {
-		return s.onSession(ctx, ls, lock, func(ctx context.Context, conn *pgxpool.Conn, g uint64) error {
+		return s.onSession(ctx, ls, sessionOp{unlock: lock}, func(ctx context.Context, conn *pgxpool.Conn, g uint64) error {
 			gen = g
-			return conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true).Scan(&state, &val)
+			return conn.QueryRow(ctx, s.sql.acquire, lock, key, waited, true, int64(s.cfg.MaxValueBytes)).Scan(&state, &val, &size)
 		})
 	})
 	if err != nil || state != stateLocked {
 		s.held.drop(lock)
 		<-s.slots
 		if isLockTableFull(err) {
-			return stateLocked, nil, s.unlockedLease(key, lockTableFull), nil
+			return stateLocked, nil, 0, s.unlockedLease(key, lockTableFull), nil
 		}
-		return state, val, nil, err
+		return state, val, size, nil, err
 	}
 	s.leases.Add(1)
-	return state, nil, &lease{s: s, key: key, lock: lock, sess: ls, gen: gen}, nil
+	return state, nil, 0, &lease{s: s, key: key, lock: lock, sess: ls, gen: gen}, nil
+}
+
+// tooBig reports a value or outcome bigger than max_value_bytes, which
+// this instance never writes (step and readShared read its size alone).
+func (s *Cache) tooBig(size int32) bool { return int64(size) > int64(s.cfg.MaxValueBytes) }
+
+// dropTooBig removes key's value or outcome (what, for the log) of size
+// bytes, too big to read, with sql (dropBigValue, dropBigOutcome), unless
+// replaced meanwhile by one that is not: it is input this instance cannot
+// use, counted as such, and the key is a miss. Left in place, it would cost
+// every reader of the key its whole transfer, each timeout counted by the
+// breaker as the database failing.
+//
+// Deleting a row deletes each chunk of its stored value, which for a
+// huge one takes longer than a request's statement: the delete runs in
+// the background, once per row at a time, with the sweep's statement
+// timeout and outside the breaker (as the sweep does, for the same
+// reason); the caller answers a miss at once.
+func (s *Cache) dropTooBig(key string, size int32, sql, what string) {
+	s.rejected.Add(1)
+	id := what + " " + key
+	if _, busy := s.dropping.LoadOrStore(id, struct{}{}); busy {
+		return
+	}
+	s.log.Warn("postgres: dropping a "+what+" bigger than max_value_bytes (written by hand, or by an instance with a larger limit)",
+		"key", key, "bytes", size, "max_value_bytes", s.cfg.MaxValueBytes)
+	if !s.background(func(ctx context.Context) {
+		defer s.dropping.Delete(id)
+		ctx, cancel := context.WithTimeout(ctx, s.cfg.DialTimeout+sweepTimeout)
+		defer cancel()
+		err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = "+strconv.Itoa(int(sweepTimeout.Milliseconds()))); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, sql, key, int64(s.cfg.MaxValueBytes))
+			return err
+		})
+		if err != nil && ctx.Err() == nil {
+			s.log.Warn("postgres: could not drop a "+what+" bigger than max_value_bytes", "key", key, "err", err)
+		}
+	}) {
+		s.dropping.Delete(id)
+	}
 }
 
 // trySlot takes a flight slot (of flight_locks) if one is free now.
@@ -229,7 +279,9 @@ func (s *Cache) unlockedLease(key string, why int) *lease {
 				"flight_locks", s.cfg.FlightLocks)
 		}
 	}
-	return &lease{s: s, key: key}
+	// Without the lock, but with its ID: the flight's outcome is written
+	// only while nobody else holds it (setOutcome).
+	return &lease{s: s, key: key, lock: s.lockID(key)}
 }
 
 // isLockTableFull reports the server's "out of shared memory" for a lock
@@ -273,7 +325,7 @@ func destroy(conn *pgxpool.Conn) {
 type lease struct {
 	s    *Cache
 	key  string
-	lock int64
+	lock int64        // the key's lock ID (held only with sess)
 	sess *lockSession // nil: led without a lock
 	gen  uint64
 	once sync.Once
@@ -293,25 +345,51 @@ func (l *lease) done() {
 	l.s.leases.Done()
 }
 
-// end runs a lease's last statement: locked on the session that holds its
-// lock (endOnSession: whatever the caller's context or the breaker say, a
-// lock must not outlive its flight), or lost, through the pool and the
-// breaker, when the lease has no lock or its lock went with a dropped
-// connection.
-func (l *lease) end(ctx context.Context, locked func(ctx context.Context, conn *pgxpool.Conn) error, lost func(ctx context.Context) error) error {
-	if l.sess != nil && l.sess.gen.Load() == l.gen {
-		stale := false
-		err := l.s.endOnSession(l.sess, l.lock, func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error {
-			if gen != l.gen {
-				stale = true
-				return nil
-			}
-			return locked(ctx, conn)
-		})
-		if !stale {
-			return err
-		}
+// end runs a lease's last statement, then after with its error (the
+// lease's bookkeeping, which also frees it: done), and returns that.
+// locked runs on the session that holds the lock (endOnSession: whatever
+// the caller's context or the breaker say, a lock must not outlive its
+// flight); lost runs through the pool and the breaker when the lease has
+// no lock or its lock went with a dropped connection.
+//
+// end blocks at most finishBound (Lease's contract). A session busy past
+// the end's wait for its turn (stepBound: a queue of other statements,
+// each within its bounds) gets the end handed over to a goroutine that waits for the turn as long as it
+// takes, so the lock still goes with the flight; it holds the lease
+// (c.leases, which Close waits for) until then, and end returns nil: the
+// end is not lost, only late.
+func (l *lease) end(ctx context.Context, locked func(ctx context.Context, conn *pgxpool.Conn) error, lost func(ctx context.Context) error, after func(err error) error) error {
+	ls, s := l.sess, l.s
+	if ls == nil || ls.gen.Load() != l.gen {
+		return after(l.endLost(ctx, lost))
 	}
+	run := func(ctx context.Context, conn *pgxpool.Conn, _ uint64) error { return locked(ctx, conn) }
+	err := s.endOnSession(ls, l.lock, l.gen, s.stepBound(), run)
+	if !errors.Is(err, errTurnLate) {
+		if errors.Is(err, errLockGone) {
+			err = l.endLost(ctx, lost)
+		}
+		return after(err)
+	}
+	s.log.Debug("postgres: a flight's lock session is busy; its end goes on in the background", "key", l.key)
+	// The caller's context may end once we return; the statements keep
+	// their own bounds.
+	ctx = context.WithoutCancel(ctx)
+	go func() {
+		err := s.endOnSession(ls, l.lock, l.gen, 0, run)
+		if errors.Is(err, errLockGone) {
+			err = l.endLost(ctx, lost)
+		}
+		if err = after(err); err != nil {
+			s.log.Warn("postgres: could not share a flight's outcome with the fleet", "key", l.key, "err", err)
+		}
+	}()
+	return nil
+}
+
+// endLost runs lost, the end of a flight without its lock, through the
+// pool and the breaker.
+func (l *lease) endLost(ctx context.Context, lost func(ctx context.Context) error) error {
 	if l.sess != nil {
 		l.s.log.Warn("postgres: a flight's lock went with its session's connection; ending it without the lock", "key", l.key)
 	}
@@ -329,26 +407,48 @@ func (l *lease) StreamAbove() int64 {
 	return int64(l.s.cfg.MaxValueBytes)
 }
 
+// errNotStreaming refuses a Stream that would send the fleet's waiters to
+// a download this instance may not own.
+var errNotStreaming = errors.New("pgstore: no peer address advertised, or the flight runs without the lock")
+
 // Stream implements dedup.StreamingLease: the TooLarge outcome and the
 // row naming our peer listener, written together, and the wake-up of the
 // waiters. The lock stays held by the flight's connection.
+//
+// It runs on that session, in turn, and writes only while the flight still
+// has the key's lock (or nobody else took it): a leader whose lock went
+// with a dropped connection or a session reset, while another instance
+// took the key's next flight, must not send that flight's waiters here.
 func (l *lease) Stream(ctx context.Context) error {
 	s := l.s
 	if l.StreamAbove() == 0 {
-		return errors.New("pgstore: no peer address advertised, or the flight runs without the lock")
+		return fmt.Errorf("stream: %w", errNotStreaming)
 	}
+	var wrote bool
 	err := s.exec(ctx, func(ctx context.Context) error {
-		_, err := s.pool.Exec(ctx, s.sql.stream, l.key, storecodec.EncodeOutcome(dedup.TooLarge(nil)),
-			peerRowKey(l.key), encodePeer(s.instance, s.peerAddr()), streamingTTL.Milliseconds(), s.channel, fleetevent.Format(fleetevent.FlightEnded, l.key))
-		return err
+		return s.onSession(ctx, l.sess, sessionOp{held: true, gen: l.gen}, func(ctx context.Context, conn *pgxpool.Conn, _ uint64) error {
+			tag, err := conn.Exec(ctx, s.sql.stream, l.key, storecodec.EncodeOutcome(dedup.TooLarge(nil)),
+				peerRowKey(l.key), encodePeer(s.instance, s.peerAddr()), streamingTTL.Milliseconds(), s.channel,
+				fleetevent.Format(fleetevent.FlightEnded, l.key), l.lock)
+			wrote = tag.RowsAffected() > 0
+			return err
+		})
 	})
-	if err == nil {
-		l.streamed = true
+	switch {
+	case errors.Is(err, errLockGone):
+		return fmt.Errorf("stream: %w: %w", errNotStreaming, err)
+	case err != nil:
+		return fmt.Errorf("stream: %w", err)
+	case !wrote:
+		return fmt.Errorf("stream: %w: another session holds the key's lock", errNotStreaming)
 	}
-	return err
+	l.streamed = true
+	return nil
 }
 
-// Finish implements dedup.Lease.
+// Finish implements dedup.Lease. It blocks at most finishBound: 3 ×
+// dial_timeout + 7 × timeout (the session's turn, the end's batch, the end
+// without the lock).
 func (l *lease) Finish(ctx context.Context, out dedup.Outcome, ttl time.Duration) error {
 	var err error
 	l.once.Do(func() { err = l.s.finish(ctx, l, out, ttl) })
@@ -356,21 +456,26 @@ func (l *lease) Finish(ctx context.Context, out dedup.Outcome, ttl time.Duration
 }
 
 // Release implements dedup.Lease: the lock goes and the waiters wake, so
-// one of them takes over at once.
+// one of them takes over at once. It blocks at most as long as Finish.
 func (l *lease) Release() {
 	l.once.Do(func() {
 		s := l.s
-		ctx, cancel := context.WithTimeout(context.Background(), s.cfg.DialTimeout+s.cfg.Timeout)
-		defer cancel()
+		// Nobody's context: the end without the lock has exec's bounds,
+		// the rest endOnSession's.
+		ctx := context.Background()
 		payload := fleetevent.Format(fleetevent.FlightEnded, l.key)
 		_ = l.end(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
 			_, err := conn.Exec(ctx, s.sql.release, l.lock, s.channel, payload)
 			return err
 		}, func(ctx context.Context) error {
+			// A wake-up alone: waiters re-check, and wait on whoever
+			// leads now.
 			_, err := s.pool.Exec(ctx, s.sql.notify, s.channel, payload)
 			return err
+		}, func(err error) error {
+			l.done()
+			return err
 		})
-		l.done()
 	})
 }
 
@@ -406,8 +511,13 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		if int64(len(outcome)) > int64(s.cfg.MaxValueBytes) {
 			outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
 		}
+		// Written only while no other session holds the lock (see
+		// setOutcome): on the lock's session as a check that costs
+		// nothing, and through the pool, for a lease without it, as the
+		// only way not to answer another leader's waiters. A value needs
+		// no such check: whoever leads fetches the same response.
 		sql = s.sql.setOutcome
-		args = []any{l.key, outcome, s.cfg.FailureTTL.Milliseconds(), s.channel, payload, waitRowKey(l.key)}
+		args = []any{l.key, outcome, s.cfg.FailureTTL.Milliseconds(), s.channel, payload, waitRowKey(l.key), l.lock}
 	}
 	err := l.end(ctx, func(ctx context.Context, conn *pgxpool.Conn) error {
 		b := &pgx.Batch{}
@@ -416,7 +526,7 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		if l.streamed {
 			// Kept only as long as an outcome: the body may still be
 			// in our cache for a late waiter.
-			b.Queue(s.sql.expirePeer, peerRowKey(l.key), s.cfg.FailureTTL.Milliseconds())
+			b.Queue(s.sql.expirePeer, peerRowKey(l.key), s.cfg.FailureTTL.Milliseconds(), l.lock)
 		}
 		b.Queue("COMMIT")
 		var unlocked bool
@@ -436,16 +546,21 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	}, func(ctx context.Context) error {
 		_, err := s.pool.Exec(ctx, sql, args...)
 		return err
-	})
-	l.done()
-	if value != nil {
-		if err == nil {
-			s.putLocal(l.key, out.Entry)
-		} else {
-			s.keepLocal(l.key, out.Entry)
+	}, func(err error) error {
+		l.done()
+		if value != nil {
+			if err == nil {
+				s.putLocal(l.key, out.Entry)
+			} else {
+				s.keepLocal(l.key, out.Entry)
+			}
 		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("finish: %w", err)
 	}
-	return err
+	return nil
 }
 
 // The peer listener of a flight's leader that streams its body is a row of

@@ -129,7 +129,12 @@ const closeWait = 5 * time.Second
 // Close stops the background work and closes the connections. Call it
 // after Run returned.
 func (b *Backend) Close() error {
+	// Under mu: what starts background work (reconnected, background)
+	// checks life and adds to bg under it, so none is added once Wait
+	// may have begun.
+	b.c.mu.Lock()
 	b.c.cancel()
+	b.c.mu.Unlock()
 	b.c.bg.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), closeWait)
 	defer cancel()

@@ -15,6 +15,12 @@ import (
 // build reads and writes. Another version in the configured schema is
 // refused, never misread: a fleet mid-upgrade runs each version in a schema
 // of its own (postgres.schema).
+//
+// Within a version, a build may add a function (every start creates what
+// is missing) but never change or drop one: builds of the same version
+// share the schema, and each keeps calling the functions it knows. An
+// older build starting later recreates its own functions as they were and
+// leaves the newer ones alone.
 const schemaVersion = 1
 
 // errSchema marks a schema this build must not use: another version, or a
@@ -121,6 +127,46 @@ BEGIN
 	DELETE FROM {s}.outcomes WHERE key = p_key;
 	state := 1;
 	val := NULL;
+END
+$fn$;
+
+-- acquire_bounded is acquire, but reads a value or an outcome only when it
+-- holds at most p_max bytes (max_value_bytes): a bigger one comes back as
+-- its size alone (val NULL, val_size > p_max; octet_length reads no stored
+-- bytes), for the caller to drop. A row no instance of this build writes
+-- (put there by hand, or by an instance with a larger max_value_bytes)
+-- would otherwise cost every step its whole transfer, past the statement
+-- timeout. Added beside acquire, which older builds of version 1 call.
+CREATE OR REPLACE FUNCTION {s}.acquire_bounded(p_lock bigint, p_key text, p_waited boolean, p_take boolean, p_max bigint,
+	OUT state integer, OUT val bytea, OUT val_size integer)
+LANGUAGE plpgsql VOLATILE AS $fn$
+BEGIN
+	SELECT CASE WHEN octet_length(c.value) <= p_max THEN c.value END, octet_length(c.value) INTO val, val_size
+		FROM {s}.cache c WHERE c.key = p_key AND c.expires_at > now();
+	IF FOUND THEN state := 2; RETURN; END IF;
+	IF p_waited THEN
+		SELECT CASE WHEN octet_length(o.value) <= p_max THEN o.value END, octet_length(o.value) INTO val, val_size
+			FROM {s}.outcomes o WHERE o.key = p_key AND o.expires_at > now();
+		IF FOUND THEN state := 3; RETURN; END IF;
+	END IF;
+	IF NOT p_take THEN
+		state := CASE WHEN pg_try_advisory_xact_lock(p_lock) THEN 4 ELSE 0 END;
+		RETURN;
+	END IF;
+	IF NOT pg_try_advisory_lock(p_lock) THEN state := 0; RETURN; END IF;
+	SELECT CASE WHEN octet_length(c.value) <= p_max THEN c.value END, octet_length(c.value) INTO val, val_size
+		FROM {s}.cache c WHERE c.key = p_key AND c.expires_at > now();
+	IF FOUND THEN PERFORM pg_advisory_unlock(p_lock); state := 2; RETURN; END IF;
+	IF p_waited THEN
+		SELECT CASE WHEN octet_length(o.value) <= p_max THEN o.value END, octet_length(o.value) INTO val, val_size
+			FROM {s}.outcomes o WHERE o.key = p_key AND o.expires_at > now();
+		IF FOUND THEN PERFORM pg_advisory_unlock(p_lock); state := 3; RETURN; END IF;
+	END IF;
+	-- A new flight: the outcome of an older one is not its answer.
+	DELETE FROM {s}.outcomes WHERE key = p_key;
+	state := 1;
+	val := NULL;
+	val_size := NULL;
 END
 $fn$;
 

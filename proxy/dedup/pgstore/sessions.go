@@ -49,18 +49,37 @@ var errSessionsBusy = errors.New("pgstore: the lock sessions are busy")
 // sessions are ending, and none reconnects.
 var errClosing = errors.New("pgstore: closing")
 
-// onSession runs f, a flight's first step, on ls's connection in turn,
-// connecting it first when needed; gen is the connection's generation,
-// for a lease to compare with the one its lock was taken on. ctx bounds
-// the wait for the turn (errSessionsBusy past its deadline). The statement
-// itself runs detached from ctx's cancellation, within the statement
-// bounds: pgx drops a connection whose query is cancelled, and this one
-// holds other flights' locks.
-//
-// When f fails, lock (0: none) may be held without a flight to own it: it
-// is given up on the same session, and the connection is dropped if even
-// that fails.
-func (c *client) onSession(ctx context.Context, ls *lockSession, lock int64, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
+// errLockGone answers a statement about a flight's lock (its end, its
+// Stream) once the connection that held the lock was dropped: the lock
+// went with it, and another instance may lead the key now. It is found
+// before connecting again, which would not bring the lock back.
+var errLockGone = errors.New("pgstore: the flight's lock went with its session's connection")
+
+// errTurnLate answers a flight's end that found no turn on its session
+// within its wait: the caller hands the end over (lease.end).
+var errTurnLate = errors.New("pgstore: the flight's lock session is busy")
+
+// sessionOp says what a statement on a lock session is about.
+type sessionOp struct {
+	// unlock is the lock a failure of the statement may leave held
+	// without a flight to own it (0: none): it is given up on the same
+	// session, and the connection is dropped if even that fails.
+	unlock int64
+	// held: the statement is about a lock taken on the session's
+	// connection of generation gen, and does not run (errLockGone) once
+	// that connection is gone.
+	held bool
+	gen  uint64
+}
+
+// onSession runs f, a flight's first step (or its Stream), on ls's
+// connection in turn, connecting it first when needed; gen is the
+// connection's generation, for a lease to compare with the one its lock
+// was taken on. ctx bounds the wait for the turn (errSessionsBusy past its
+// deadline). The statement itself runs detached from ctx's cancellation,
+// within the statement bounds: pgx drops a connection whose query is
+// cancelled, and this one holds other flights' locks.
+func (c *client) onSession(ctx context.Context, ls *lockSession, op sessionOp, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
 	select {
 	case <-ls.turn:
 	case <-ctx.Done():
@@ -70,21 +89,51 @@ func (c *client) onSession(ctx context.Context, ls *lockSession, lock int64, f f
 		return ctx.Err()
 	}
 	defer func() { ls.turn <- struct{}{} }()
-	return c.runOnSession(ls, lock, c.cfg.DialTimeout+c.cfg.Timeout, f)
+	return c.runOnSession(ls, op, c.stepBound(), f)
 }
 
-// endOnSession runs f, the end of a flight whose lock ls holds (its value
-// and unlock, or its release), in turn. Unlike a step it waits for the
-// turn as long as it takes, which is never for good (every turn is bounded
-// by statement timeouts, Close's too), and bypasses the breaker: a lock
-// must not outlive its flight because the caller gave up or the breaker
-// opened on other statements. Once Close has ended the session, the lock
-// is gone with it and f does not run. The batch of a flight's end gets a
-// statement timeout per statement.
-func (c *client) endOnSession(ls *lockSession, lock int64, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
-	<-ls.turn
+// stepBound bounds a step's statement on a lock session, connecting
+// included, and a step's (and an end's) wait for the session's turn.
+func (c *client) stepBound() time.Duration { return c.cfg.DialTimeout + c.cfg.Timeout }
+
+// endBound bounds the batch of a flight's end: a statement timeout per
+// statement.
+func (c *client) endBound() time.Duration { return c.cfg.DialTimeout + 5*c.cfg.Timeout }
+
+// finishBound is the longest a lease's Finish or Release blocks: the wait
+// for the session's turn, the end's batch on it, and, when the lock turns
+// out gone, the end through the pool.
+func (c *client) finishBound() time.Duration { return c.stepBound() + c.endBound() + c.stepBound() }
+
+// endOnSession runs f, the end of a flight whose lock ls took on its
+// connection of generation gen (its value and unlock, or its release), in
+// turn. It bypasses the breaker: a lock must not outlive its flight because
+// the breaker opened on other statements. It waits for the turn up to
+// wait (0: as long as it takes, which is never for good: every turn is
+// bounded by statement timeouts, Close's too) and returns errTurnLate past
+// it without having run f. Once the lock's connection is gone (dropped
+// while the end waited, or found dead now), f does not run: errLockGone,
+// at once, where connecting again for each end queued behind a dead
+// connection would make them wait a dial timeout each, in turn. The batch
+// of a flight's end gets a statement timeout per statement.
+func (c *client) endOnSession(ls *lockSession, lock int64, gen uint64, wait time.Duration, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
+	if wait > 0 {
+		select {
+		case <-ls.turn:
+		default:
+			t := time.NewTimer(wait)
+			select {
+			case <-ls.turn:
+				t.Stop()
+			case <-t.C:
+				return errTurnLate
+			}
+		}
+	} else {
+		<-ls.turn
+	}
 	defer func() { ls.turn <- struct{}{} }()
-	err := c.runOnSession(ls, lock, c.cfg.DialTimeout+5*c.cfg.Timeout, f)
+	err := c.runOnSession(ls, sessionOp{unlock: lock, held: true, gen: gen}, c.endBound(), f)
 	if err != nil && !notFailure(err) {
 		c.failed.Add(1)
 	}
@@ -97,11 +146,14 @@ func (c *client) endOnSession(ls *lockSession, lock int64, f func(ctx context.Co
 const idlePing = time.Second
 
 // runOnSession is onSession and endOnSession once they hold ls's turn.
-func (c *client) runOnSession(ls *lockSession, lock int64, timeout time.Duration, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
+func (c *client) runOnSession(ls *lockSession, op sessionOp, timeout time.Duration, f func(ctx context.Context, conn *pgxpool.Conn, gen uint64) error) error {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	if ls.conn != nil && (ls.conn.Conn().IsClosed() || time.Since(ls.used) > idlePing && ls.conn.Ping(ctx) != nil) {
 		c.dropSession(ls)
+	}
+	if op.held && ls.gen.Load() != op.gen {
+		return errLockGone
 	}
 	if ls.conn == nil && c.life.Err() != nil {
 		// Close ends the sessions: none may connect again behind it
@@ -117,14 +169,14 @@ func (c *client) runOnSession(ls *lockSession, lock int64, timeout time.Duration
 	}
 	ls.used = time.Now()
 	err := f(ctx, ls.conn, ls.gen.Load())
-	if err == nil || lock == 0 {
+	if err == nil || op.unlock == 0 {
 		return err
 	}
 	if ls.conn.Conn().IsClosed() {
 		c.dropSession(ls)
 		return err
 	}
-	uctx, cancel := context.WithTimeout(context.Background(), c.cfg.DialTimeout+c.cfg.Timeout)
+	uctx, cancel := context.WithTimeout(context.Background(), c.stepBound())
 	defer cancel()
 	var uerr error
 	if ls.conn.Conn().PgConn().TxStatus() != 'I' {
@@ -133,7 +185,7 @@ func (c *client) runOnSession(ls *lockSession, lock int64, timeout time.Duration
 		_, uerr = ls.conn.Exec(uctx, "ROLLBACK")
 	}
 	if uerr == nil {
-		_, uerr = ls.conn.Exec(uctx, c.sql.unlock, lock)
+		_, uerr = ls.conn.Exec(uctx, c.sql.unlock, op.unlock)
 	}
 	if uerr != nil {
 		c.dropSession(ls)

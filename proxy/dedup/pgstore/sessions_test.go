@@ -65,7 +65,8 @@ func TestEndOutlivesTheBreakerAndTheCaller(t *testing.T) {
 
 // TestEndWaitsForTheTurn: a flight's end waits for its session's turn,
 // however long another statement holds it, instead of giving up and
-// leaving the lock behind.
+// leaving the lock behind; past its bound the caller goes, and the end
+// waits on in the background.
 func TestEndWaitsForTheTurn(t *testing.T) {
 	f := newFleet(t, 1, Config{MaxConns: 3, FlightConns: 1, Timeout: 100 * time.Millisecond, DialTimeout: 100 * time.Millisecond}, dedup.Config{}, nil)
 	a := f.insts[0]
@@ -74,14 +75,17 @@ func TestEndWaitsForTheTurn(t *testing.T) {
 	<-ls.turn // another statement, longer than every statement bound
 	done := make(chan struct{})
 	go func() { l.Release(); close(done) }()
-	time.Sleep(3 * (100*time.Millisecond + 100*time.Millisecond))
 	select {
 	case <-done:
-		t.Fatal("the release gave up waiting for the session")
-	default:
+	case <-time.After(a.store.finishBound() + 5*time.Second):
+		t.Fatal("the release blocked past its bound")
+	}
+	db := f.conn()
+	if n := lockHolders(t, db, l.lock); n != 1 {
+		t.Fatalf("%d sessions hold the lock while its end waits, want 1: the end gave up", n)
 	}
 	ls.turn <- struct{}{}
-	<-done
+	waitFor(t, "the end in the background", func() bool { return lockHolders(t, db, l.lock) == 0 })
 	if n := locksOnSession(t, f, a); n != 0 {
 		t.Fatalf("%d advisory locks left after the release, want 0", n)
 	}

@@ -1,5 +1,7 @@
 package pgstore
 
+import "strconv"
+
 // statements are the SQL this package runs, with the schema filled in.
 // Times that decide expiry are the database's (now()), so the instances'
 // clocks need not agree; durations travel as milliseconds.
@@ -7,10 +9,10 @@ type statements struct {
 	version string
 
 	// The cache.
-	get, set, resync, del, delURL, dropValue string
+	get, set, resync, del, delURL, dropValue, dropBigValue string
 
 	// Flights.
-	acquire, dropOutcome, finishValue, setOutcome, unlock, release, markWaiting string
+	acquire, dropOutcome, dropBigOutcome, finishValue, setOutcome, unlock, release, markWaiting string
 	// Streaming a body from the leader's peer listener.
 	stream, peer, expirePeer string
 
@@ -20,7 +22,7 @@ type statements struct {
 
 	// Statistics.
 	flushStats, readStats string
-	sweep                 string
+	sweep, sweepAbsurd    string
 }
 
 // upsertValue writes a cached value; cache rows are replaced whole.
@@ -29,12 +31,25 @@ const upsertValue = `INSERT INTO {s}.cache AS c (key, url_key, value, size, stor
 	ON CONFLICT (key) DO UPDATE SET url_key = excluded.url_key, value = excluded.value, size = excluded.size,
 		stored_at = excluded.stored_at, expires_at = excluded.expires_at`
 
+// lastingLimit is the latest expiry of a note or a claim this package
+// writes (maxLasting from now), in SQL: anything later was written by
+// someone else ('infinity' by hand), and counts as expired.
+var lastingLimit = "(now() + " + strconv.FormatInt(maxLasting.Milliseconds(), 10) + "::bigint * interval '1 millisecond')"
+
+// maxPeerRow bounds a peer row read back: "p1 <instance> <address>" is
+// far shorter, and a bigger row is not read (as none: fetch our own).
+const maxPeerRow = 1024
+
 func newStatements(schema string) statements {
 	s := func(sql string) string { return schemaSQL(schema, sql) }
 	return statements{
 		version: s(`SELECT value FROM {s}.meta WHERE name = 'schema_version'`),
 
-		get: s(`SELECT value FROM {s}.cache WHERE key = $1 AND expires_at > now()`),
+		// The value only when it holds at most $2 bytes (max_value_bytes),
+		// and its size: a bigger one, which this build never writes, would
+		// cost every read its transfer and likely the statement timeout.
+		get: s(`SELECT CASE WHEN octet_length(value) <= $2 THEN value END, octet_length(value)
+			FROM {s}.cache WHERE key = $1 AND expires_at > now()`),
 		// A value and the wake-up of every instance's waiters, committed
 		// together ($6 channel, $7 payload).
 		set: s(`WITH w AS (` + upsertValue + `) SELECT pg_notify($6, $7)`),
@@ -51,6 +66,10 @@ func newStatements(schema string) statements {
 		// Removes a value this build cannot read, unless it was replaced
 		// meanwhile.
 		dropValue: s(`DELETE FROM {s}.cache WHERE key = $1 AND md5(value) = $2`),
+		// Removes a value bigger than $2 bytes, unless it was replaced
+		// meanwhile by one that is not (octet_length does not read a
+		// stored value, where md5 would read all of it).
+		dropBigValue: s(`DELETE FROM {s}.cache WHERE key = $1 AND octet_length(value) > $2`),
 
 		// A flight's value, and the wake-up of every instance's waiters
 		// only when one of them marked the flight as waited on (the
@@ -67,43 +86,73 @@ func newStatements(schema string) statements {
 			VALUES ($1, ''::bytea, now() + $2::bigint * interval '1 millisecond')
 			ON CONFLICT (key) DO UPDATE SET expires_at = greatest(o.expires_at, excluded.expires_at))
 			SELECT EXISTS (SELECT 1 FROM {s}.cache WHERE key = $3 AND expires_at > now())`),
-		acquire:     s(`SELECT state, val FROM {s}.acquire($1, $2, $3, $4)`),
-		dropOutcome: s(`DELETE FROM {s}.outcomes WHERE key = $1 AND md5(value) = $2`),
+		// The size of a value or an outcome found comes back with it, and
+		// the bytes only up to $5 (max_value_bytes).
+		acquire:        s(`SELECT state, val, coalesce(val_size, 0) FROM {s}.acquire_bounded($1, $2, $3, $4, $5)`),
+		dropOutcome:    s(`DELETE FROM {s}.outcomes WHERE key = $1 AND md5(value) = $2`),
+		dropBigOutcome: s(`DELETE FROM {s}.outcomes WHERE key = $1 AND octet_length(value) > $2`),
 		// A flight's outcome without a value, and the wake-up only when
-		// someone marked the flight as waited on ($6), as finishValue.
-		setOutcome: s(`WITH w AS (INSERT INTO {s}.outcomes (key, value, expires_at)
-			VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
-			ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at),
-			m AS (DELETE FROM {s}.outcomes WHERE key = $6 RETURNING 1)
+		// someone marked the flight as waited on ($6), as finishValue;
+		// all of it only while no other session holds the flight's lock
+		// ($7). A leader whose lock went with its session's connection (or
+		// a session reset) ends this way while another instance may lead
+		// the key's next flight: its failure is not that flight's answer,
+		// and the mark and the wake-up are that flight's waiters'. The
+		// transaction lock takes nothing from the lock's holder (a
+		// session's locks are re-entrant: on the leader's own session it
+		// succeeds) and goes at the end of the transaction.
+		setOutcome: s(`WITH g AS (SELECT pg_try_advisory_xact_lock($7) AS free),
+			w AS (INSERT INTO {s}.outcomes (key, value, expires_at)
+				SELECT $1::text, $2::bytea, now() + $3::bigint * interval '1 millisecond' FROM g WHERE g.free
+				ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at),
+			m AS (DELETE FROM {s}.outcomes WHERE key = $6 AND (SELECT free FROM g) RETURNING 1)
 			SELECT pg_notify($4, $5) FROM (SELECT 1 FROM m LIMIT 1) waited`),
 		unlock: `SELECT pg_advisory_unlock($1)`,
 		// The TooLarge outcome ($1, $2) and the row naming the leader's
 		// peer listener ($3, $4), both for $5 ms, and the wake-up ($6
-		// channel, $7 payload).
-		stream: s(`WITH w AS (INSERT INTO {s}.outcomes (key, value, expires_at)
-			VALUES ($1, $2, now() + $5::bigint * interval '1 millisecond'), ($3, $4, now() + $5::bigint * interval '1 millisecond')
-			ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at)
-			SELECT pg_notify($6, $7)`),
-		peer:       s(`SELECT value FROM {s}.outcomes WHERE key = $1 AND expires_at > now()`),
-		expirePeer: s(`UPDATE {s}.outcomes SET expires_at = now() + $2::bigint * interval '1 millisecond' WHERE key = $1`),
+		// channel, $7 payload), on the leader's session, and only while
+		// no other session holds the flight's lock ($8, as setOutcome):
+		// a row when it wrote them.
+		stream: s(`WITH g AS (SELECT pg_try_advisory_xact_lock($8) AS free),
+			w AS (INSERT INTO {s}.outcomes (key, value, expires_at)
+				SELECT v.key, v.value, now() + $5::bigint * interval '1 millisecond'
+				FROM (VALUES ($1::text, $2::bytea), ($3::text, $4::bytea)) v (key, value), g WHERE g.free
+				ON CONFLICT (key) DO UPDATE SET value = excluded.value, expires_at = excluded.expires_at
+				RETURNING 1)
+			SELECT pg_notify($6, $7) FROM (SELECT 1 FROM w LIMIT 1) streamed`),
+		peer: s(`SELECT value FROM {s}.outcomes WHERE key = $1 AND expires_at > now()
+			AND octet_length(value) <= ` + strconv.Itoa(maxPeerRow)),
+		// Cuts a streamed flight's peer row at its end, unless another
+		// session holds the lock ($3, as setOutcome): the row is then the
+		// next flight's.
+		expirePeer: s(`UPDATE {s}.outcomes SET expires_at = now() + $2::bigint * interval '1 millisecond'
+			WHERE key = $1 AND pg_try_advisory_xact_lock($3)`),
 		// Gives up a flight without an outcome: its waiters take over at
 		// once instead of at their next poll.
 		release: `SELECT pg_advisory_unlock($1), pg_notify($2, $3)`,
 
 		notify: `SELECT pg_notify($1, $2)`,
 		// A lasting note replaces the one kept for its key unless that one
-		// lasts longer.
+		// lasts longer, which one lasting past lastingLimit does not: no
+		// instance wrote it.
 		keepNote: s(`WITH k AS (INSERT INTO {s}.notes AS o (topic, key, msg, expires_at)
 			VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond')
 			ON CONFLICT (topic, key) DO UPDATE SET msg = excluded.msg, expires_at = excluded.expires_at
-			WHERE o.expires_at < excluded.expires_at)
+			WHERE o.expires_at < excluded.expires_at OR o.expires_at > ` + lastingLimit + `)
 			SELECT pg_notify($5, $6)`),
-		recall: s(`SELECT msg, (extract(epoch FROM expires_at - now()) * 1000)::bigint
+		// What is left of each note, in ms; 0 (refused by recalledNote)
+		// for a note lasting past lastingLimit, whose time left may not
+		// even be a number ('infinity' - now() is an error).
+		recall: s(`SELECT msg, CASE WHEN expires_at <= ` + lastingLimit + `
+				THEN (extract(epoch FROM expires_at - now()) * 1000)::bigint ELSE 0 END
 			FROM {s}.notes WHERE topic = $1 AND expires_at > now()`),
+		// A claim gives way when expired, or when it lasts past
+		// lastingLimit: no instance wrote it, and it would hold the name
+		// for good.
 		claim: s(`INSERT INTO {s}.claims AS c (name, token, expires_at)
 			VALUES ($1, $2, now() + $3::bigint * interval '1 millisecond')
 			ON CONFLICT (name) DO UPDATE SET token = excluded.token, expires_at = excluded.expires_at
-			WHERE c.expires_at <= now()
+			WHERE c.expires_at <= now() OR c.expires_at > ` + lastingLimit + `
 			RETURNING true`),
 		unclaim: s(`DELETE FROM {s}.claims WHERE name = $1 AND token = $2`),
 		// A sticky key's session: the row lock of the upsert makes racing
@@ -138,5 +187,23 @@ func newStatements(schema string) statements {
 				bytes_avoided = t.bytes_avoided + excluded.bytes_avoided, money_nano = t.money_nano + excluded.money_nano`),
 		readStats: s(`SELECT day, hit, coalesced, miss, bypass, bytes_avoided, money_nano FROM {s}.stats WHERE day >= $1 AND day <= $2`),
 		sweep:     s(`SELECT swept, expired, evicted FROM {s}.sweep($1, $2, $3)`),
+		// What the sweep function leaves for good, up to $1 rows of each
+		// table: notes and claims lasting past lastingLimit, and rows of
+		// any table that never expire ('infinity'), none of which this
+		// package writes. Run in the sweep's transaction, under its lock.
+		sweepAbsurd: s(`WITH n AS (DELETE FROM {s}.notes WHERE (topic, key) IN
+				(SELECT topic, key FROM {s}.notes WHERE expires_at > ` + lastingLimit + ` LIMIT $1) RETURNING 1),
+			c AS (DELETE FROM {s}.claims WHERE name IN
+				(SELECT name FROM {s}.claims WHERE expires_at > ` + lastingLimit + ` LIMIT $1) RETURNING 1),
+			k AS (DELETE FROM {s}.cache WHERE key IN
+				(SELECT key FROM {s}.cache WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1),
+			o AS (DELETE FROM {s}.outcomes WHERE key IN
+				(SELECT key FROM {s}.outcomes WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1),
+			x AS (DELETE FROM {s}.counters WHERE key IN
+				(SELECT key FROM {s}.counters WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1),
+			b AS (DELETE FROM {s}.bindings WHERE key IN
+				(SELECT key FROM {s}.bindings WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1)
+			SELECT (SELECT count(*) FROM n) + (SELECT count(*) FROM c) + (SELECT count(*) FROM k)
+				+ (SELECT count(*) FROM o) + (SELECT count(*) FROM x) + (SELECT count(*) FROM b)`),
 	}
 }

@@ -17,8 +17,9 @@ const (
 	sweepTimeout = 10 * time.Second
 )
 
-// sweeper deletes expired rows and keeps the cache table within
-// max_bytes, every sweep_interval. Every instance runs one; the sweep
+// sweeper deletes expired rows (and rows whose expiry no instance wrote,
+// which would never expire) and keeps the cache table within max_bytes,
+// every sweep_interval. Every instance runs one; the sweep
 // function's transaction lock makes one of them do the work at a time.
 type sweeper struct {
 	c                *client
@@ -55,7 +56,16 @@ func (w *sweeper) once(ctx context.Context) {
 				if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = "+strconv.Itoa(int(sweepTimeout.Milliseconds()))); err != nil {
 					return err
 				}
-				return tx.QueryRow(ctx, w.c.sql.sweep, w.c.lockID("sweep"), sweepBatch, int64(w.c.cfg.MaxBytes)).Scan(&swept, &expired, &evicted)
+				if err := tx.QueryRow(ctx, w.c.sql.sweep, w.c.lockID("sweep"), sweepBatch, int64(w.c.cfg.MaxBytes)).Scan(&swept, &expired, &evicted); err != nil || !swept {
+					return err
+				}
+				// Under the sweep's transaction lock still. Kept out of
+				// the sweep function, which older builds of the schema
+				// version recreate as they know it.
+				var absurd int
+				err := tx.QueryRow(ctx, w.c.sql.sweepAbsurd, sweepBatch).Scan(&absurd)
+				expired += absurd
+				return err
 			})
 		}()
 		if err != nil {
