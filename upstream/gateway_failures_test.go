@@ -22,12 +22,12 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
-// TestReviewDeadOriginDoesNotBenchSessions: a gateway's "cannot reach the
+// TestDeadOriginDoesNotBenchSessions: a gateway's "cannot reach the
 // target" (CONNECT 502, SOCKS5 connection refused) for an origin that is
 // down is the origin's trouble: the request is tried on at most one other
 // session, answered 502 with the gateway's reason, and no session cools
 // down, so the next request to a live origin is served.
-func TestReviewDeadOriginDoesNotBenchSessions(t *testing.T) {
+func TestDeadOriginDoesNotBenchSessions(t *testing.T) {
 	for _, proto := range []string{"http", "socks5"} {
 		t.Run(proto, func(t *testing.T) {
 			fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 3})
@@ -86,10 +86,10 @@ func TestReviewDeadOriginDoesNotBenchSessions(t *testing.T) {
 	}
 }
 
-// TestReviewPlain407IsAuthFailure: a gateway's 407 to a plain-http
+// TestPlain407IsAuthFailure: a gateway's 407 to a plain-http
 // (absolute-form) request is the session's refused credentials, marked
 // like a 407 to CONNECT, and never passed to the client.
-func TestReviewPlain407IsAuthFailure(t *testing.T) {
+func TestPlain407IsAuthFailure(t *testing.T) {
 	gw := startHTTPGateway(t, "u", "right")
 	o := newOrigin(t, false)
 	logger, _ := testLogger(t)
@@ -107,9 +107,9 @@ func TestReviewPlain407IsAuthFailure(t *testing.T) {
 	}
 }
 
-// TestReviewHealthProbe407: a health probe answered 407 by the gateway is
+// TestHealthProbe407IsNoSuccess: a health probe answered 407 by the gateway is
 // a failure, not a success.
-func TestReviewHealthProbe407(t *testing.T) {
+func TestHealthProbe407IsNoSuccess(t *testing.T) {
 	gw := startHTTPGateway(t, "u", "right")
 	o := newOrigin(t, false)
 	logger, _ := testLogger(t)
@@ -130,10 +130,10 @@ func TestReviewHealthProbe407(t *testing.T) {
 	}, "a probe answered 407 marks the session")
 }
 
-// TestReviewConnectReplyHeadBounded: a gateway that answers CONNECT with
+// TestConnectReplyHeadBounded: a gateway that answers CONNECT with
 // an endless header fails the dial with a clear error once the head
 // passes its bound, instead of being buffered until the deadline.
-func TestReviewConnectReplyHeadBounded(t *testing.T) {
+func TestConnectReplyHeadBounded(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -191,9 +191,9 @@ func banBodyPool(t *testing.T, o *origin, idle time.Duration) *upstream.Pool {
 	}, quiet)
 }
 
-// TestReviewBanBodyTruncated: with ban_body, a body cut short inside the
+// TestBanBodyTruncated: with ban_body, a body cut short inside the
 // scanned prefix never passes for a complete one.
-func TestReviewBanBodyTruncated(t *testing.T) {
+func TestBanBodyTruncated(t *testing.T) {
 	o := newOrigin(t, true)
 	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
 		w.WriteHeader(200)
@@ -218,10 +218,10 @@ func TestReviewBanBodyTruncated(t *testing.T) {
 	}
 }
 
-// TestReviewBanBodyReadErrorIsAnError: a read error while scanning for the
+// TestBanBodyReadErrorIsAnError: a read error while scanning for the
 // ban body on the last attempt is answered as an error, not as a response
 // whose body is already closed.
-func TestReviewBanBodyReadErrorIsAnError(t *testing.T) {
+func TestBanBodyReadErrorIsAnError(t *testing.T) {
 	o := newOrigin(t, true)
 	release := make(chan struct{})
 	t.Cleanup(func() { close(release) }) // runs before the origin closes
@@ -248,10 +248,10 @@ func TestReviewBanBodyReadErrorIsAnError(t *testing.T) {
 	}
 }
 
-// TestReviewRotateFailureNoStorm: concurrent 429s on a session whose
+// TestRotateFailureNoStorm: concurrent 429s on a session whose
 // provider rotate API fails: the flights queued behind the failed rotation
 // do not call the API again.
-func TestReviewRotateFailureNoStorm(t *testing.T) {
+func TestRotateFailureNoStorm(t *testing.T) {
 	o := newOrigin(t, false)
 	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
 		time.Sleep(100 * time.Millisecond)
