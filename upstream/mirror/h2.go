@@ -1084,9 +1084,13 @@ func (cc *H2Conn) handleReset(f *http2.RSTStreamFrame) error {
 		cc.mu.Unlock()
 		return nil
 	}
-	if f.ErrCode == http2.ErrCodeNo && cs.recvEnded {
-		// The origin has answered in full and does not want the rest
-		// of the body.
+	if cs.recvEnded {
+		// The origin has answered in full: a reset now only ends our
+		// side. NO_ERROR says it wants no more of the request body;
+		// another code answers our frames that came after it closed the
+		// stream (Go's server sends STREAM_CLOSED for DATA after its
+		// handler returned). The response is whole either way, and its
+		// reader gets it, as x/net's transport gives it.
 		cs.sendEnded = true
 		cs.maybeDone()
 		cc.mu.Unlock()

@@ -412,3 +412,44 @@ func TestH2TooManyInterim(t *testing.T) {
 		t.Error("the connection did not survive")
 	}
 }
+
+// TestH2ResetAfterACompleteResponse: an origin that answered in full while
+// the request body was still on its way, and then resets the stream (Go's
+// server answers DATA that comes after its handler returned with
+// RST_STREAM STREAM_CLOSED), leaves the response whole for its reader.
+// Before, the reset dropped the buffered body and the reader got the
+// stream error.
+func TestH2ResetAfterACompleteResponse(t *testing.T) {
+	for _, code := range []http2.ErrCode{http2.ErrCodeNo, http2.ErrCodeStreamClosed, http2.ErrCodeInternal} {
+		t.Run(code.String(), func(t *testing.T) {
+			cc, p := newPeerWith(t, smallConnWindow, Options{})
+			pr, pw := io.Pipe()
+			defer pw.Close()
+			req := newRequest(t, ctxTimeout(t, 10*time.Second), "POST", "https://peer.test/", nil)
+			req.Body, req.ContentLength = pr, -1
+			type result struct {
+				resp *http.Response
+				err  error
+			}
+			res := make(chan result, 1)
+			go func() {
+				resp, err := cc.RoundTrip(req)
+				res <- result{resp, err}
+			}()
+			id := p.next(http2.FrameHeaders).Header().StreamID
+			p.respond(id, false, ":status", "200", "content-length", "5")
+			r := <-res
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			defer r.resp.Body.Close()
+			p.fr.WriteData(id, true, []byte("hello"))
+			p.fr.WriteRSTStream(id, code)
+			p.sync()
+			b, err := io.ReadAll(r.resp.Body)
+			if err != nil || string(b) != "hello" {
+				t.Fatalf("body %q, %v; want the whole response", b, err)
+			}
+		})
+	}
+}
