@@ -60,14 +60,13 @@ func (s *Server) limit(ctx context.Context, req *http.Request, client, host stri
 	if ok {
 		return nil
 	}
+	refusal := rateLimitedError{d}
 	if d.Unavailable {
-		resp := errorResponse(req, http.StatusServiceUnavailable, kindUnavailable,
-			"rate limiter unavailable and rate_limit.fail_closed is set")
+		resp := errorResponse(req, refusal.HTTPStatus(), kindUnavailable, refusal.Error())
 		resp.Header.Set("Retry-After", retryAfter(d.RetryAfter))
 		return resp
 	}
-	resp := errorResponse(req, http.StatusTooManyRequests, kindRateLimited,
-		fmt.Sprintf("rate limit of %d requests per window reached for this client; retry in %s", d.Limit, retryAfter(d.RetryAfter)+"s"))
+	resp := errorResponse(req, refusal.HTTPStatus(), kindRateLimited, refusal.Error())
 	resp.Header.Set("Retry-After", retryAfter(d.RetryAfter))
 	resp.Header.Set("X-RateLimit-Limit", strconv.Itoa(d.Limit))
 	resp.Header.Set("X-RateLimit-Remaining", "0")
@@ -87,8 +86,9 @@ func (s *Server) allow(ctx context.Context, client, host string) (d ratelimit.De
 	return d, d.Allowed
 }
 
-// rateLimitedError is the rate limit's refusal of a blind SOCKS5 tunnel:
-// a policy's "no" (reply 0x02), with the HTTP status a request would get.
+// rateLimitedError is the rate limit's refusal, one wording for both
+// doors: the answer's status and reason on the HTTP port, a policy's "no"
+// (reply 0x02) for a blind SOCKS5 tunnel.
 type rateLimitedError struct{ d ratelimit.Decision }
 
 func (e rateLimitedError) Error() string {

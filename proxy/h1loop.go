@@ -312,11 +312,6 @@ func plainRequest(req *http.Request, head []byte) bool {
 	if host, ok := hostField(head); !ok || !httpguts.ValidHostHeader(host) || req.Host == "" {
 		return false
 	}
-	if folded(head) {
-		// textproto joins a folded line to the field before it, which
-		// may be Host: net/http then judges the joined value.
-		return false
-	}
 	if isUpgrade(req.Header) {
 		return false
 	}
@@ -337,13 +332,20 @@ func plainRequest(req *http.Request, head []byte) bool {
 }
 
 // hostField returns the value of the Host field of head, a request head,
-// and whether it has exactly one. The value is trimmed as textproto trims
-// it (spaces, tabs and the line's end; not the other Unicode spaces, which
-// net/http then refuses).
+// and whether it has exactly one and no folded line. The value is trimmed
+// as textproto trims it (spaces, tabs and the line's end; not the other
+// Unicode spaces, which net/http then refuses). A folded line (obs-fold:
+// it begins with a space or a tab) is textproto's to join to the field
+// before it, which may be Host: net/http then judges the joined value.
 func hostField(head []byte) (string, bool) {
 	var host []byte
 	n := 0
+	first := true
 	for line := range bytes.Lines(head) {
+		if !first && (line[0] == ' ' || line[0] == '\t') {
+			return "", false
+		}
+		first = false
 		name, value, ok := bytes.Cut(line, []byte(":"))
 		if !ok || !bytes.EqualFold(name, []byte("Host")) {
 			continue
@@ -352,19 +354,6 @@ func hostField(head []byte) (string, bool) {
 		host = bytes.Trim(value, " \t\r\n")
 	}
 	return string(host), n == 1
-}
-
-// folded reports whether a line of head's fields continues the one before
-// (obs-fold: it begins with a space or a tab).
-func folded(head []byte) bool {
-	first := true
-	for line := range bytes.Lines(head) {
-		if !first && len(line) > 0 && (line[0] == ' ' || line[0] == '\t') {
-			return true
-		}
-		first = false
-	}
-	return false
 }
 
 // handOff gives the connection to the loop's http.Server, with what was

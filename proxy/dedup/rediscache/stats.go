@@ -66,7 +66,8 @@ func (s *Bus) flushOnce(ctx context.Context) {
 	}
 	key := s.dayKey(time.Now())
 	incrs := make([]*redis.IntCmd, len(fields))
-	err := s.exec(ctx, func(ctx context.Context) error {
+	// Each count's fate is on its own command (nil: never sent).
+	_ = s.exec(ctx, func(ctx context.Context) error {
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, f := range fields {
 				if taken[i] != 0 {
@@ -84,7 +85,7 @@ func (s *Bus) flushOnce(ctx context.Context) {
 		case taken[i] == 0:
 		case incrs[i] == nil:
 			f.v.Add(taken[i]) // never sent (the breaker is open)
-		case err == nil || incrs[i].Err() == nil:
+		case incrs[i].Err() == nil:
 			// Added.
 		case isReply(incrs[i].Err()):
 			s.rejected.Add(1)
