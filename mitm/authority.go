@@ -178,12 +178,20 @@ func (a *Authority) loadOrCreateFiles() error {
 			if err := os.MkdirAll(a.cfg.CADir, 0o755); err != nil {
 				return fmt.Errorf("mitm: create ca dir: %w", err)
 			}
-			if err := os.Mkdir(lock, 0o700); err != nil {
-				continue // another process got there first: wait for it
+			err := os.Mkdir(lock, 0o700)
+			if err == nil {
+				err := a.createIfAbsent()
+				os.Remove(lock)
+				return err
 			}
-			err := a.createIfAbsent()
-			os.Remove(lock)
-			return err
+			// Only an existing lock means another process got there first. Anything else (a read-only volume,
+			// a directory another user owns) would fail the same way on every try: retrying it at once, with
+			// no lock for lockHeld to see, would spin forever without reaching the deadline below.
+			if !errors.Is(err, fs.ErrExist) {
+				return fmt.Errorf("mitm: create ca in %s: %w; make the directory writable by this user, "+
+					"or put an existing %s and %s there", a.cfg.CADir, err, certFileName, keyFileName)
+			}
+			// Wait for the other process, below.
 		case !creating && certExists:
 			return fmt.Errorf("mitm: found %s but not %s: restore the key, or delete %s to create a new CA "+
 				"(clients must then trust the new certificate)", a.certPath, a.keyPath, a.certPath)

@@ -40,7 +40,10 @@ func (a *Authority) Leaf(ctx context.Context, host string) (*tls.Certificate, er
 	if err != nil {
 		return nil, fmt.Errorf("mitm: leaf for %q: %w", key, err)
 	}
-	if cert.Leaf.NotAfter.Sub(a.now()) >= minRemaining {
+	// A leaf shorter-lived than 2*minRemaining never has minRemaining left (its NotAfter is even cut to the
+	// second when encoded), so demanding it would re-mint on every call; for those, ask for less than the
+	// half-life at which the cache replaces the leaf anyway: a quarter of the validity.
+	if cert.Leaf.NotAfter.Sub(a.now()) >= min(minRemaining, a.cfg.LeafValidity/4) {
 		return cert, nil
 	}
 	// Drop exactly the stale value: a plain Invalidate could also remove a fresh leaf that a concurrent caller

@@ -427,3 +427,33 @@ func TestCloseStopsGoroutines(t *testing.T) {
 		t.Fatalf("%d goroutines after Close, %d before LoadOrCreate", runtime.NumGoroutine(), before)
 	}
 }
+
+// TestShortLeafValidityIsCached: with the shortest leaf_validity Config accepts (1h), a leaf is served from the cache
+// until its half-life like any other. The freshness check used to demand an hour left, more than a 1h leaf ever
+// has a moment after minting, so every handshake signed twice and the cache never served.
+func TestShortLeafValidityIsCached(t *testing.T) {
+	clk := newFakeClock(time.Now())
+	a := newTestAuthority(t, Config{LeafValidity: time.Hour}, clk.Now)
+
+	first, err := a.Leaf(t.Context(), "short.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Minute)
+	again, err := a.Leaf(t.Context(), "short.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again != first || a.Stats().Mints != 1 {
+		t.Fatalf("a 1h leaf was re-minted after a minute: Mints = %d", a.Stats().Mints)
+	}
+
+	clk.Advance(30 * time.Minute) // 31m: past half of 1h
+	fresh, err := a.Leaf(t.Context(), "short.test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh == first || a.Stats().Mints != 2 {
+		t.Errorf("Mints = %d past the half-life of a 1h leaf, want 2", a.Stats().Mints)
+	}
+}
