@@ -101,8 +101,10 @@ type Users struct {
 	// slow bounds concurrent bcrypt checks so a flood of wrong passwords
 	// cannot take every CPU.
 	slow chan struct{}
-	// dummy is compared against for unknown users when bcrypt users exist,
-	// so a bad user name takes as long as a bad password.
+	// dummy is compared against for unknown users, and after a wrong env
+	// password, when bcrypt users exist, so that a refusal takes as long
+	// whoever the name belongs to. It has the highest configured cost: the
+	// slowest user's refusals must not stand out.
 	dummy []byte
 }
 
@@ -118,15 +120,20 @@ func New(c Config, getenv func(string) string) (*Users, error) {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
 	u := &Users{users: make(map[string]user, len(c.Users)), slow: make(chan struct{}, runtime.GOMAXPROCS(0))}
+	dummyCost := 0 // none: no bcrypt users
 	for _, uc := range c.Users {
 		if uc.PasswordBcrypt != "" {
 			u.users[uc.Name] = user{hash: []byte(uc.PasswordBcrypt), isHash: true}
-			if u.dummy == nil {
-				cost, _ := bcrypt.Cost([]byte(uc.PasswordBcrypt))
-				u.dummy, _ = bcrypt.GenerateFromPassword([]byte("no such user"), cost)
-			}
+			cost, _ := bcrypt.Cost([]byte(uc.PasswordBcrypt)) // checked by Validate
+			dummyCost = max(dummyCost, cost)
 		} else {
 			u.users[uc.Name] = user{plain: sha256.Sum256([]byte(getenv(uc.PasswordEnv)))}
+		}
+	}
+	if dummyCost > 0 {
+		var err error
+		if u.dummy, err = bcrypt.GenerateFromPassword([]byte("no such user"), dummyCost); err != nil {
+			return nil, fmt.Errorf("auth: hash for unknown users: %w", err)
 		}
 	}
 	u.verified = otter.Must(&otter.Options[[32]byte, struct{}]{
@@ -158,20 +165,33 @@ func (u *Users) Verify(name, password string) bool {
 		// password length either. An unknown user compares against a
 		// zero digest and fails in the same time.
 		got := sha256.Sum256([]byte(password))
-		return subtle.ConstantTimeCompare(got[:], rec.plain[:]) == 1 && ok
+		if subtle.ConstantTimeCompare(got[:], rec.plain[:]) == 1 && ok {
+			return true
+		}
+		// With bcrypt users an unknown name pays a bcrypt comparison, so
+		// this refusal must too, or its speed would tell that the name is
+		// an env user's.
+		if u.dummy != nil {
+			_ = u.compare(u.dummy, password)
+		}
+		return false
 	}
 	memo := sha256.Sum256([]byte(account + "\x00" + password))
 	if _, hit := u.verified.GetIfPresent(memo); hit {
 		return true
 	}
-	u.slow <- struct{}{}
-	err := bcrypt.CompareHashAndPassword(rec.hash, []byte(password))
-	<-u.slow
-	if err != nil || !ok {
+	if err := u.compare(rec.hash, password); err != nil || !ok {
 		return false
 	}
 	u.verified.Set(memo, struct{}{})
 	return true
+}
+
+// compare runs one bcrypt comparison, at most GOMAXPROCS at a time.
+func (u *Users) compare(hash []byte, password string) error {
+	u.slow <- struct{}{}
+	defer func() { <-u.slow }()
+	return bcrypt.CompareHashAndPassword(hash, []byte(password))
 }
 
 // Close stops the cache's background work.

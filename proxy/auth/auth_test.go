@@ -88,3 +88,39 @@ func BenchmarkVerifyMemoized(b *testing.B) {
 		}
 	}
 }
+
+// TestFailuresCostOneBcrypt: whatever the name, a wrong password costs one bcrypt comparison at the highest
+// configured cost, so how long a refusal takes does not tell who exists. An env user's wrong password used to be
+// refused in microseconds while an unknown name paid a bcrypt comparison, and the stand-in hash for unknown names
+// took the cost of the first bcrypt user, not the slowest.
+func TestFailuresCostOneBcrypt(t *testing.T) {
+	cheap, _ := bcrypt.GenerateFromPassword([]byte("a"), bcrypt.MinCost)
+	dear, _ := bcrypt.GenerateFromPassword([]byte("b"), bcrypt.MinCost+2)
+	u, err := New(Config{Users: []UserConfig{
+		{Name: "cheap", PasswordBcrypt: string(cheap)},
+		{Name: "dear", PasswordBcrypt: string(dear)},
+		{Name: "fleet", PasswordEnv: "FLEET_PW"},
+	}}, env(map[string]string{"FLEET_PW": "envpass"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	if cost, err := bcrypt.Cost(u.dummy); err != nil || cost != bcrypt.MinCost+2 {
+		t.Errorf("unknown names compare against cost %d (%v), want the highest configured, %d", cost, err, bcrypt.MinCost+2)
+	}
+	for _, name := range []string{"fleet", "fleet-session-x", "mallory", "cheap", "dear"} {
+		// Unbuffered, the semaphore shows each bcrypt comparison: Verify's acquire is our receive.
+		u.slow = make(chan struct{})
+		done := make(chan bool, 1)
+		go func() { done <- u.Verify(name, "wrong") }()
+		select {
+		case <-u.slow:
+			u.slow <- struct{}{} // let it release
+			if <-done {
+				t.Errorf("Verify(%q, wrong) = true", name)
+			}
+		case ok := <-done:
+			t.Errorf("Verify(%q, wrong) = %v without a bcrypt comparison", name, ok)
+		}
+	}
+}
