@@ -67,7 +67,9 @@ func (p *Polite) RoundTrip(req *http.Request) (*http.Response, error) {
 	if pc == nil {
 		return p.next.RoundTrip(req)
 	}
-	host := strings.ToLower(req.URL.Hostname())
+	// One bucket per name, however it is spelled: host patterns ignore case and a trailing dot too, and
+	// "site.test." with a bucket of its own would double the pace at that site.
+	host := strings.ToLower(strings.TrimSuffix(req.URL.Hostname(), "."))
 	lim, _ := pc.hosts.ComputeIfAbsent(host, func() (*rate.Limiter, bool) { return rate.NewLimiter(pc.rps, pc.burst), false })
 	if err := lim.Wait(req.Context()); err != nil {
 		return nil, fmt.Errorf("ratelimit: waiting for a turn at %s (per_host_rps %v): %w", host, float64(pc.rps), err)

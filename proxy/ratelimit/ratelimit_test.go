@@ -152,3 +152,45 @@ func TestReloadKeepsThePace(t *testing.T) {
 		t.Fatalf("after a new pace: %v", err)
 	}
 }
+
+// okTransport answers every request with an empty 200 and counts them.
+type okTransport struct{ n atomic.Int64 }
+
+func (o *okTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	o.n.Add(1)
+	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: req}, nil
+}
+
+// TestPoliteOneBucketPerHost: the spellings of one host name share its bucket, as host patterns treat them as one
+// name everywhere (any case, a trailing dot ignored, no port). "site.test." used to get a bucket of its own, so
+// a fully qualified link doubled the pace at that site.
+func TestPoliteOneBucketPerHost(t *testing.T) {
+	next := &okTransport{}
+	// One request per 100 s: after the first, no request to the host can get a turn within its deadline.
+	rt := NewPolite(Config{PerHostRPS: 0.01, PerHostBurst: 1}, next)
+	defer rt.Close()
+	send := func(url string) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+	if err := send("http://site.test/a"); err != nil {
+		t.Fatalf("the first request: %v", err)
+	}
+	for _, url := range []string{"http://SITE.test/b", "http://site.test./c", "http://Site.Test.:8080/d"} {
+		if err := send(url); err == nil {
+			t.Errorf("%s got a turn of its own right after http://site.test/a", url)
+		}
+	}
+	if err := send("http://other.test/"); err != nil {
+		t.Errorf("another host was held back: %v", err)
+	}
+	if got := next.n.Load(); got != 2 {
+		t.Errorf("%d requests went out, want 2", got)
+	}
+}
