@@ -113,6 +113,11 @@ func TestRateLimitPerClient(t *testing.T) {
 	if resp, _ := w2.get(w2.client(false), origin.URL+"/x"); resp.StatusCode != 429 {
 		t.Fatal("IP-keyed limit not applied")
 	}
+	// Nothing verifies a name here: a new one each request is the same
+	// client, not a way around its limit.
+	if resp, _ := w2.get(w2.clientAs("fresh-name-1", "x"), origin.URL+"/x"); resp.StatusCode != 429 {
+		t.Fatalf("an unverified proxy user escaped the IP's limit: %d", resp.StatusCode)
+	}
 	other := w2.client(false)
 	other.Transport.(*http.Transport).DialContext = (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}).DialContext
 	if resp, _ := w2.get(other, origin.URL+"/x"); resp.StatusCode != 200 {

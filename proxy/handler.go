@@ -32,11 +32,13 @@ const (
 
 // identify is the front door's one rule for who a client is: the account
 // and session hint its proxy user names, and the client the rate limit
-// and the per-client flight cap count (its account, else its address: the
-// connection's, or with proxy.trust_forwarded_for the one the balancer
-// reports in h; h is nil where no balancer can speak, on the SOCKS5 port).
-// The error is a session hint the proxy cannot honour, for the client to
-// hear about (400).
+// and the per-client flight cap count (its account when a user store
+// verified it, else its address: the connection's, or with
+// proxy.trust_forwarded_for the one the balancer reports in h; h is nil
+// where no balancer can speak, on the SOCKS5 port). Without a user store
+// a name is only a claim: counting by it would let a client escape its
+// limits by sending a new name with each request. The error is a session
+// hint the proxy cannot honour, for the client to hear about (400).
 func (s *Server) identify(user, remoteAddr string, h http.Header) (clientinfo.Info, error) {
 	u, err := clientinfo.ParseUser(user)
 	if err != nil {
@@ -47,8 +49,12 @@ func (s *Server) identify(user, remoteAddr string, h http.Header) (clientinfo.In
 			remoteAddr = addr
 		}
 	}
+	counted := u.Account
+	if s.users == nil {
+		counted = ""
+	}
 	return clientinfo.Info{User: user, Account: u.Account, Session: u.Session, Country: u.Country, City: u.City,
-		Client: clientinfo.ClientOf(u.Account, remoteAddr)}, nil
+		Client: clientinfo.ClientOf(counted, remoteAddr)}, nil
 }
 
 // hintHeaders applies the X-Onceproxy-Session and X-Onceproxy-Country

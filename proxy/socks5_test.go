@@ -758,12 +758,15 @@ func TestSOCKS5SessionHintReachesPipeline(t *testing.T) {
 	tlsO := tlsOrigin(t, http.HandlerFunc(echoProto), false)
 	plain := plainOrigin(t, http.HandlerFunc(echoProto))
 	echo := echoServer(t, "", "")
-	want := clientinfo.Info{User: "acct-session-s1", Account: "acct", Session: "s1", Client: "user:acct"}
+	// An unverified name is no client of its own: the limits count its
+	// address.
 	for _, tc := range []struct {
-		name  string
-		users map[string]string
-	}{{"unverified", nil}, {"verified", map[string]string{"acct": "pw"}}} {
+		name   string
+		users  map[string]string
+		client string
+	}{{"unverified", nil, "ip:127.0.0.1"}, {"verified", map[string]string{"acct": "pw"}, "user:acct"}} {
 		t.Run(tc.name, func(t *testing.T) {
+			want := clientinfo.Info{User: "acct-session-s1", Account: "acct", Session: "s1", Client: tc.client}
 			seen := make(chan clientinfo.Info, 8)
 			rec := &recordingUpstream{}
 			w := newWorld(t, worldOpts{
