@@ -94,6 +94,14 @@ var (
 	errRelayed   = errors.New("body is relayed past max_object_bytes: its start is gone")
 )
 
+// fileError is a spool file that could not be made or written (disk full,
+// the directory unwritable): the bytes written so far are still readable,
+// and the writer may go on in relay mode (see download.copy).
+type fileError struct{ err error }
+
+func (e fileError) Error() string { return "spool: " + e.err.Error() }
+func (e fileError) Unwrap() error { return e.err }
+
 // write appends p, waking the readers. In relay mode it first waits until
 // every reader has read what came before (ctx bounds the wait). Only the
 // writer calls it.
@@ -124,9 +132,10 @@ func (s *spool) append(ctx context.Context, p []byte, hide bool) error {
 	} else {
 		s.mu.Unlock()
 	}
-	// In a file: the writer appends, readers ReadAt below n.
+	// In a file: the writer appends, readers ReadAt below n. Bytes of p
+	// that a failed Write left past n are never read.
 	if _, err := s.file.Write(p); err != nil {
-		return fmt.Errorf("spool: %w", err)
+		return fileError{err}
 	}
 	s.mu.Lock()
 	s.advanceLocked(len(p), hide)
@@ -168,7 +177,7 @@ func (s *spool) growLocked(k int) bool {
 func (s *spool) spill() error {
 	f, err := s.pool.dir.create("spool-*")
 	if err != nil {
-		return fmt.Errorf("spool: %w", err)
+		return fileError{err}
 	}
 	s.mu.Lock()
 	mem := s.mem
@@ -177,7 +186,7 @@ func (s *spool) spill() error {
 	if _, err := f.Write(mem); err != nil {
 		f.Close()
 		os.Remove(f.Name())
-		return fmt.Errorf("spool: %w", err)
+		return fileError{err}
 	}
 	s.mu.Lock()
 	s.file, s.mem = f, nil
@@ -199,6 +208,8 @@ func (s *spool) startRelay() {
 	s.mu.Lock()
 	s.relay = true
 	s.progress = make(chan struct{})
+	// Wake those waiting in length: they must let go (see there).
+	s.broadcastLocked()
 	s.mu.Unlock()
 }
 
@@ -321,10 +332,17 @@ func (s *spool) filePath() (string, bool) {
 }
 
 // length returns the body's length, waiting for the end of the download
-// when it is not known yet.
+// when it is not known yet. A relayed body fails it with errRelayed: the
+// relay waits for every request on the flight to read, and one waiting
+// here reads nothing before the end, so it would hold the relay (and every
+// reader) until its client gave up; the bytes it wants are going anyway.
 func (s *spool) length(ctx context.Context) (int64, error) {
 	s.mu.Lock()
 	for !s.done {
+		if s.relay {
+			s.mu.Unlock()
+			return 0, errRelayed
+		}
 		ch := s.wake
 		s.mu.Unlock()
 		select {
