@@ -172,6 +172,18 @@ func (d *diskTier) delete(key string) {
 	}
 }
 
+// forget drops key's entry if it is still the one whose file is path: a
+// file that cannot be opened any more (its directory was removed under the
+// process). Kept, the entry would send every request for key past the
+// flight, upstream on its own, until it expired.
+func (d *diskTier) forget(key, path string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if el, ok := d.byKey[key]; ok && el.Value.(*diskObject).meta.file.path == path {
+		d.removeLocked(el)
+	}
+}
+
 // deleteURL removes every entry of urlKey: an admin action, so a walk.
 func (d *diskTier) deleteURL(urlKey string) int {
 	var victims []string

@@ -1,10 +1,13 @@
 package dedup
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -16,7 +19,10 @@ import (
 // that crashed).
 type runDir struct {
 	path string
-	lock *os.File // held (flock) while the process uses path
+
+	mu     sync.Mutex // protects lock and closed
+	lock   *os.File   // held (flock) while the process uses path
+	closed bool       // removed for good: never made again
 }
 
 // runDirPrefix starts every run directory's name.
@@ -72,9 +78,47 @@ func removeStale(parent string) {
 }
 
 // create makes a new file in the run directory, named after pattern
-// (os.CreateTemp).
+// (os.CreateTemp). A directory removed under the running process (a tmp
+// cleaner, an operator's rm -rf) is made again: otherwise every body that
+// outgrows memory would fail, and nothing big be cached, until a restart.
 func (d *runDir) create(pattern string) (*os.File, error) {
+	f, err := os.CreateTemp(d.path, pattern)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return f, err
+	}
+	if rerr := d.restore(); rerr != nil {
+		return nil, fmt.Errorf("%w (making the directory again: %v)", err, rerr)
+	}
 	return os.CreateTemp(d.path, pattern)
+}
+
+// restore makes the run directory again, with a lock of its own: without
+// one, the next process to start would remove it as a crashed process's
+// (removeStale).
+func (d *runDir) restore() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return os.ErrClosed
+	}
+	if err := os.MkdirAll(d.path, 0o700); err != nil {
+		return err
+	}
+	lockPath := filepath.Join(d.path, "lock")
+	if _, err := os.Stat(lockPath); err == nil {
+		return nil // restored by another caller before us: the lock is ours
+	}
+	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return err
+	}
+	if err := lockFile(lock); err != nil {
+		lock.Close()
+		return fmt.Errorf("lock %s: %w", d.path, err)
+	}
+	d.lock.Close() // the old lock's file is gone with its directory
+	d.lock = lock
+	return nil
 }
 
 // files counts the files in the run directory, the lock aside (for the
@@ -96,6 +140,10 @@ func (d *runDir) files() int {
 // remove deletes the directory and everything in it. Readers that still
 // have a file open keep reading it (the data goes when they close it).
 func (d *runDir) remove() {
+	d.mu.Lock()
+	d.closed = true
+	lock := d.lock
+	d.mu.Unlock()
 	os.RemoveAll(d.path)
-	d.lock.Close()
+	lock.Close()
 }

@@ -1,7 +1,9 @@
 package dedup
 
 import (
+	"errors"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"strconv"
@@ -36,7 +38,12 @@ func (e *Engine) serveFile(req *http.Request, ent *Entry, key, xcache string) (*
 	if req.Method != http.MethodHead {
 		f, err := os.Open(ent.file.path)
 		if err != nil {
-			// Evicted since the lookup.
+			// Evicted since the lookup, or removed under the process:
+			// then the entry goes too, so that the next request starts
+			// a flight instead of finding it again.
+			if errors.Is(err, fs.ErrNotExist) && e.disk != nil {
+				e.disk.forget(key, ent.file.path)
+			}
 			return nil, false
 		}
 		body = f
