@@ -176,7 +176,11 @@ func (d *download) copy(f *flight) error {
 				// it once the body is cached (see run).
 				write = d.obj.body.writeLast
 			}
-			if werr := write(d.ctx, buf[:k]); werr != nil {
+			werr := write(d.ctx, buf[:k])
+			if fe := (fileError{}); errors.As(werr, &fe) && !d.obj.body.relaying() {
+				werr = d.relayInstead(f, fe, func() error { return write(d.ctx, buf[:k]) })
+			}
+			if werr != nil {
 				return d.why(werr)
 			}
 			if n > d.limit && d.lease != nil && !d.streamed {
@@ -192,6 +196,23 @@ func (d *download) copy(f *flight) error {
 		}
 		stall.Reset(idle)
 	}
+}
+
+// relayInstead goes on with a body whose spool file failed (disk full) as
+// a relay to the requests already on the flight, rather than failing
+// every one of them: the bytes they have not read yet are still in the
+// spool, and from now on it holds one chunk. The body is not cached, new
+// requests start a flight of their own, and the fleet's waiters fetch
+// their own copy. retry writes the chunk that failed again.
+func (d *download) relayInstead(f *flight, cause error, retry func() error) error {
+	d.e.log.Warn("spool file failed; relaying the body to its readers uncached", "key", d.key, "err", cause)
+	d.e.flights.drop(f)
+	d.obj.body.startRelay()
+	if d.lease != nil && !d.streamed {
+		d.e.finishLease(d.lease, d.key, TooLarge(nil), 0)
+		d.lease = nil
+	}
+	return retry()
 }
 
 // why puts the flight's reason first when it ended the download: the
