@@ -164,6 +164,12 @@ func (d *download) copy(f *flight) error {
 		stall.Stop()
 		if k > 0 {
 			n += int64(k)
+			if d.obj.size >= 0 && n > d.obj.size {
+				// The transports below enforce Content-Length; this is
+				// the engine's own guard, for any Next that does not:
+				// past its declared end a body is not the one cached.
+				return d.why(fmt.Errorf("read upstream body: %d bytes past its Content-Length of %d", n-d.obj.size, d.obj.size))
+			}
 			if n > limit && !d.obj.body.relaying() {
 				// Only a body of unknown length gets here: a declared
 				// one over the limit was not spooled.
@@ -189,6 +195,11 @@ func (d *download) copy(f *flight) error {
 			}
 		}
 		if rerr == io.EOF {
+			if d.obj.size >= 0 && n < d.obj.size {
+				// Likewise: a short body must fail its readers, never be
+				// cached as the whole answer.
+				return d.why(fmt.Errorf("read upstream body: %d of %d bytes: %w", n, d.obj.size, io.ErrUnexpectedEOF))
+			}
 			return nil
 		}
 		if rerr != nil {
