@@ -235,8 +235,14 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		a.admin = &http.Server{
 			Handler:           admin.New(ao),
 			ReadHeaderTimeout: 5 * time.Second,
-			IdleTimeout:       time.Minute,
-			ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+			// A request's body (a few bytes of JSON) must not hold a
+			// connection for ever, nor must a client that stops reading
+			// an answer. The write bound is also the longest profile
+			// net/http/pprof takes (it refuses ?seconds= past it).
+			ReadTimeout:  10 * time.Second,
+			WriteTimeout: 2 * time.Minute,
+			IdleTimeout:  time.Minute,
+			ErrorLog:     slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 		}
 		logger.Info("admin listening", "addr", a.lns.admin.Addr().String(),
 			"ca_download", "http://"+a.lns.admin.Addr().String()+"/ca.pem")

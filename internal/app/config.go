@@ -261,7 +261,68 @@ func decodeStrict(r io.Reader, v any) error {
 	if errors.Is(err, io.EOF) {
 		return nil // an empty file means "all defaults"
 	}
+	var te *yaml.TypeError
+	if err != nil && !errors.As(err, &te) {
+		// yaml.v3 stops at the first value a TextUnmarshaler refuses (a
+		// byte size, process.memory_limit) and returns its bare message,
+		// with neither line nor key: find every such value again, by key.
+		var root yaml.Node
+		if yaml.Unmarshal(b, &root) == nil {
+			if errs := textErrors(&root, reflect.TypeOf(v), ""); len(errs) > 0 {
+				return &configError{errs: errs}
+			}
+		}
+	}
 	return friendlyYAMLError(err, b)
+}
+
+var textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
+
+// textErrors walks the YAML tree n along the Go type t it decodes into
+// and returns, with its line and key path, every scalar that a
+// text-unmarshalled field refuses. A document that is one bare value (an
+// environment override) has no key to name and yields nothing.
+func textErrors(n *yaml.Node, t reflect.Type, path string) []error {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	var errs []error
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			errs = append(errs, textErrors(c, t, path)...)
+		}
+	case yaml.ScalarNode:
+		if path == "" || n.ShortTag() == "!!null" || !reflect.PointerTo(t).Implements(textUnmarshalerType) {
+			return nil
+		}
+		u := reflect.New(t).Interface().(encoding.TextUnmarshaler)
+		if err := u.UnmarshalText([]byte(n.Value)); err != nil {
+			errs = append(errs, fmt.Errorf("line %d: %s: %w", n.Line, path, err))
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := strings.TrimPrefix(path+"."+k.Value, ".")
+			switch t.Kind() {
+			case reflect.Struct:
+				for j := 0; j < t.NumField(); j++ {
+					if f := t.Field(j); yamlName(f) == k.Value {
+						errs = append(errs, textErrors(v, f.Type, p)...)
+					}
+				}
+			case reflect.Map:
+				errs = append(errs, textErrors(v, t.Elem(), p)...)
+			}
+		}
+	case yaml.SequenceNode:
+		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
+			for i, c := range n.Content {
+				errs = append(errs, textErrors(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+			}
+		}
+	}
+	return errs
 }
 
 var (

@@ -63,8 +63,9 @@ func (g *GCPercent) UnmarshalText(b []byte) error {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < minGCPercent || n > maxGCPercent {
-		// yaml.v3 names no key for a TextUnmarshaler's error: say it here.
-		return fmt.Errorf("process.gc_percent: want auto or a number from %d to %d, got %q", minGCPercent, maxGCPercent, s)
+		// No key in the message: the loader names it (line and key in the
+		// file, the variable in an override).
+		return fmt.Errorf("want auto or a number from %d to %d, got %q", minGCPercent, maxGCPercent, s)
 	}
 	*g = GCPercent{N: n}
 	return nil
@@ -94,7 +95,7 @@ func (m *MemoryLimit) UnmarshalText(b []byte) error {
 	default:
 		n, err := bytesize.Parse(s)
 		if err != nil {
-			return fmt.Errorf("process.memory_limit: want auto, off or a size: %w", err)
+			return fmt.Errorf("want auto, off or a size: %w", err)
 		}
 		*m = MemoryLimit{Size: n}
 	}

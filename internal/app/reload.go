@@ -53,16 +53,26 @@ func (l *live) Verify(user, password string) bool { return l.users.Load().Verify
 
 // liveKeys are the configuration keys a reload applies, by prefix; every
 // other key needs a restart, and so do the upstream keys that shape the
-// connections every session holds (upstream.RestartKeys).
+// connections every session holds (upstream.RestartKeys) and the savings
+// prices (pricedAtBuild).
 var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard.", "upstream.",
 	"dedup.enabled", "dedup.ttl", "dedup.key_headers", "dedup.ignore_params", "dedup.cacheable_statuses", "dedup.rules",
 	"savings."}
+
+// pricedAtBuild are the savings keys a reload cannot apply: the dedup
+// engine prices savings through the upstream pool (dedup.Options.Prices),
+// which keeps the prices it was built with (upstream.WithPrices) for the
+// sessions whose provider sets none, and for direct requests.
+var pricedAtBuild = []string{"savings.price_per_gb", "savings.price_per_1000_requests"}
 
 func isLive(key string) bool {
 	for _, k := range upstream.RestartKeys {
 		if key == "upstream."+k {
 			return false
 		}
+	}
+	if slices.Contains(pricedAtBuild, key) {
+		return false
 	}
 	for _, p := range liveKeys {
 		if strings.HasPrefix(key, p) {
@@ -111,8 +121,18 @@ func (a *App) Reload() (admin.Reload, error) {
 	merged.Dedup.KeyHeaders, merged.Dedup.IgnoreParams = next.Dedup.KeyHeaders, next.Dedup.IgnoreParams
 	merged.Dedup.CacheableStatuses, merged.Dedup.Rules = next.Dedup.CacheableStatuses, next.Dedup.Rules
 	merged.Savings = next.Savings
-	// Reconfigure keeps the running values of upstream.RestartKeys itself.
 	merged.Upstream = next.Upstream
+	// Every key that needs a restart keeps its running value, those inside
+	// the sections copied whole above too (upstream.dial_timeout, the
+	// savings prices): a.cfg must say what runs, or the next reload would
+	// no longer report them. (Reconfigure keeps upstream.RestartKeys
+	// itself.)
+	running := envKeys(a.cfg)
+	for name, k := range envKeys(&merged) {
+		if !isLive(k.path) {
+			k.field.Set(running[name].field)
+		}
+	}
 
 	// Prepare every new part first: nothing is swapped unless all of them
 	// can be built.
@@ -142,7 +162,7 @@ func (a *App) Reload() (admin.Reload, error) {
 	// The upstream is the one part whose new setup is checked as it is
 	// swapped in: a failure there changes nothing, so it goes first, and
 	// nothing after it may fail.
-	if !reflect.DeepEqual(a.cfg.Upstream, next.Upstream) {
+	if !reflect.DeepEqual(a.cfg.Upstream, merged.Upstream) {
 		if err := a.Upstream.Reconfigure(merged.Upstream); err != nil {
 			if users != nil {
 				users.Close()
