@@ -222,7 +222,10 @@ func sessionRoutes(mux *http.ServeMux, up Sessions) {
 func requireToken(token string, next http.Handler) http.Handler {
 	want := sha256.Sum256([]byte(token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodGet && (r.URL.Path == "/health" || r.URL.Path == "/ca.pem") {
+		// HEAD too: the mux answers it on GET routes, and health checkers
+		// use it (HAProxy's httpchk, curl -I).
+		public := r.Method == http.MethodGet || r.Method == http.MethodHead
+		if public && (r.URL.Path == "/health" || r.URL.Path == "/ca.pem") {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -237,6 +240,9 @@ func requireToken(token string, next http.Handler) http.Handler {
 	})
 }
 
+// maxInvalidateBody bounds a POST /cache/invalidate body: one URL or key.
+const maxInvalidateBody = 64 << 10
+
 // invalidate handles POST /cache/invalidate with {"url": "..."} (every
 // variant of the URL) or {"key": "v1:..."} (one X-Cache-Key).
 func invalidate(w http.ResponseWriter, r *http.Request, c Cache) {
@@ -244,9 +250,26 @@ func invalidate(w http.ResponseWriter, r *http.Request, c Cache) {
 		URL string `json:"url"`
 		Key string `json:"key"`
 	}
-	dec := json.NewDecoder(io.LimitReader(r.Body, 64<<10))
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxInvalidateBody))
 	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	var tooBig *http.MaxBytesError
+	err := dec.Decode(&req)
+	if err == nil {
+		// One object per request: a second one (NDJSON) would otherwise
+		// be dropped without a word while the first is invalidated.
+		switch _, extra := dec.Token(); {
+		case errors.Is(extra, io.EOF):
+		case errors.As(extra, &tooBig):
+			err = extra
+		default:
+			err = errors.New("want one JSON object, found more after it")
+		}
+	}
+	switch {
+	case errors.As(err, &tooBig):
+		WriteJSON(w, http.StatusRequestEntityTooLarge, map[string]string{"error": "body larger than 64 KiB"})
+		return
+	case err != nil:
 		WriteJSON(w, http.StatusBadRequest, map[string]string{"error": "body must be JSON {\"url\": ...} or {\"key\": ...}: " + err.Error()})
 		return
 	}
