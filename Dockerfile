@@ -24,10 +24,12 @@ COPY --from=build /src/config.yaml /app/config.yaml
 COPY --from=build --chown=65532:65532 /out/certs /app/certs
 VOLUME ["/app/certs"]
 # Inside the container the listeners must bind all interfaces to be
-# published. Without auth.users that is refused unless allowed explicitly:
-# the image allows it because the ports are meant to be published on the
-# host's loopback (see above). Configure users (ONCEPROXY_AUTH_USERS) and
-# drop ONCEPROXY_AUTH_ALLOW_UNAUTHENTICATED before publishing them wider.
+# published. Without auth.users (and, for the admin port, a token) that is
+# refused unless allowed explicitly: the image allows it because the ports
+# are meant to be published on the host's loopback (see above). Configure
+# users (ONCEPROXY_AUTH_USERS) and an admin token (ONCEPROXY_ADMIN_TOKEN_ENV
+# naming a variable that holds it) and drop
+# ONCEPROXY_AUTH_ALLOW_UNAUTHENTICATED before publishing them wider.
 # Inside a container "this machine" is the container: no loopback targets.
 ENV ONCEPROXY_PROXY_LISTEN=0.0.0.0:8080 \
     ONCEPROXY_SOCKS5_LISTEN=0.0.0.0:1080 \

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -331,10 +332,11 @@ func (a *App) Close() {
 }
 
 // adminToken reads the admin bearer token from the variable named by
-// admin.token_env ("" = no token).
+// admin.token_env ("" = no token). Surrounding white space is dropped: a
+// secret mounted from a file usually ends in a newline no client sends.
 func adminToken(c AdminConfig, getenv func(string) string) string {
 	if c.TokenEnv == "" {
 		return ""
 	}
-	return getenv(c.TokenEnv)
+	return strings.TrimSpace(getenv(c.TokenEnv))
 }

@@ -69,7 +69,9 @@ type AdminConfig struct {
 	// Listen is the admin API address; "" turns the admin API off.
 	Listen string `yaml:"listen"`
 	// TokenEnv names an environment variable holding a bearer token that
-	// every admin endpoint but /health and /ca.pem then requires.
+	// every admin endpoint but /health and /ca.pem then requires. Without
+	// one, Listen must be a loopback address unless
+	// auth.allow_unauthenticated is set.
 	TokenEnv string `yaml:"token_env"`
 	// Pprof serves net/http/pprof under /debug/pprof/ on the admin port
 	// (never on the proxy port).
@@ -200,8 +202,15 @@ func (c *Config) validate(getenv func(string) string) error {
 			}
 		}
 	}
-	if c.Admin.TokenEnv != "" && getenv(c.Admin.TokenEnv) == "" {
+	switch {
+	case c.Admin.TokenEnv != "" && adminToken(c.Admin, getenv) == "":
 		errs = append(errs, fmt.Errorf("admin.token_env: %s is unset or empty", c.Admin.TokenEnv))
+	case c.Admin.TokenEnv == "" && c.Admin.Listen != "" && !loopbackListen(c.Admin.Listen) && !c.Auth.AllowUnauthenticated:
+		// The admin API reloads the configuration, rotates sessions and
+		// drops the cache: open to a network, it is anyone's. The switch
+		// that opens the proxy ports (a container published on the
+		// host's loopback) opens this one too.
+		errs = append(errs, fmt.Errorf("admin.token_env: none configured while admin.listen (%s) is not a loopback address: anyone who reaches it could reload the configuration, rotate sessions and drop the cache; name a variable holding a token, or set auth.allow_unauthenticated: true if the port is protected otherwise", c.Admin.Listen))
 	}
 	if len(errs) == 0 {
 		return nil

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
@@ -90,7 +91,7 @@ func (c *Config) validateFleet(getenv func(string) string) []error {
 		errs = append(errs, fmt.Errorf("fleet.peer_advertise: fleet.peer_listen (%s) binds every address: name the address the other instances reach this one at", f.PeerListen))
 	}
 	switch {
-	case f.PeerTokenEnv != "" && getenv(f.PeerTokenEnv) == "":
+	case f.PeerTokenEnv != "" && peerToken(f, getenv) == "":
 		errs = append(errs, fmt.Errorf("fleet.peer_token_env: %s is unset or empty", f.PeerTokenEnv))
 	case f.PeerTokenEnv == "" && !loopbackListen(f.PeerListen):
 		errs = append(errs, fmt.Errorf("fleet.peer_token_env: none configured while fleet.peer_listen (%s) is not a loopback address: anyone who reaches it could read the bodies this instance holds; name a variable holding the fleet's shared token", f.PeerListen))
@@ -140,12 +141,12 @@ func peerAdvertised(c FleetConfig, ln net.Listener) string {
 }
 
 // peerToken is the fleet's shared token ("" on a loopback listener
-// without one).
+// without one), white space trimmed as adminToken's.
 func peerToken(c FleetConfig, getenv func(string) string) string {
 	if c.PeerTokenEnv == "" {
 		return ""
 	}
-	return getenv(c.PeerTokenEnv)
+	return strings.TrimSpace(getenv(c.PeerTokenEnv))
 }
 
 // peerServer serves the engine's bodies to the other instances on the

@@ -76,3 +76,41 @@ func TestPeerAuth(t *testing.T) {
 		}
 	}
 }
+
+// TestAdminListenerConfig: the admin API, which reloads the configuration,
+// rotates sessions and drops the cache, is not opened to a network without
+// a token, unless auth.allow_unauthenticated says the port is protected
+// otherwise (the container image); a token read from a mounted secret
+// loses its trailing newline, which no client sends.
+func TestAdminListenerConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  []string
+		want string // "" = valid
+	}{
+		{name: "loopback without a token", env: []string{"ONCEPROXY_ADMIN_LISTEN=127.0.0.1:9090"}},
+		{name: "network with a token", env: []string{"ONCEPROXY_ADMIN_LISTEN=0.0.0.0:9090", "ONCEPROXY_ADMIN_TOKEN_ENV=T", "T=s3cret"}},
+		{name: "network without a token", env: []string{"ONCEPROXY_ADMIN_LISTEN=0.0.0.0:9090"}, want: "admin.token_env: none configured while admin.listen (0.0.0.0:9090) is not a loopback address"},
+		{name: "every address, no host", env: []string{"ONCEPROXY_ADMIN_LISTEN=:9090"}, want: "admin.token_env: none configured while admin.listen (:9090)"},
+		{name: "network, protected otherwise", env: []string{"ONCEPROXY_ADMIN_LISTEN=0.0.0.0:9090", "ONCEPROXY_AUTH_ALLOW_UNAUTHENTICATED=true"}},
+		{name: "token only white space", env: []string{"ONCEPROXY_ADMIN_TOKEN_ENV=T", "T= \n"}, want: "admin.token_env: T is unset or empty"},
+		{name: "off", env: []string{"ONCEPROXY_ADMIN_LISTEN="}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := LoadConfig(shippedConfig, "", tc.env)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+	getenv := func(string) string { return "s3cret\n" }
+	if got := adminToken(AdminConfig{TokenEnv: "T"}, getenv); got != "s3cret" {
+		t.Errorf("admin token %q, want the secret without its newline", got)
+	}
+	if got := peerToken(FleetConfig{PeerTokenEnv: "T"}, getenv); got != "s3cret" {
+		t.Errorf("peer token %q, want the secret without its newline", got)
+	}
+}
