@@ -2,6 +2,7 @@ package app
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -161,5 +162,23 @@ func TestAdminServerDeadlines(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Errorf("stalled body: %d, want 400", resp.StatusCode)
+	}
+}
+
+// TestReloadRefusalIsLogged: a refused reload says so in the log, once,
+// with the reason: a SIGHUP has nobody else to tell.
+func TestReloadRefusalIsLogged(t *testing.T) {
+	path := writeConfig(t, "log: {level: info}\n")
+	a := buildFromFile(t, path, nil)
+	var logs bytes.Buffer
+	a.log = slog.New(slog.NewTextHandler(&logs, nil))
+	if err := os.WriteFile(path, []byte("dedup: {ttl: -1s}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reload(); err == nil {
+		t.Fatal("a negative dedup.ttl was applied")
+	}
+	if n := strings.Count(logs.String(), "configuration reload refused"); n != 1 || !strings.Contains(logs.String(), "dedup.ttl") {
+		t.Fatalf("%d refusals logged, want 1 naming dedup.ttl:\n%s", n, logs.String())
 	}
 }

@@ -91,8 +91,16 @@ type reloader struct {
 
 // Reload reads the configuration again and applies it. The result lists
 // the keys applied and those kept until a restart; an error means nothing
-// changed.
+// changed. Every refusal is logged here: a SIGHUP has nobody else to tell.
 func (a *App) Reload() (admin.Reload, error) {
+	res, err := a.reloadOnce()
+	if err != nil {
+		a.log.Error("configuration reload refused; the running configuration stays", "err", err)
+	}
+	return res, err
+}
+
+func (a *App) reloadOnce() (admin.Reload, error) {
 	a.reload.mu.Lock()
 	defer a.reload.mu.Unlock()
 	if a.reload.load == nil {
@@ -100,7 +108,6 @@ func (a *App) Reload() (admin.Reload, error) {
 	}
 	next, err := a.reload.load()
 	if err != nil {
-		a.log.Error("configuration reload refused; the running configuration stays", "err", err)
 		return admin.Reload{}, err
 	}
 	var res admin.Reload
