@@ -8,39 +8,20 @@ import (
 
 // appendPath appends the canonical path of u.
 func appendPath(b []byte, u *url.URL) []byte {
-	// RawPath keeps the client's escaping ("/a%2Fb", whose Path is "/a/b").
-	// Use it whenever it encodes Path, even if EscapedPath would reject it
-	// for holding raw bytes that need escaping: EscapedPath would then
-	// re-escape Path and turn %2F into '/'.
-	src := u.RawPath
-	if src == "" || !unescapesTo(src, u.Path) {
-		src = u.EscapedPath()
-	}
+	// The key must name the request the origin receives, and the proxy
+	// writes the request target with u.RequestURI, that is EscapedPath:
+	// the client's escaping (RawPath, "/a%2Fb" for the Path "/a/b") when it
+	// is a valid encoding, else Path re-escaped, where "%2F" has become
+	// '/' ("/a%2Fb|" goes out as "/a/b%7C"). Keying RawPath in that case
+	// gave "/a%2Fb|" the key of "/a%2Fb%7C", a different request that was
+	// then served the other's response.
+	src := u.EscapedPath()
 	start := len(b)
 	if !strings.HasPrefix(src, "/") {
 		b = append(b, '/')
 	}
 	b = appendNormalized(b, src, classPath)
 	return b[:start+len(removeDotSegments(b[start:]))]
-}
-
-// unescapesTo reports whether percent-decoding raw yields exactly path.
-func unescapesTo(raw, path string) bool {
-	j := 0
-	for i := 0; i < len(raw); i, j = i+1, j+1 {
-		c := raw[i]
-		if c == '%' {
-			if i+2 >= len(raw) || !ishex(raw[i+1]) || !ishex(raw[i+2]) {
-				return false
-			}
-			c = unhex(raw[i+1])<<4 | unhex(raw[i+2])
-			i += 2
-		}
-		if j >= len(path) || path[j] != c {
-			return false
-		}
-	}
-	return j == len(path)
 }
 
 // hasDotSegment reports whether the path p has a "." or ".." segment.

@@ -56,10 +56,13 @@ var ErrInvalid = errors.New("urlcanon: invalid URL")
 //   - The default port (http 80, https 443) and an empty port are dropped;
 //     other ports are kept, without leading zeros.
 //   - Userinfo and fragment are dropped.
-//   - Path: empty becomes "/". Percent-encoding is normalized first: escapes
-//     of unreserved characters (ALPHA / DIGIT / "-" / "." / "_" / "~") are
-//     decoded, other escapes get upper-case hex, and characters that may not
-//     appear raw are escaped ("%2f" becomes "%2F", never "/"). Then
+//   - Path: the path the request goes out with (u.EscapedPath, as
+//     u.RequestURI writes it: the client's escaping when it is valid, else
+//     Path re-escaped, "%2F" then being '/'); empty becomes "/".
+//     Percent-encoding is normalized first: escapes of unreserved
+//     characters (ALPHA / DIGIT / "-" / "." / "_" / "~") are decoded, other
+//     escapes get upper-case hex, and characters that may not appear raw
+//     are escaped ("%2f" becomes "%2F", never "/"). Then
 //     dot-segments are removed (RFC 3986 section 5.2.4), so "%2E%2E" is a
 //     dot-segment, as RFC 3986 section 6.2.2.3 and browsers have it.
 //     Duplicate slashes are kept.
