@@ -7,8 +7,9 @@
 // by decoded name; nothing else changes. Strings and numbers keep their
 // literal spelling, so "\u0041" and "A", or 1 and 1.0, stay distinct:
 // telling them apart is never wrong, merging them could be. An object that
-// repeats a member name has no canonical form, because parsers disagree on
-// which member wins.
+// repeats a member name, or has two names equal but for case (which
+// encoding/json, matching struct fields, reads as one), has no canonical
+// form, because parsers disagree on which member wins.
 //
 // It is hand-written rather than built on encoding/json or an RFC 8785
 // (JCS) library because both rewrite values: decoding into any turns
@@ -24,6 +25,7 @@ import (
 	"encoding/json"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -41,7 +43,8 @@ type Member struct {
 
 // Append appends the canonical form of the JSON text doc to dst. It reports
 // false, with dst unchanged, if doc is not valid UTF-8 JSON, repeats a
-// member name in an object, or nests deeper than 64 levels.
+// member name in an object (or has two equal but for case), or nests
+// deeper than 64 levels.
 func Append(dst, doc []byte) ([]byte, bool) {
 	if !valid(doc) {
 		return dst, false
@@ -55,8 +58,9 @@ func Append(dst, doc []byte) ([]byte, bool) {
 
 // Object returns the members of doc, a JSON text holding an object, sorted
 // by Name. It reports false if doc is not valid UTF-8 JSON or not an object,
-// if two members share a decoded name, or if a name cannot be decoded
-// exactly (an escaped lone surrogate, which decoders turn into U+FFFD).
+// if two members share a decoded name (or have names equal but for case),
+// or if a name cannot be decoded exactly (an escaped lone surrogate, which
+// decoders turn into U+FFFD).
 // Members of nested objects are not checked until their value is appended.
 // The members point into doc, which must not change while they are in use.
 func Object(doc []byte) ([]Member, bool) {
@@ -139,8 +143,8 @@ func valueEnd(data []byte, i int) int {
 }
 
 // object returns the members of the valid JSON object data, sorted by
-// decoded name. It reports false if two members share a decoded name or a
-// name cannot be decoded exactly.
+// decoded name. It reports false if two members share a decoded name, or
+// names equal but for case, or a name cannot be decoded exactly.
 func object(data []byte) ([]Member, bool) {
 	var members []Member
 	i := skipSpace(data, 1)
@@ -164,7 +168,45 @@ func object(data []byte) ([]Member, bool) {
 			return nil, false
 		}
 	}
+	if foldCollide(members) {
+		return nil, false
+	}
 	return members, true
+}
+
+// foldCollide reports whether two members' names are equal under Unicode
+// case folding. encoding/json decodes an object into a struct matching
+// names case-insensitively, and the last match wins (so do other
+// frameworks when told to ignore case): {"method":"b","Method":"a"} is
+// "a" to such a server, while a key that takes the member "method" reads
+// "b", as it does for {"method":"b"}. Such names are as ambiguous as a
+// repeated one.
+func foldCollide(members []Member) bool {
+	if len(members) < 2 {
+		return false
+	}
+	seen := make(map[string]struct{}, len(members))
+	for _, m := range members {
+		f := foldName(m.Name)
+		if _, ok := seen[f]; ok {
+			return true
+		}
+		seen[f] = struct{}{}
+	}
+	return false
+}
+
+// foldName maps each rune of name to the least rune of its case-folding
+// orbit, so that foldName(x) == foldName(y) exactly when
+// strings.EqualFold(x, y) ("K", "k" and U+212A KELVIN SIGN all become "K").
+func foldName(name string) string {
+	return strings.Map(func(r rune) rune {
+		least := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			least = min(least, f)
+		}
+		return least
+	}, name)
 }
 
 // appendValue appends the canonical form of the valid JSON value v, which
