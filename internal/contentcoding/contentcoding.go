@@ -23,8 +23,12 @@ import (
 var ErrUnknown = errors.New("unknown content coding")
 
 // maxWindow bounds zstd's decoder memory (its window), independent of the
-// caller's output limit.
-const maxWindow = 64 << 20
+// caller's output limit. The decoder allocates the window a frame header
+// declares before it decodes a byte, so a 14-byte body could cost that
+// much heap per decoding client. RFC 9659 caps the window of the zstd
+// content coding at 8 MB (encoders must not exceed it, browsers refuse
+// more), and zstd's encoders stay within it by default.
+const maxWindow = 8 << 20
 
 // NewReader returns a reader of b decoded from coding ("gzip", "x-gzip",
 // "deflate", "br", "zstd"; case and spaces ignored) and a function that
