@@ -6,6 +6,33 @@ import (
 	"strings"
 )
 
+// Path returns the canonical path of u, as Append writes it: the path a
+// key names. Whatever decides how a request is keyed by its path (a
+// dedup rule's path_prefix) must look at this one, not at u.Path, or
+// "/public/../private" would be keyed as "/private" under the rule for
+// "/public".
+func Path(u *url.URL) string {
+	if src := u.EscapedPath(); plainPath(src) {
+		return src // what appendPath would write, without copying it
+	}
+	return string(appendPath(nil, u))
+}
+
+// plainPath reports whether appendPath leaves the escaped path p as it is:
+// it starts with '/', holds no escape and nothing to escape, and no "/."
+// that could start a dot-segment.
+func plainPath(p string) bool {
+	if !strings.HasPrefix(p, "/") || strings.Contains(p, "/.") {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		if c := p[i]; c == '%' || charClass[c]&classPath == 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // appendPath appends the canonical path of u.
 func appendPath(b []byte, u *url.URL) []byte {
 	// The key must name the request the origin receives, and the proxy

@@ -86,6 +86,12 @@ func TestRuleMatching(t *testing.T) {
 		{"GET", "https://www.example.com/checkout/pay", "any-checkout"},
 		{"GET", "https://api.example.com/checkout", "api"}, // first match wins
 		{"GET", "https://other.test/", "default"},
+		// The path the key names decides, dot-segments and escapes
+		// resolved as urlcanon.Path resolves them.
+		{"GET", "https://www.example.com/x/../checkout/pay", "any-checkout"},
+		{"GET", "https://www.example.com/x/%2E%2E/checkout/pay", "any-checkout"},
+		{"GET", "https://www.example.com/checkout/../cart", "default"},
+		{"GET", "https://www.example.com/%63heckout/pay", "any-checkout"},
 	} {
 		u, _ := url.Parse(tc.url)
 		r := rs.match(&http.Request{Method: tc.method, URL: u})

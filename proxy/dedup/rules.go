@@ -2,11 +2,13 @@ package dedup
 
 import (
 	"net/http"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
+	"github.com/seed-a3c387e8/onceproxy/internal/urlcanon"
 )
 
 // Rule is a compiled dedup.rules entry (or the default rule): what a
@@ -17,24 +19,35 @@ type Rule struct {
 	anyHost    bool           // no host pattern: every host
 	host       *hostmatch.Set // the rule's host pattern, unless anyHost
 	pathPrefix string
-	methods    map[string]bool // match filter; nil = any
-	optIn      map[string]bool // methods beyond GET/HEAD that are deduplicated
-	off        bool
-	ttl        time.Duration
-	keyer      *Keyer
-	statuses   map[int]bool
-	setCookie  bool
-	private    bool
+	// keyPrefix is pathPrefix as the key writes paths (urlcanon.Path):
+	// escaped and normalized.
+	keyPrefix string
+	methods   map[string]bool // match filter; nil = any
+	optIn     map[string]bool // methods beyond GET/HEAD that are deduplicated
+	off       bool
+	ttl       time.Duration
+	keyer     *Keyer
+	statuses  map[int]bool
+	setCookie bool
+	private   bool
 }
 
 // Name is the rule's name ("default" for the top-level settings).
 func (r *Rule) Name() string { return r.name }
 
-func (r *Rule) matches(method, host, urlPath string) bool {
+// matches reports whether the rule covers a request. A path prefix is
+// matched against the path the key names (urlcanon.Path: escaped, dot-
+// segments removed), computed once per request by keyPath when a prefix
+// needs it: the path the cache keeps the answer under, and the one most
+// origins answer. Matched against the path as sent, a rule sharing
+// responses across credentials for "/public" covered
+// "/public/../private/x", keyed as "/private/x"; and a rule turning dedup
+// off for "/checkout" missed "/x/../checkout/pay".
+func (r *Rule) matches(method, host string, keyPath func() string) bool {
 	if r.methods != nil && !r.methods[method] {
 		return false
 	}
-	if r.pathPrefix != "" && !strings.HasPrefix(urlPath, r.pathPrefix) {
+	if r.pathPrefix != "" && !strings.HasPrefix(keyPath(), r.keyPrefix) {
 		return false
 	}
 	return r.anyHost || r.host.Match(host)
@@ -72,6 +85,7 @@ func compileRules(c Config) *rules {
 			anyHost:    rc.Host == "",
 			host:       host,
 			pathPrefix: rc.PathPrefix,
+			keyPrefix:  keyPrefix(rc.PathPrefix),
 			off:        !c.Enabled || rc.Dedup != nil && !*rc.Dedup,
 			ttl:        c.TTL,
 			statuses:   def.statuses,
@@ -126,12 +140,28 @@ func (rs *rules) match(req *http.Request) *Rule {
 		return rs.def
 	}
 	host := req.URL.Hostname()
+	var kp string
+	keyPath := func() string {
+		if kp == "" {
+			kp = urlcanon.Path(req.URL)
+		}
+		return kp
+	}
 	for _, r := range rs.list {
-		if r.matches(req.Method, host, req.URL.Path) {
+		if r.matches(req.Method, host, keyPath) {
 			return r
 		}
 	}
 	return rs.def
+}
+
+// keyPrefix writes a rule's path_prefix as urlcanon.Path writes paths
+// ("/café/" as "/caf%C3%A9/").
+func keyPrefix(prefix string) string {
+	if prefix == "" {
+		return ""
+	}
+	return urlcanon.Path(&url.URL{Path: prefix})
 }
 
 // keyers returns every distinct keyer, for invalidation by URL: an entry's
