@@ -149,15 +149,24 @@ func retryDelay(pv *provider, failures int) time.Duration {
 }
 
 // refreshLoop refreshes pv's list every refresh interval, sooner after a
-// failure.
+// failure. The interval runs from the last fetch, not from the loop's
+// start: a reload restarts the loop, and reloads more frequent than the
+// interval must not keep the list from ever being fetched.
 func (p *Pool) refreshLoop(ctx context.Context, pv *provider) {
 	for {
 		p.mu.Lock()
 		failures := pv.failures
+		last := pv.refresh.LastRefresh
+		if pv.refresh.LastErrorAt.After(last) {
+			last = pv.refresh.LastErrorAt
+		}
 		p.mu.Unlock()
 		wait := pv.cfg.Refresh
 		if failures > 0 {
 			wait = retryDelay(pv, failures)
+		}
+		if since := p.now().Sub(last); !last.IsZero() && since > 0 {
+			wait -= since
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -236,6 +245,7 @@ func (p *Pool) healthRound(ctx context.Context, hc HealthConfig) {
 
 // probe fetches health.url through s and marks the outcome.
 func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
+	since := s.h.epoch()
 	pctx, cancel := context.WithTimeout(ctx, hc.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(pctx, http.MethodGet, hc.URL, nil)
@@ -282,7 +292,7 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
 			}
 		}
 	}
-	p.mark(s, v.kind, v.retryAfter, s.scrub(v.msg))
+	p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg))
 	if v.kind.failure() {
 		p.log.Warn("upstream health probe failed", "session", s.id, "outcome", v.kind.String(), "detail", s.scrub(v.msg))
 	}

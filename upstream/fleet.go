@@ -208,9 +208,10 @@ func (p *Pool) claimRotation(ctx context.Context, s *session, gen uint64, pv *pr
 	return false, nil, true
 }
 
-// mark records an outcome of s and tells the fleet when it benched s.
-func (p *Pool) mark(s *session, o outcome, retryAfter time.Duration, msg string) {
-	if d := s.h.mark(o, p.now(), retryAfter, msg); d > 0 {
+// mark records an outcome of s, for an attempt that started at s's
+// cooldown epoch since (s.h.epoch()), and tells the fleet when it benched s.
+func (p *Pool) mark(s *session, since uint64, o outcome, retryAfter time.Duration, msg string) {
+	if d := s.h.markSince(o, p.now(), retryAfter, msg, since); d > 0 {
 		p.publish(SessionEvent{Session: s.id, Kind: EventCooldown, For: d, Reason: o.String()})
 		p.checkProviders()
 	}

@@ -87,10 +87,15 @@ type health struct {
 	last       outcome
 	lastErr    string
 	lastAt     time.Time
+	// coolEpoch counts the cooldowns started or extended: an attempt
+	// notes it when it starts (epoch), so that its success can tell a
+	// cooldown that began while it was in flight (see markSince).
+	coolEpoch uint64
 
 	// Mirrors for lock-free reads, written under mu.
 	aWeight    atomic.Int32
 	aCoolUntil atomic.Int64 // unix nanoseconds; 0 = not cooling
+	aEpoch     atomic.Uint64
 
 	requests atomic.Int64 // uses with an outcome
 	failed   atomic.Int64 // of which failures
@@ -108,10 +113,10 @@ func (h *health) init(weight int) {
 // rate-limited IP fresh.
 func (h *health) copyFrom(o *health) {
 	o.mu.Lock()
-	weight, failures, until, reason, last, lastErr, lastAt := o.weight, o.failures, o.coolUntil, o.coolReason, o.last, o.lastErr, o.lastAt
+	weight, failures, until, reason, last, lastErr, lastAt, epoch := o.weight, o.failures, o.coolUntil, o.coolReason, o.last, o.lastErr, o.lastAt, o.coolEpoch
 	o.mu.Unlock()
 	h.mu.Lock()
-	h.weight, h.failures, h.coolUntil, h.coolReason, h.last, h.lastErr, h.lastAt = weight, failures, until, reason, last, lastErr, lastAt
+	h.weight, h.failures, h.coolUntil, h.coolReason, h.last, h.lastErr, h.lastAt, h.coolEpoch = weight, failures, until, reason, last, lastErr, lastAt, epoch
 	h.publish()
 	h.mu.Unlock()
 	h.requests.Store(o.requests.Load())
@@ -121,6 +126,7 @@ func (h *health) copyFrom(o *health) {
 // publish copies weight and cooldown to the atomic mirrors. Caller holds mu.
 func (h *health) publish() {
 	h.aWeight.Store(int32(h.weight))
+	h.aEpoch.Store(h.coolEpoch)
 	if h.coolUntil.IsZero() {
 		h.aCoolUntil.Store(0)
 	} else {
@@ -128,12 +134,22 @@ func (h *health) publish() {
 	}
 }
 
-// mark records one outcome at now. retryAfter (from a 429 or ban) makes the
-// cooldown at least that long. A cooldown is never shortened by a later,
-// milder failure; a success ends it (the session demonstrably works). It
-// returns the cooldown this mark started or extended (0: none), for the
-// fleet to hear about.
+// epoch is the cooldown epoch an attempt starting now notes (see markSince).
+func (h *health) epoch() uint64 { return h.aEpoch.Load() }
+
+// mark records one outcome at now of an attempt that started after every
+// cooldown so far (see markSince).
 func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg string) (cooling time.Duration) {
+	return h.markSince(o, now, retryAfter, errMsg, h.epoch())
+}
+
+// markSince records one outcome at now of an attempt that started at
+// cooldown epoch since. retryAfter (from a 429 or ban) makes the cooldown
+// at least that long. A cooldown is never shortened by a later, milder
+// failure; a success ends it (the session demonstrably works), unless the
+// attempt started before the cooldown did. It returns the cooldown this
+// mark started or extended (0: none), for the fleet to hear about.
+func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, errMsg string, since uint64) (cooling time.Duration) {
 	if o == outcomeNone {
 		return 0
 	}
@@ -144,6 +160,14 @@ func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.last, h.lastAt, h.lastErr = o, now, errMsg
+	if o == outcomeOK && since != h.coolEpoch && now.Before(h.coolUntil) {
+		// The request was sent before the cooldown began: its 200 says
+		// nothing about the exit IP since the 429 (or the fleet's news).
+		// Many requests share a session; were the ones admitted before a
+		// rate limit to end its cooldown as they come back, the session
+		// would never sit one out, nor its failures add up.
+		return 0
+	}
 	if o == outcomeOK {
 		h.weight = min(h.weight+1, maxWeight)
 		h.failures = 0
@@ -176,6 +200,7 @@ func (h *health) benchUntil(until time.Time, reason outcome) bool {
 		return false
 	}
 	h.coolUntil, h.coolReason = until, reason
+	h.coolEpoch++
 	return true
 }
 

@@ -265,7 +265,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err != nil {
 			return nil, fmt.Errorf("upstream: replay request body: %w", err)
 		}
-		gen := s.gen.Load()
+		gen, since := s.gen.Load(), s.h.epoch()
 		resp, err := s.roundTrip(s.transportFor(out, r.mirror), out)
 		v, bodyErr := p.classify(ctx, r, out, resp, err)
 		if bodyErr != nil {
@@ -290,7 +290,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			misses.charge(p)
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, v.kind, v.retryAfter, s.scrub(v.msg))
+		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg))
 		if v.kind == outcomeOK || v.kind == outcomeNone {
 			if v.kind == outcomeOK && pr.key != 0 {
 				p.bindings.put(pr.key, s.id, now.UnixNano())
@@ -467,11 +467,12 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 			return nil, p.exhaustedError(set, &pr, now)
 		}
 		p.endExhaustion()
+		since := s.h.epoch()
 		c, err := s.tunnel(ctx, addr)
 		if err == nil {
 			misses.charge(p) // the target was reachable through s
 			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil)
-			p.mark(s, outcomeOK, 0, "")
+			p.mark(s, since, outcomeOK, 0, "")
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("tunnel through upstream session", "session", s.id, "target", addr)
 			}
@@ -488,7 +489,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 			continue
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, v.kind, 0, s.scrub(v.msg))
+		p.mark(s, since, v.kind, 0, s.scrub(v.msg))
 		if v.kind == outcomeNone {
 			return nil, lastErr
 		}
@@ -535,7 +536,7 @@ func (m *targetMisses) add(s *session, msg string) bool {
 // charge marks the sessions that missed a target another session reached.
 func (m *targetMisses) charge(p *Pool) {
 	for _, tm := range m.list {
-		p.mark(tm.s, outcomeConnError, 0, tm.msg+" (reachable through another session)")
+		p.mark(tm.s, tm.s.h.epoch(), outcomeConnError, 0, tm.msg+" (reachable through another session)")
 	}
 	m.list = nil
 }
