@@ -531,6 +531,11 @@ func (p ProviderConfig) validate(key string, listed bool, getenv func(string) st
 			add("api", "required")
 		}
 	}
+	if p.Name == staticName && (listed || p.API != "") {
+		// The pool indexes its groups by name: a provider of this name
+		// would take the hand-listed sessions' place.
+		add("name", "%q names the group of hand-listed sessions; choose another name", p.Name)
+	}
 	if p.Refresh < 0 {
 		add("refresh", "must not be negative, got %s", p.Refresh)
 	}
@@ -538,8 +543,11 @@ func (p ProviderConfig) validate(key string, listed bool, getenv func(string) st
 		add("timeout", "must not be negative, got %s", p.Timeout)
 	}
 	if p.API != "" {
-		if u, err := url.Parse(p.API); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil {
-			add("api", "must be an http(s) URL with a host and no credentials, got %q", redact(p.API))
+		// The calls append their paths to api: a query or a fragment
+		// would swallow them.
+		if u, err := url.Parse(p.API); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
+			u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
+			add("api", "must be an http(s) URL with a host and no credentials, query or fragment, got %q", redact(p.API))
 		}
 		switch {
 		case p.APIKey != "" && p.APIKeyEnv != "":

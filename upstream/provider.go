@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -228,8 +229,19 @@ func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
 		rotation: rotation,
 		interval: interval,
 		weight:   weight,
-		exitIP:   ws.ExitIP,
+		exitIP:   exitIPOf(ws.ExitIP),
 	}, nil
+}
+
+// exitIPOf is the exit IP a provider reports, "" (unknown) unless it is an
+// IP address: what is shown as one, and sent to the fleet in a rotation
+// note (where anything else has the whole note rejected), must be one.
+func exitIPOf(raw string) string {
+	a, err := netip.ParseAddr(strings.TrimSpace(raw))
+	if err != nil {
+		return ""
+	}
+	return a.String()
 }
 
 // rotate asks the provider for a new exit IP for session id and returns it
@@ -239,11 +251,15 @@ func (c *providerClient) rotate(ctx context.Context, id string) (string, error) 
 	if err != nil {
 		return "", err
 	}
-	var ws wireSession
+	// Only exit_ip is read: the rest of the object may be anything, the
+	// rotation is done all the same.
+	var ws struct {
+		ExitIP string `json:"exit_ip"`
+	}
 	if json.Unmarshal(body, &ws) != nil {
 		return "", nil // rotated; the new IP is just not known
 	}
-	return ws.ExitIP, nil
+	return exitIPOf(ws.ExitIP), nil
 }
 
 // scrub makes sure the API key never reaches a log line or an error a

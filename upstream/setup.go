@@ -72,11 +72,20 @@ func (p *Pool) build(cfg Config, old *setup) (st *setup, fresh []*provider, err 
 	for _, pc := range cfg.apiProviders() {
 		pv := newProvider(pc, qualify, p.defPrice)
 		key := pc.apiKey(p.getenv)
-		if prev := oldGroup(old, pc.Name); prev != nil && prev.sameAPI(pc, key) {
+		prev := oldGroup(old, pc.Name)
+		switch {
+		case prev != nil && prev.sameAPI(pc, key):
 			pv.client = prev.client
 			pv.adopt(prev)
-		} else {
+		default:
 			pv.client = newProviderClient(pc, key, p.kit.tls, p.kit.dialer)
+			if pv.continues(prev) {
+				// The same API called another way (a new key, timeout or
+				// protocol): its sessions keep their health and cooldowns
+				// until the new client's list replaces them, and stay
+				// if that first fetch fails.
+				pv.adopt(prev)
+			}
 			fresh = append(fresh, pv)
 		}
 		st.groups = append(st.groups, pv)
@@ -132,6 +141,13 @@ func (p *Pool) build(cfg Config, old *setup) (st *setup, fresh []*provider, err 
 	sortSessions(st.static)
 	sortGroups(st.groups)
 	return st, fresh, nil
+}
+
+// continues reports whether pv is prev, the provider of the same name in
+// the setup being replaced, with the same API: its sessions are pv's until
+// pv's API says otherwise.
+func (pv *provider) continues(prev *provider) bool {
+	return prev != nil && prev.client != nil && pv.cfg.API == prev.cfg.API
 }
 
 func oldGroup(old *setup, name string) *provider {
@@ -251,7 +267,7 @@ func (p *Pool) Reconfigure(cfg Config) error {
 	old := p.st.Load()
 	// Sessions of kept providers may have been refreshed meanwhile.
 	for _, pv := range st.groups {
-		if prev := old.byName[pv.name]; prev != nil && pv.client == prev.client {
+		if prev := old.byName[pv.name]; pv.continues(prev) {
 			pv.sessions, pv.failures, pv.refresh = prev.sessions, prev.failures, prev.refresh
 			pv.apiDown.Store(prev.apiDown.Load())
 		}
@@ -271,6 +287,14 @@ func (p *Pool) Reconfigure(cfg Config) error {
 	select {
 	case p.reconf <- struct{}{}:
 	default:
+	}
+	if cfg.Health != old.cfg.Health {
+		// The health loop sleeps for the interval it last read: a new
+		// URL or interval must not wait for that (an hour, say) to run out.
+		select {
+		case p.healthKick <- struct{}{}:
+		default:
+		}
 	}
 	p.log.Info("upstream reconfigured", "egress", p.Describe())
 	return nil

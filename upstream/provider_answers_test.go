@@ -1,0 +1,90 @@
+package upstream_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// scriptedAPI is a provider API on loopback that answers what the test
+// sets: the session list and the rotate call's body.
+type scriptedAPI struct {
+	*httptest.Server
+	mu     sync.Mutex
+	list   string
+	rotate string
+}
+
+func startScriptedAPI(t *testing.T, list string) *scriptedAPI {
+	t.Helper()
+	a := &scriptedAPI{list: list, rotate: "{}"}
+	a.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		a.mu.Lock()
+		list, rotate := a.list, a.rotate
+		a.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch {
+		case r.Method == http.MethodGet && r.URL.Path == "/api/session":
+			io.WriteString(w, list)
+		case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/rotate"):
+			io.WriteString(w, rotate)
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(a.Close)
+	return a
+}
+
+func (a *scriptedAPI) setRotate(body string) {
+	a.mu.Lock()
+	a.rotate = body
+	a.mu.Unlock()
+}
+
+// TestProviderExitIPMustBeAnAddress: exit_ip is what the provider says,
+// and providers say odd things ("pending", "ip:port", a trailing newline).
+// What is not an IP address is unknown: it is neither shown as the exit IP
+// nor sent to the fleet, where a rotation note carrying it was rejected
+// whole, so the other instances kept their tunnels to the old exit IP. An
+// address with blanks around it is the address.
+func TestProviderExitIPMustBeAnAddress(t *testing.T) {
+	api := startScriptedAPI(t, `{"sessions": [{"id": "s1", "username": "u", "password": "pw",
+		"gateway_host": "127.0.0.1", "http_port": `+strings.Split(testkit.DeadAddr(t), ":")[1]+`,
+		"exit_ip": "203.0.113.7:31280"}]}`)
+	a, b, _ := twoInstances(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL, APIKey: "k"}})
+	if st := statusOf(t, a, "s1"); st.ExitIP != "" {
+		t.Errorf("listed exit_ip %q shown as %q, want unknown", "203.0.113.7:31280", st.ExitIP)
+	}
+
+	api.setRotate(`{"id": "s1", "exit_ip": "pending"}`)
+	if err := a.Rotate(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.NotesRejected(); n != 0 {
+		t.Fatalf("the other instance rejected %d rotation notes", n)
+	}
+	if st := statusOf(t, a, "s1"); st.ExitIP != "" || st.Rotations != 1 {
+		t.Errorf("after a rotation to %q: %+v", "pending", st)
+	}
+
+	api.setRotate(`{"id": "s1", "exit_ip": " 203.0.113.9\n"}`)
+	if err := a.Rotate(context.Background(), "s1"); err != nil {
+		t.Fatal(err)
+	}
+	if n := b.NotesRejected(); n != 0 {
+		t.Fatalf("the other instance rejected %d rotation notes", n)
+	}
+	for _, p := range []*upstream.Pool{a, b} {
+		if st := statusOf(t, p, "s1"); st.ExitIP != "203.0.113.9" {
+			t.Errorf("exit IP %q, want 203.0.113.9", st.ExitIP)
+		}
+	}
+}
