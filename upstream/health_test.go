@@ -115,6 +115,9 @@ func TestRetryAfter(t *testing.T) {
 		{"0", 0},
 		{"-5", 0},
 		{"999999999", time.Hour},
+		{"10000000000", time.Hour},          // overflowed time.Duration when multiplied
+		{"99999999999999999999", time.Hour}, // past int64
+		{"-99999999999999999999", 0},
 		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
 		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
 		{"soon", 0},

@@ -219,11 +219,17 @@ func retryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if n, err := strconv.Atoi(strings.TrimSpace(v)); err == nil {
-		if n <= 0 {
+	if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil || errors.Is(err, strconv.ErrRange) {
+		// Capped before the multiplication, which would overflow into a
+		// negative duration; a number past int64 (ErrRange, n at its
+		// bound) is a long wait too, not no value.
+		switch {
+		case n <= 0:
 			return 0
+		case n >= int64(maxRetryAfter/time.Second):
+			return maxRetryAfter
 		}
-		return min(time.Duration(n)*time.Second, maxRetryAfter)
+		return time.Duration(n) * time.Second
 	}
 	if t, err := http.ParseTime(v); err == nil && t.After(now) {
 		return min(t.Sub(now), maxRetryAfter)
