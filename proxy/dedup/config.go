@@ -126,8 +126,9 @@ type RuleConfig struct {
 	// BodyFields keys a form or JSON body on these fields only (a CAPTCHA
 	// solver's sitekey and page, not the API key or a nonce).
 	BodyFields []string `yaml:"body_fields"`
-	// ShareCredentials lets requests with different Authorization, Cookie
-	// or proxy user share responses. Only for public data.
+	// ShareCredentials lets requests with different Authorization, Cookie,
+	// headers named like credentials or proxy user share responses. Only
+	// for public data.
 	ShareCredentials bool `yaml:"share_credentials"`
 	// ShareCountries lets requests that ask for different exit countries
 	// (user-country-XX, X-Onceproxy-Country) share responses. Only for

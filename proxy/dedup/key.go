@@ -80,8 +80,9 @@ type KeySpec struct {
 	// [DefaultIgnoreParams] is used; an empty non-nil slice drops nothing.
 	IgnoreParams []string
 
-	// ShareCredentials, when true, leaves Authorization, Cookie, URL
-	// userinfo and the proxy user out of the key, so that clients with
+	// ShareCredentials, when true, leaves Authorization, Cookie, the
+	// headers named like credentials, URL userinfo and the proxy user out
+	// of the key, so that clients with
 	// different credentials share responses. Only for origins whose responses
 	// do not depend on who asks.
 	ShareCredentials bool
@@ -231,7 +232,10 @@ func (k *Keyer) canonicalURL(b []byte, u *url.URL) ([]byte, error) {
 //   - unless ShareCredentials: the Authorization values; the cookies (from all
 //     Cookie headers, sorted stably by name, so their order does not matter);
 //     the URL userinfo (net/http clients send it as Authorization); and
-//     who.Account, the authenticated proxy account ("" for none);
+//     who.Account, the authenticated proxy account ("" for none); and, after
+//     the body, only when the request has any, the headers named like
+//     credentials (X-Api-Key, X-Auth-Token, X-Csrf-Token: see
+//     credentialHeader), tagged;
 //   - if Body: Content-Type, Content-Encoding and either the selected
 //     BodyFields (form: every value of each field; JSON: each field's value
 //     made compact with object members sorted by name, a missing field
@@ -285,6 +289,11 @@ func (k *Keyer) Key(method string, u *url.URL, h http.Header, who Requester, bod
 		b = k.appendBody(b, h, body)
 	} else {
 		b = append(b, 0)
+	}
+	if !k.shareCredentials {
+		// Only when there are any, tagged, like the country below: keys
+		// of requests without them are the bytes they were before.
+		b = appendCredentialHeaders(b, h)
 	}
 	if !k.shareCountries && (who.Country != "" || who.City != "") {
 		// Every component before is self-delimiting, so these trailing
@@ -404,6 +413,85 @@ func appendCookies(b []byte, lines []string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(pairs)))
 	for _, p := range pairs {
 		b = appendString(b, p)
+	}
+	return b
+}
+
+// notCredentials are the header names requests carry most (browsers,
+// HTTP libraries, the proxy's own): appendCredentialHeaders skips them with
+// one lookup instead of reading their names.
+var notCredentials = func() map[string]bool {
+	m := map[string]bool{}
+	for _, n := range []string{
+		"Accept", "Accept-Encoding", "Accept-Language", "Authorization", "Cache-Control", "Connection",
+		"Content-Encoding", "Content-Length", "Content-Type", "Cookie", "Dnt", "Host", "If-Match",
+		"If-Modified-Since", "If-None-Match", "If-Range", "If-Unmodified-Since", "Origin", "Pragma",
+		"Priority", "Range", "Referer", "Sec-Ch-Ua", "Sec-Ch-Ua-Mobile", "Sec-Ch-Ua-Platform",
+		"Sec-Fetch-Dest", "Sec-Fetch-Mode", "Sec-Fetch-Site", "Sec-Fetch-User", "Te", "Upgrade-Insecure-Requests",
+		"User-Agent", "Via", "X-Forwarded-For", "X-Requested-With",
+	} {
+		m[n] = true
+	}
+	return m
+}()
+
+// credentialWords mark a header name as a credential's, case aside:
+// X-Api-Key, Api-Key, Ocp-Apim-Subscription-Key, X-Auth-Token,
+// X-Access-Token, X-Amz-Security-Token, X-Csrf-Token, X-Session-Id,
+// X-Client-Secret, X-Signature...
+var credentialWords = []string{"key", "token", "auth", "secret", "session", "csrf", "xsrf", "signature", "password", "credential"}
+
+// credentialHeader reports whether a header name (canonical) is named like
+// a credential. Authorization and Cookie are keyed on their own.
+func credentialHeader(name string) bool {
+	if notCredentials[name] {
+		return false
+	}
+	for _, w := range credentialWords {
+		if containsFold(name, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// containsFold reports whether s contains the lower-case ASCII word w,
+// ignoring the case of s, without allocating.
+func containsFold(s, w string) bool {
+	for i := 0; i+len(w) <= len(s); i++ {
+		j := 0
+		for j < len(w) && s[i+j]|0x20 == w[j] {
+			j++
+		}
+		if j == len(w) {
+			return true
+		}
+	}
+	return false
+}
+
+// appendCredentialHeaders appends, when h has any, 'c' and the headers
+// named like credentials (credentialHeader) with their values, sorted by
+// name: an API key or session token in a header of the site's own is as
+// much who asks as Authorization is, and two clients with different ones
+// must not share an answer. Nothing is appended without them.
+func appendCredentialHeaders(b []byte, h http.Header) []byte {
+	var narr [8]string
+	names := narr[:0]
+	for name := range h {
+		if credentialHeader(name) {
+			names = append(names, name)
+		}
+	}
+	if len(names) == 0 {
+		return b
+	}
+	slices.Sort(names)
+	b = append(b, 'c')
+	b = binary.AppendUvarint(b, uint64(len(names)))
+	for _, name := range names {
+		b = appendString(b, name)
+		b = appendValues(b, h[name])
 	}
 	return b
 }
