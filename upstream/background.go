@@ -226,21 +226,24 @@ func (p *Pool) healthRound(ctx context.Context, hc HealthConfig) {
 	sem := make(chan struct{}, probeParallelism)
 	var wg sync.WaitGroup
 	now := p.now()
+	// The slot is taken before the goroutine starts: a provider listing
+	// thousands of sessions must not start thousands of goroutines that
+	// only wait.
+	defer wg.Wait()
 	for _, s := range p.sessions.Load().list {
 		if s.h.coolingForOrigin(now) {
 			continue
 		}
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		wg.Go(func() {
-			select {
-			case sem <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
 			defer func() { <-sem }()
 			p.probe(ctx, s, hc)
 		})
 	}
-	wg.Wait()
 }
 
 // probe fetches health.url through s and marks the outcome.
