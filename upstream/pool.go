@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/urlcanon"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream/mirror"
 )
@@ -232,7 +233,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 	st := p.st.Load()
 	host := req.URL.Hostname()
-	r := st.match(host, req.URL.Path)
+	r := st.match(host, urlcanon.Path(req.URL))
 	if st.isDirect {
 		return p.sendDirect(req, r)
 	}

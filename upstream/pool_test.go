@@ -477,6 +477,35 @@ func TestRetryOnlyForRetryMethods(t *testing.T) {
 	}
 }
 
+// TestRulePathIsTheKeyedPath: a rule's path_prefix holds for the path as
+// it is keyed and answered (urlcanon.Path, as dedup rules match it), dot-
+// segments resolved: "/x/../submit" is under "/submit", "/submit/../other"
+// is not.
+func TestRulePathIsTheKeyedPath(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	o := newOrigin(t, false)
+	o.setBehave(func(ip string, w http.ResponseWriter, r *http.Request) bool {
+		if s, _ := fp.Session("s1"); ip == s.ExitIP {
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return true
+		}
+		return false
+	})
+	logger, _ := testLogger(t)
+	cfg := providerConfig(fp)
+	cfg.Rules = []upstream.RuleConfig{{Host: "127.0.0.1", PathPrefix: "/submit", RetryMethods: []string{"POST"}}}
+	for _, tc := range []struct {
+		path       string
+		retried    bool
+		wantStatus int
+	}{{"/x/../submit", true, 200}, {"/submit/../other", false, 429}} {
+		r, err := send(t, newPool(t, cfg, logger), http.MethodPost, o.URL+tc.path, clientinfo.Info{Session: "s1"}, "form")
+		if err != nil || r.status != tc.wantStatus || (r.upstream == "s2") != tc.retried {
+			t.Errorf("POST %s: %v %+v; want %d, retried on s2: %v", tc.path, err, r, tc.wantStatus, tc.retried)
+		}
+	}
+}
+
 // TestBanBody: a rule's ban_body in a 200 page is a ban: the session is
 // rotated and the request retried; when it is the final answer, the client
 // gets the body intact, however large.

@@ -18,6 +18,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/contentcoding"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
+	"github.com/seed-a3c387e8/onceproxy/internal/urlcanon"
 )
 
 // rule is a compiled upstream.rules entry; the pool's default rule (no
@@ -26,7 +27,7 @@ type rule struct {
 	name         string
 	anyHost      bool           // no host pattern: every host
 	host         *hostmatch.Set // the rule's host pattern, unless anyHost
-	pathPrefix   string
+	pathPrefix   urlcanon.Prefix
 	sticky       string
 	banStatuses  []int
 	banBody      []byte
@@ -48,7 +49,7 @@ func compileRules(cfg Config) (rules []*rule, def *rule) {
 			name:         name,
 			anyHost:      rc.Host == "",
 			host:         host,
-			pathPrefix:   rc.PathPrefix,
+			pathPrefix:   urlcanon.NewPrefix(rc.PathPrefix),
 			sticky:       rc.Sticky,
 			banStatuses:  slices.Clone(rc.BanStatuses),
 			retryMethods: slices.Clone(rc.RetryMethods),
@@ -72,8 +73,10 @@ func compileRules(cfg Config) (rules []*rule, def *rule) {
 		mirror: cfg.Fingerprint == FingerprintMirror}
 }
 
-func (r *rule) matches(host, urlPath string) bool {
-	if r.pathPrefix != "" && !strings.HasPrefix(urlPath, r.pathPrefix) {
+// matches reports whether the rule covers host and path (urlcanon.Path,
+// as dedup rules match it; "" for a tunnel, which no path prefix covers).
+func (r *rule) matches(host, path string) bool {
+	if !r.pathPrefix.IsZero() && (path == "" || !r.pathPrefix.Match(path)) {
 		return false
 	}
 	return r.anyHost || r.host.Match(host)

@@ -18,6 +18,29 @@ func Path(u *url.URL) string {
 	return string(appendPath(nil, u))
 }
 
+// A Prefix is a configured path prefix (a rule's path_prefix) written as
+// Path writes paths, so that it is matched against the path a request is
+// keyed under and most origins answer: "/public/../private/x" is not
+// under "/public/", and "/%61pi/x" is under "/api/". It is the one path
+// matcher of the configuration, as hostmatch is the one host matcher. The
+// zero Prefix matches every path.
+type Prefix struct{ p string }
+
+// NewPrefix compiles prefix, as a configuration writes it (decoded:
+// "/café/").
+func NewPrefix(prefix string) Prefix {
+	if prefix == "" {
+		return Prefix{}
+	}
+	return Prefix{Path(&url.URL{Path: prefix})}
+}
+
+// Match reports whether path, a Path result, starts with the prefix.
+func (p Prefix) Match(path string) bool { return strings.HasPrefix(path, p.p) }
+
+// IsZero reports whether the prefix matches every path.
+func (p Prefix) IsZero() bool { return p.p == "" }
+
 // plainPath reports whether appendPath leaves the escaped path p as it is:
 // it starts with '/', holds no escape and nothing to escape, and no "/."
 // that could start a dot-segment.

@@ -2,9 +2,7 @@ package dedup
 
 import (
 	"net/http"
-	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
@@ -18,36 +16,32 @@ type Rule struct {
 	name       string
 	anyHost    bool           // no host pattern: every host
 	host       *hostmatch.Set // the rule's host pattern, unless anyHost
-	pathPrefix string
-	// keyPrefix is pathPrefix as the key writes paths (urlcanon.Path):
-	// escaped and normalized.
-	keyPrefix string
-	methods   map[string]bool // match filter; nil = any
-	optIn     map[string]bool // methods beyond GET/HEAD that are deduplicated
-	off       bool
-	ttl       time.Duration
-	keyer     *Keyer
-	statuses  map[int]bool
-	setCookie bool
-	private   bool
+	pathPrefix urlcanon.Prefix
+	methods    map[string]bool // match filter; nil = any
+	optIn      map[string]bool // methods beyond GET/HEAD that are deduplicated
+	off        bool
+	ttl        time.Duration
+	keyer      *Keyer
+	statuses   map[int]bool
+	setCookie  bool
+	private    bool
 }
 
 // Name is the rule's name ("default" for the top-level settings).
 func (r *Rule) Name() string { return r.name }
 
-// matches reports whether the rule covers a request. A path prefix is
-// matched against the path the key names (urlcanon.Path: escaped, dot-
-// segments removed), computed once per request by keyPath when a prefix
-// needs it: the path the cache keeps the answer under, and the one most
+// matches reports whether the rule covers a request to host whose path,
+// as the key names it, is keyPath (urlcanon.Path: escaped, dot-segments
+// removed): the path the cache keeps the answer under, and the one most
 // origins answer. Matched against the path as sent, a rule sharing
 // responses across credentials for "/public" covered
 // "/public/../private/x", keyed as "/private/x"; and a rule turning dedup
 // off for "/checkout" missed "/x/../checkout/pay".
-func (r *Rule) matches(method, host string, keyPath func() string) bool {
+func (r *Rule) matches(method, host, keyPath string) bool {
 	if r.methods != nil && !r.methods[method] {
 		return false
 	}
-	if r.pathPrefix != "" && !strings.HasPrefix(keyPath(), r.keyPrefix) {
+	if !r.pathPrefix.Match(keyPath) {
 		return false
 	}
 	return r.anyHost || r.host.Match(host)
@@ -84,8 +78,7 @@ func compileRules(c Config) *rules {
 			name:       rc.Name,
 			anyHost:    rc.Host == "",
 			host:       host,
-			pathPrefix: rc.PathPrefix,
-			keyPrefix:  keyPrefix(rc.PathPrefix),
+			pathPrefix: urlcanon.NewPrefix(rc.PathPrefix),
 			off:        !c.Enabled || rc.Dedup != nil && !*rc.Dedup,
 			ttl:        c.TTL,
 			statuses:   def.statuses,
@@ -139,29 +132,13 @@ func (rs *rules) match(req *http.Request) *Rule {
 	if len(rs.list) == 0 {
 		return rs.def
 	}
-	host := req.URL.Hostname()
-	var kp string
-	keyPath := func() string {
-		if kp == "" {
-			kp = urlcanon.Path(req.URL)
-		}
-		return kp
-	}
+	host, path := req.URL.Hostname(), urlcanon.Path(req.URL)
 	for _, r := range rs.list {
-		if r.matches(req.Method, host, keyPath) {
+		if r.matches(req.Method, host, path) {
 			return r
 		}
 	}
 	return rs.def
-}
-
-// keyPrefix writes a rule's path_prefix as urlcanon.Path writes paths
-// ("/café/" as "/caf%C3%A9/").
-func keyPrefix(prefix string) string {
-	if prefix == "" {
-		return ""
-	}
-	return urlcanon.Path(&url.URL{Path: prefix})
 }
 
 // keyers returns every distinct keyer, for invalidation by URL: an entry's
