@@ -149,9 +149,20 @@ func (e *Engine) peerResponse(r *http.Request, key string) (*http.Response, []He
 	return resp, ent.Vary
 }
 
-// validKey reports whether key has the form of an X-Cache-Key.
+// validKey reports whether key has the form of an X-Cache-Key: the version
+// and 64 lower-case hex digits (hexKey). Anything else in the path (dot
+// segments, other bytes) is a malformed request, never looked up.
 func validKey(key string) bool {
-	return strings.HasPrefix(key, keyVersion+":") && len(key) == len(keyVersion)+1+64
+	sum, ok := strings.CutPrefix(key, keyVersion+":")
+	if !ok || len(sum) != 64 {
+		return false
+	}
+	for i := 0; i < len(sum); i++ {
+		if c := sum[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }
 
 // askPeer asks peer for the body under key, for this instance's flight:
@@ -163,19 +174,43 @@ func (e *Engine) askPeer(ctx context.Context, key string, peer Peer) *http.Respo
 	if err == nil {
 		var resp *http.Response
 		if resp, err = e.peers.RoundTrip(req); err == nil {
-			if resp.Header.Get(HeaderCacheKey) == key {
+			if err = wholePeerAnswer(resp, key); err == nil {
 				return resp
 			}
-			// Not one of its objects: the listener's refusal (a bad
-			// token), or nothing held under key any more.
-			_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
+			if !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols {
+				// A refusal's few bytes, so that the connection goes
+				// back to the pool; one that cannot (a 101 holds the
+				// raw connection) is not read at all: it may be silent.
+				_, _ = io.CopyN(io.Discard, resp.Body, 4<<10)
+			}
 			resp.Body.Close()
-			err = fmt.Errorf("%w: %s", errPeer, resp.Status)
 		}
 	}
 	e.st.peerFallback.Add(1)
 	e.log.Warn("could not read a body from the instance downloading it; fetching it from the origin",
 		"key", key, "peer", peer.Instance, "addr", peer.Addr, "err", err)
+	return nil
+}
+
+// wholePeerAnswer reports why resp, a peer's answer to a GET of key
+// without Range, is not that whole body, which the follower can read into
+// its flight; nil when it is. The follower's clients would get what it
+// takes as it is, and its cache keep it.
+func wholePeerAnswer(resp *http.Response, key string) error {
+	switch {
+	case resp.Header.Get(HeaderCacheKey) != key:
+		// Not one of its objects: the listener's refusal (a bad
+		// token), or nothing held under key any more.
+		return fmt.Errorf("%w: %s", errPeer, resp.Status)
+	case resp.StatusCode < http.StatusOK || resp.StatusCode == http.StatusPartialContent:
+		// Neither a part nor an upgrade answers a GET of the whole body.
+		return fmt.Errorf("%w: %s to a GET of the whole body", errPeer, resp.Status)
+	case resp.ProtoMajor == 1 && resp.ContentLength < 0 && !slices.Contains(resp.TransferEncoding, "chunked"):
+		// A body that ends where the connection does: a peer killed in
+		// the middle of it would look like its end, a short body
+		// cached as the whole. PeerHandler sends a length or chunks.
+		return fmt.Errorf("%w: %s with a body delimited by the connection's close, whose cut looks like its end", errPeer, resp.Status)
+	}
 	return nil
 }
 
