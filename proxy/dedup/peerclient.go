@@ -5,9 +5,12 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
 )
 
@@ -84,19 +87,37 @@ func (c *PeerClient) RoundTrip(req *http.Request) (*http.Response, error) {
 func (c *PeerClient) Close() { c.tr.CloseIdleConnections() }
 
 // ValidPeerAddr reports whether addr, read from a shared store, can name a
-// peer listener: host:port with a host and a port from 1 to 65535. A store
-// is trusted to name peers (it names the values clients get, too), but
-// what it holds must not make the engine dial nonsense.
+// peer listener: host:port with a host (an IP address without a zone, or a
+// DNS name) and a port from 1 to 65535. A store is trusted to name peers
+// (it names the values clients get, too), but what it holds must not make
+// the engine dial nonsense: addr is the authority of the URL a follower
+// requests, and a host holding '/', '?', '#' or '@' would end it early and
+// send the request, the fleet's token with it, to another port.
 func ValidPeerAddr(addr string) bool {
 	if len(addr) > 300 {
 		return false
 	}
 	host, port, err := net.SplitHostPort(addr)
-	if err != nil || host == "" {
+	if err != nil || host == "" || !allDigits(port) {
 		return false
 	}
-	p, err := strconv.Atoi(port)
-	return err == nil && p > 0 && p <= 65535
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		return false
+	}
+	if ip, err := netip.ParseAddr(host); err == nil {
+		return ip.Zone() == ""
+	}
+	// Brackets hold an IP address; a name is a DNS name (the one rule).
+	return !strings.Contains(addr, "[") && hostmatch.ValidName(host)
+}
+
+func allDigits(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return s != ""
 }
 
 // errPeer marks a peer that could not serve a body; the follower fetches
