@@ -188,30 +188,35 @@ func DecodeLimit(b []byte, maxBody int64) (*dedup.Entry, error) {
 	e.StoredAt = time.UnixMilli(r.varint())
 	e.ExpiresAt = time.UnixMilli(r.varint())
 	e.URLKey = r.str()
-	if n := r.count(); n > 0 {
-		e.Header = make(http.Header, n)
-		for range n {
-			k := r.str()
-			vn := r.count()
-			vs := make([]string, 0, vn)
-			for range vn {
-				v := r.str()
-				if !httpguts.ValidHeaderFieldValue(v) {
-					r.fail()
-				}
-				vs = append(vs, v)
-			}
-			if _, dup := e.Header[k]; dup || !httpguts.ValidHeaderFieldName(k) {
+	// Counts size nothing ahead beyond maxPrealloc, and every loop stops
+	// at the first unreadable field: a count is only a claim, and one that
+	// lies must cost what the value holds, not what it claims.
+	n := r.count()
+	e.Header = make(http.Header, min(n, maxPrealloc))
+	for i := 0; i < n && r.err == nil; i++ {
+		k := r.str()
+		vn := r.count()
+		vs := make([]string, 0, min(vn, maxPrealloc))
+		for j := 0; j < vn && r.err == nil; j++ {
+			v := r.str()
+			if !httpguts.ValidHeaderFieldValue(v) {
 				r.fail()
 			}
-			e.Header[k] = vs
+			vs = append(vs, v)
 		}
-	} else {
-		e.Header = http.Header{}
+		// Names as net/http reads them: a name kept in another case is
+		// invisible to Header.Get (Content-Length, Transfer-Encoding) yet
+		// written to clients as it is, beside the field net/http adds.
+		// Two names that differ in case are one field twice.
+		ck := http.CanonicalHeaderKey(k)
+		if _, dup := e.Header[ck]; dup || !httpguts.ValidHeaderFieldName(k) {
+			r.fail()
+		}
+		e.Header[ck] = vs
 	}
 	if n := r.count(); n > 0 {
-		e.Vary = make([]dedup.HeaderValue, 0, n)
-		for range n {
+		e.Vary = make([]dedup.HeaderValue, 0, min(n, maxPrealloc))
+		for i := 0; i < n && r.err == nil; i++ {
 			e.Vary = append(e.Vary, dedup.HeaderValue{Name: r.str(), Value: r.str()})
 		}
 	}
@@ -266,6 +271,12 @@ func decompress(z []byte, maxBody int64) ([]byte, error) {
 	}
 	return plain, nil
 }
+
+// maxPrealloc is the most entries a count read from a value sizes a map or
+// slice for before they are read: a count may claim one entry per byte
+// left, and a header map sized for a million claimed names is about 96
+// MiB, for a 1 MiB value. Real responses have a few dozen fields.
+const maxPrealloc = 64
 
 // reader consumes the length-prefixed fields of a value; the first error
 // sticks and every later read returns zero values.
