@@ -100,9 +100,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 // accept takes one connection. It returns nil, nil for a connection it
 // refused (its client over MaxPerClient).
 func (l *Listener) accept() (net.Conn, error) {
-	select {
-	case l.sem <- struct{}{}:
-	case <-l.done:
+	if !l.acquire() {
 		return nil, net.ErrClosed
 	}
 	c, err := l.Listener.Accept()
@@ -144,6 +142,42 @@ func (l *Listener) accept() (net.Conn, error) {
 	return tc, nil
 }
 
+// acquire waits for a connection slot; false once the listener is closed.
+//
+// Shedding happens as a connection is accepted, and a full listener
+// accepts none: connections that took every slot at once (a burst of
+// CONNECTs) were too fresh to shed then, and would keep new clients out
+// until their idle timeout once they went silent. So while every slot is
+// taken, the connections above the high-water mark that have since gone
+// idle are shed, as the next accept would have.
+func (l *Listener) acquire() bool {
+	select {
+	case l.sem <- struct{}{}:
+		return true
+	case <-l.done:
+		return false
+	default:
+	}
+	t := time.NewTicker(shedIdle)
+	defer t.Stop()
+	for {
+		select {
+		case l.sem <- struct{}{}:
+			return true
+		case <-l.done:
+			return false
+		case <-t.C:
+			l.mu.Lock()
+			var victims []*conn
+			if n := len(l.conns) - l.highWater(); n > 0 {
+				victims = l.idlestLocked(n, "")
+			}
+			l.mu.Unlock()
+			l.shedAll(victims)
+		}
+	}
+}
+
 // refuse tells a client over its connection cap why, in HTTP (the SOCKS5
 // door's clients see a closed connection: there is no reply before a
 // greeting), briefly: the connection is closed right after.
@@ -156,17 +190,26 @@ func refuse(c net.Conn, max int) {
 
 // idlestLocked picks up to n connections to shed, of client key (any
 // client for ""): neither busy nor active within shedIdle, longest idle
-// first. Caller holds mu.
+// first. Caller holds mu, and must shed them (shedAll).
+//
+// A picked connection is marked so that no other caller picks it while
+// it is being closed (outside mu): each victim makes room once. Two
+// connections of a client at its cap would otherwise both take the place
+// of its one idle connection, and leave the client over its cap.
 func (l *Listener) idlestLocked(n int, key string) []*conn {
 	cutoff := time.Now().Add(-shedIdle).UnixNano()
 	var idle []*conn
 	for c := range l.conns {
-		if !c.busy.Load() && c.last.Load() < cutoff && (key == "" || c.key == key) {
+		if !c.shed && !c.busy.Load() && c.last.Load() < cutoff && (key == "" || c.key == key) {
 			idle = append(idle, c)
 		}
 	}
 	slices.SortFunc(idle, func(a, b *conn) int { return cmp.Compare(a.last.Load(), b.last.Load()) })
-	return idle[:min(n, len(idle))]
+	idle = idle[:min(n, len(idle))]
+	for _, c := range idle {
+		c.shed = true
+	}
+	return idle
 }
 
 // Stats are a listener's counts, for metrics.
@@ -314,6 +357,7 @@ type conn struct {
 
 	l    *Listener
 	key  string       // the client it counts against; guarded by l.mu
+	shed bool         // picked to be shed (idlestLocked); guarded by l.mu
 	last atomic.Int64 // unix nanos of the last byte moved
 	busy atomic.Bool  // its server is serving a request on it
 	once sync.Once
