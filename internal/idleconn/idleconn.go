@@ -20,7 +20,7 @@ import (
 // refreshEvery limits how often the deadline is pushed forward. Setting a
 // deadline touches the runtime poller; doing it on every 4 KiB read of a
 // large body is measurable, while a one-second slack on a two-minute timeout
-// is not.
+// is not. A shorter timeout refreshes at a quarter of itself (see Wrap).
 const refreshEvery = time.Second
 
 // Conn is a net.Conn whose deadline moves forward on every Read and Write.
@@ -38,6 +38,7 @@ type Conn struct {
 	halfclose.Conn // CloseWrite, CloseRead and Unwrap pass through
 
 	timeout time.Duration
+	every   int64        // nanos between idle refreshes; at most a quarter of timeout
 	last    atomic.Int64 // unix nanos of the last idle refresh
 
 	// mu orders the owner's deadlines and those in force with the
@@ -53,14 +54,19 @@ func Wrap(c net.Conn, timeout time.Duration) net.Conn {
 	if timeout <= 0 {
 		return c
 	}
-	ic := &Conn{Conn: halfclose.Conn{Conn: c}, timeout: timeout}
+	// The slack of a refresh is lost from the timeout: a connection whose
+	// last bytes moved just short of a refresh is cut that much early. At
+	// a fixed second, a timeout of a second or less (fleet.peer_idle_timeout
+	// may be set so) fired on connections moving bytes all along.
+	every := min(refreshEvery, timeout/4)
+	ic := &Conn{Conn: halfclose.Conn{Conn: c}, timeout: timeout, every: int64(every)}
 	ic.touch(true)
 	return ic
 }
 
 func (c *Conn) touch(force bool) {
 	now := time.Now().UnixNano()
-	if !force && now-c.last.Load() < int64(refreshEvery) {
+	if !force && now-c.last.Load() < c.every {
 		return
 	}
 	c.last.Store(now)
