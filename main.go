@@ -84,11 +84,12 @@ func run(ctx context.Context, args, environ []string, stderr io.Writer, onReady 
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
 	a, err := app.Build(cfg, app.Options{
-		Logger:   logger,
-		Getenv:   getenv,
-		LogLevel: level,
-		HUP:      hup,
-		Load:     func() (*app.Config, error) { return app.LoadConfig(shippedConfig, path, environ) },
+		Logger:     logger,
+		Getenv:     getenv,
+		LogLevel:   level,
+		HUP:        hup,
+		LogDropped: logOut.Dropped,
+		Load:       func() (*app.Config, error) { return app.LoadConfig(shippedConfig, path, environ) },
 	})
 	if err != nil {
 		return err

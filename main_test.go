@@ -503,6 +503,7 @@ func TestMetricsAfterMixedLoad(t *testing.T) {
 		`onceproxy_upstream_requests_total 2`,
 		`onceproxy_cache_entries 2`,
 		`onceproxy_request_duration_seconds_count{x_cache="HIT"} 1`,
+		`onceproxy_log_lines_dropped_total 0`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("/metrics lacks %q", want)

@@ -42,6 +42,9 @@ type Options struct {
 	LogLevel *slog.LevelVar
 	// HUP delivers SIGHUP: each one reloads the configuration.
 	HUP <-chan os.Signal
+	// LogDropped counts the log lines the log output lost for being
+	// slower than the logging (logwriter.Writer.Dropped); nil: none.
+	LogDropped func() int64
 
 	// The seams below let a test observe or replace one part of the
 	// wiring users run; the program leaves them unset.
@@ -216,6 +219,10 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		return nil, err
 	}
 	registerMetrics(a.Metrics, a.Proxy, a.Engine, a.CA, a.Upstream, a.shared)
+	if o.LogDropped != nil {
+		a.Metrics.Counter("log_lines_dropped_total", "Log lines dropped because the log output (stderr) was slower than the logging; requests never wait for it.",
+			func() float64 { return float64(o.LogDropped()) })
+	}
 
 	if a.lns.admin != nil {
 		ao := admin.Options{
