@@ -96,10 +96,16 @@ type Users struct {
 	users map[string]user
 	// verified remembers credentials that passed bcrypt recently: bcrypt
 	// costs tens of milliseconds on purpose, and every CONNECT carries the
-	// password again. Only successes are remembered; failures stay slow.
+	// password again.
 	verified *otter.Cache[[32]byte, struct{}]
-	// slow bounds concurrent bcrypt checks so a flood of wrong passwords
-	// cannot take every CPU.
+	// refused remembers, for a minute, credentials that failed: a fleet
+	// of workers deployed with a stale password retries it at the rate it
+	// works, and each retry would cost a bcrypt comparison, enough for a
+	// few hundred workers to take every core from the traffic. A guesser
+	// learns nothing from it: it only answers a guess already refused.
+	refused *otter.Cache[[32]byte, struct{}]
+	// slow bounds concurrent bcrypt checks to half the CPUs, so that a
+	// flood of new wrong passwords leaves the rest to the traffic.
 	slow chan struct{}
 	// dummy is compared against for unknown users, and after a wrong env
 	// password, when bcrypt users exist, so that a refusal takes as long
@@ -119,7 +125,7 @@ func New(c Config, getenv func(string) string) (*Users, error) {
 	if err := c.Validate(getenv); err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
-	u := &Users{users: make(map[string]user, len(c.Users)), slow: make(chan struct{}, runtime.GOMAXPROCS(0))}
+	u := &Users{users: make(map[string]user, len(c.Users)), slow: make(chan struct{}, max(1, runtime.GOMAXPROCS(0)/2))}
 	dummyCost := 0 // none: no bcrypt users
 	for _, uc := range c.Users {
 		if uc.PasswordBcrypt != "" {
@@ -139,6 +145,10 @@ func New(c Config, getenv func(string) string) (*Users, error) {
 	u.verified = otter.Must(&otter.Options[[32]byte, struct{}]{
 		MaximumSize:      10000,
 		ExpiryCalculator: otter.ExpiryWriting[[32]byte, struct{}](10 * time.Minute),
+	})
+	u.refused = otter.Must(&otter.Options[[32]byte, struct{}]{
+		MaximumSize:      10000,
+		ExpiryCalculator: otter.ExpiryWriting[[32]byte, struct{}](time.Minute),
 	})
 	return u, nil
 }
@@ -160,6 +170,10 @@ func (u *Users) Verify(name, password string) bool {
 	if !ok && u.dummy != nil {
 		rec = user{hash: u.dummy, isHash: true}
 	}
+	memo := sha256.Sum256([]byte(account + "\x00" + password))
+	if _, hit := u.refused.GetIfPresent(memo); hit {
+		return false
+	}
 	if !rec.isHash {
 		// Hash both sides so the comparison time does not depend on the
 		// password length either. An unknown user compares against a
@@ -174,13 +188,14 @@ func (u *Users) Verify(name, password string) bool {
 		if u.dummy != nil {
 			_ = u.compare(u.dummy, password)
 		}
+		u.refused.Set(memo, struct{}{})
 		return false
 	}
-	memo := sha256.Sum256([]byte(account + "\x00" + password))
 	if _, hit := u.verified.GetIfPresent(memo); hit {
 		return true
 	}
 	if err := u.compare(rec.hash, password); err != nil || !ok {
+		u.refused.Set(memo, struct{}{})
 		return false
 	}
 	u.verified.Set(memo, struct{}{})
@@ -198,5 +213,6 @@ func (u *Users) compare(hash []byte, password string) error {
 func (u *Users) Close() {
 	if u != nil && u.verified != nil {
 		u.verified.StopAllGoroutines()
+		u.refused.StopAllGoroutines()
 	}
 }

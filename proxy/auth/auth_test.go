@@ -112,7 +112,9 @@ func TestFailuresCostOneBcrypt(t *testing.T) {
 		// Unbuffered, the semaphore shows each bcrypt comparison: Verify's acquire is our receive.
 		u.slow = make(chan struct{})
 		done := make(chan bool, 1)
-		go func() { done <- u.Verify(name, "wrong") }()
+		// A password of its own each: a refusal repeated is remembered
+		// (TestRepeatedFailureCostsOneBcrypt), whoever the name is.
+		go func() { done <- u.Verify(name, "wrong "+name) }()
 		select {
 		case <-u.slow:
 			u.slow <- struct{}{} // let it release
@@ -122,5 +124,45 @@ func TestFailuresCostOneBcrypt(t *testing.T) {
 		case ok := <-done:
 			t.Errorf("Verify(%q, wrong) = %v without a bcrypt comparison", name, ok)
 		}
+	}
+}
+
+// TestRepeatedFailureCostsOneBcrypt: a client retrying the same wrong
+// password (a worker fleet deployed with a stale one) pays one bcrypt
+// comparison for it, not one per retry, which let a few hundred such
+// workers take every core; the right password still gets in.
+func TestRepeatedFailureCostsOneBcrypt(t *testing.T) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
+	u, err := New(Config{Users: []UserConfig{{Name: "alice", PasswordBcrypt: string(hash)}}}, env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	// Unbuffered, the semaphore shows each bcrypt comparison.
+	u.slow = make(chan struct{})
+	verify := func(name, password string) (ok, compared bool) {
+		done := make(chan bool, 1)
+		go func() { done <- u.Verify(name, password) }()
+		select {
+		case <-u.slow:
+			u.slow <- struct{}{}
+			return <-done, true
+		case ok := <-done:
+			return ok, false
+		}
+	}
+	for i, name := range []string{"alice", "alice", "alice-session-x", "mallory", "mallory"} {
+		ok, compared := verify(name, "stale")
+		if ok {
+			t.Fatalf("%s/stale accepted", name)
+		}
+		// alice's first, and mallory's first (another name: its own
+		// comparison); "alice-session-x" is alice's account again.
+		if want := i == 0 || i == 3; compared != want {
+			t.Errorf("attempt %d (%s/stale): bcrypt compared %v, want %v", i+1, name, compared, want)
+		}
+	}
+	if ok, _ := verify("alice", "right"); !ok {
+		t.Fatal("the right password was refused after wrong ones")
 	}
 }
