@@ -34,9 +34,16 @@ type Metrics struct {
 	series [len(cacheLabels)][6]atomic.Pointer[requestSeries]
 }
 
-// cacheLabels are the X-Cache values whose series are cached; others (an
-// origin's own X-Cache on a protocol switch) are looked up each time.
+// cacheLabels are the x_cache label's values: the X-Cache values the
+// engine sets, and none. Any other X-Cache is an origin's own (a protocol
+// switch is never deduplicated, so the origin's header reaches us as is)
+// and counts as none: the dedup layer never saw that answer. Taken as a
+// label, a value the origin chooses would let any client mint series at
+// will, and one that is not UTF-8 would make WithLabelValues panic.
 var cacheLabels = [...]string{"HIT", "MISS", "COALESCED", "BYPASS", "none"}
+
+// noneLabel is the index of "none" in cacheLabels.
+const noneLabel = len(cacheLabels) - 1
 
 type requestSeries struct {
 	count prometheus.Counter
@@ -84,12 +91,19 @@ func (m *Metrics) Request(xcache string, status int, d time.Duration) {
 	if m == nil {
 		return
 	}
-	if xcache == "" {
-		xcache = "none"
-	}
-	class := status / 100
 	i := slices.Index(cacheLabels[:], xcache)
-	if i < 0 || class < 1 || class > 5 {
+	if i < 0 {
+		i = noneLabel
+	}
+	xcache = cacheLabels[i]
+	class := status / 100
+	if status < 100 || status > 999 {
+		// Not an HTTP status: Go's HTTP/2 client takes any integer in an
+		// origin's :status. One series for them all, not one per hundred
+		// an origin cares to send.
+		class = 0
+	}
+	if class < 1 || class > 5 {
 		m.requests.WithLabelValues(xcache, strconv.Itoa(class)+"xx").Inc()
 		m.duration.WithLabelValues(xcache).Observe(d.Seconds())
 		return

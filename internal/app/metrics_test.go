@@ -1,0 +1,216 @@
+package app
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+)
+
+// serveApp builds an App from the shipped defaults plus yaml and serves it
+// until the test ends.
+func serveApp(t *testing.T, yaml string, env []string) *App {
+	t.Helper()
+	a := buildFromFile(t, writeConfig(t, yaml), env)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return a
+}
+
+// scrape reads the app's /metrics, as Prometheus would.
+func scrape(t *testing.T, a *App) string {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	a.Metrics.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("/metrics: %d\n%s", rec.Code, rec.Body)
+	}
+	return rec.Body.String()
+}
+
+// samples returns the label sets (the text between the braces) and values
+// of name's samples in a scrape.
+func samples(t *testing.T, text, name string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, l := range strings.Split(text, "\n") {
+		rest, ok := strings.CutPrefix(l, name)
+		if !ok || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		labels, value := "", rest
+		if rest[0] == '{' {
+			i := strings.LastIndexByte(rest, '}')
+			labels, value = rest[1:i], rest[i+1:]
+		}
+		v, err := strconv.ParseFloat(strings.TrimSpace(value), 64)
+		if err != nil {
+			t.Fatalf("%q: %v", l, err)
+		}
+		out[labels] = v
+	}
+	return out
+}
+
+// TestOriginCannotMintSeries: an answer to a protocol switch request
+// carries the origin's own X-Cache (the dedup layer never sees it). An
+// origin sending a new X-Cache per answer used to add a series per value
+// to requests_total and request_duration_seconds, so any client could grow
+// the proxy's and Prometheus's memory at will by fetching such an origin;
+// a value that is not UTF-8 made the recording panic after the answer.
+func TestOriginCannotMintSeries(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["X-Cache"] = []string{strings.TrimPrefix(r.URL.Path, "/")}
+		io.WriteString(w, "no switch")
+	}))
+	defer origin.Close()
+	a := serveApp(t, "", nil)
+
+	c, err := net.Dial("tcp", a.Addrs().Proxy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	paths := []string{"\xff\xfe"}
+	for i := range 20 {
+		paths = append(paths, "edge-"+strconv.Itoa(i))
+	}
+	for _, p := range paths {
+		fmt.Fprintf(c, "GET %s/%s HTTP/1.1\r\nHost: %s\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n",
+			origin.URL, p, origin.Listener.Addr())
+		c.SetReadDeadline(time.Now().Add(time.Minute)) // a hang fails, not a slow machine
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatalf("%q: %v", p, err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("%q: %d", p, resp.StatusCode)
+		}
+	}
+	c.Close()
+
+	// The answers are counted when their bodies are closed, after the
+	// client has them: wait for the last one.
+	var text string
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(10 * time.Millisecond) {
+		text = scrape(t, a)
+		var n float64
+		for _, v := range samples(t, text, "onceproxy_requests_total") {
+			n += v
+		}
+		if n >= float64(len(paths)) || time.Now().After(deadline) {
+			if n != float64(len(paths)) {
+				t.Errorf("requests_total sums to %v, want %d", n, len(paths))
+			}
+			break
+		}
+	}
+	for _, name := range []string{"onceproxy_requests_total", "onceproxy_request_duration_seconds_count"} {
+		for labels := range samples(t, text, name) {
+			if !strings.Contains(labels, `x_cache="none"`) {
+				t.Errorf("%s{%s}: want the origin's X-Cache counted as none", name, labels)
+			}
+		}
+	}
+}
+
+// TestDashboardListsIdleInstances: the dashboard's instance variable lists
+// the instances that export its metric, and "All" means those listed, so
+// an instance missing from the list is missing from every panel. It used
+// to be read from requests_total, which has no series before the first
+// answer: an instance just started, or one no client reaches (its store
+// breaker open, its sessions cooling), was not on the dashboard at all.
+func TestDashboardListsIdleInstances(t *testing.T) {
+	b, err := os.ReadFile("../../deploy/grafana/onceproxy.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Templating struct {
+			List []struct {
+				Name, Type string
+				Query      any
+			}
+		}
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatal(err)
+	}
+	text := scrape(t, buildFromFile(t, writeConfig(t, ""), nil)) // no request yet
+	labelValues := regexp.MustCompile(`^label_values\((\w+)(\{[^}]*\})?, *instance\)$`)
+	found := false
+	for _, v := range dash.Templating.List {
+		if v.Name != "instance" {
+			continue
+		}
+		q, _ := v.Query.(string)
+		m := labelValues.FindStringSubmatch(q)
+		if m == nil {
+			t.Fatalf("instance variable: query %q, want label_values(<metric>, instance)", q)
+		}
+		found = true
+		if len(samples(t, text, m[1])) == 0 {
+			t.Errorf("instance variable reads %s, which an instance that answered nothing yet does not export", m[1])
+		}
+	}
+	if !found {
+		t.Fatal("the dashboard has no instance variable")
+	}
+}
+
+// TestMetricsPassPromtool: what a serving instance with upstream sessions
+// exports after a MISS and a HIT is what Prometheus accepts and its linter
+// passes (names, TYPE and HELP lines, _total on counters, duplicates).
+func TestMetricsPassPromtool(t *testing.T) {
+	promtool, err := exec.LookPath("promtool")
+	if err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal("promtool is missing (Debian: apt-get install prometheus)")
+		}
+		t.Skip("promtool not installed (Debian: apt-get install prometheus)")
+	}
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	a := serveApp(t, "", []string{"ONCEPROXY_UPSTREAM_SESSIONS=[{id: s1, url: '" + fp.URL("s1", "http") + "'}, {id: s2, url: '" + fp.URL("s2", "http") + "'}]"})
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: a.Addrs().Proxy})}}
+	defer c.CloseIdleConnections()
+	for _, p := range []string{"/a", "/a", "/b"} {
+		resp, err := c.Get(origin.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	text := scrape(t, a)
+	for _, name := range []string{"onceproxy_requests_total", "onceproxy_upstream_session_requests_total"} {
+		if len(samples(t, text, name)) == 0 {
+			t.Errorf("no %s in the scrape", name)
+		}
+	}
+	cmd := exec.Command(promtool, "check", "metrics")
+	cmd.Stdin = strings.NewReader(text)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Errorf("promtool check metrics: %v\n%s", err, out)
+	}
+}
