@@ -182,3 +182,25 @@ func TestReloadRefusalIsLogged(t *testing.T) {
 		t.Fatalf("%d refusals logged, want 1 naming dedup.ttl:\n%s", n, logs.String())
 	}
 }
+
+// TestReloadKeepsTheCurrency: a new savings.currency needs a restart like
+// the prices: applied alone, it relabelled the money saved so far
+// (onceproxy_money_saved_total{currency}), counted at the old prices.
+func TestReloadKeepsTheCurrency(t *testing.T) {
+	path := writeConfig(t, "log: {level: info}\n")
+	a := buildFromFile(t, path, nil)
+	before := a.Engine.Stats().Currency
+	if err := os.WriteFile(path, []byte("savings: {currency: XTS}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	res, err := a.Reload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Contains(res.Restart, "savings.currency") || slices.Contains(res.Changed, "savings.currency") {
+		t.Errorf("changed %v, restart needed %v; want savings.currency needing a restart", res.Changed, res.Restart)
+	}
+	if got := a.Engine.Stats().Currency; got != before {
+		t.Errorf("currency %q after the reload, want the running %q", got, before)
+	}
+}

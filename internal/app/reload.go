@@ -53,26 +53,20 @@ func (l *live) Verify(user, password string) bool { return l.users.Load().Verify
 
 // liveKeys are the configuration keys a reload applies, by prefix; every
 // other key needs a restart, and so do the upstream keys that shape the
-// connections every session holds (upstream.RestartKeys) and the savings
-// prices (pricedAtBuild).
+// connections every session holds (upstream.RestartKeys). The savings
+// keys are not live: the dedup engine prices savings through the upstream
+// pool (dedup.Options.Prices), which keeps the prices it was built with
+// (upstream.WithPrices) for the sessions whose provider sets none and for
+// direct requests; and a new currency alone would relabel the money saved
+// so far (onceproxy_money_saved_total{currency}), priced in the old one.
 var liveKeys = []string{"log.level", "auth.users", "rate_limit.", "guard.", "upstream.",
-	"dedup.enabled", "dedup.ttl", "dedup.key_headers", "dedup.ignore_params", "dedup.cacheable_statuses", "dedup.rules",
-	"savings."}
-
-// pricedAtBuild are the savings keys a reload cannot apply: the dedup
-// engine prices savings through the upstream pool (dedup.Options.Prices),
-// which keeps the prices it was built with (upstream.WithPrices) for the
-// sessions whose provider sets none, and for direct requests.
-var pricedAtBuild = []string{"savings.price_per_gb", "savings.price_per_1000_requests"}
+	"dedup.enabled", "dedup.ttl", "dedup.key_headers", "dedup.ignore_params", "dedup.cacheable_statuses", "dedup.rules"}
 
 func isLive(key string) bool {
 	for _, k := range upstream.RestartKeys {
 		if key == "upstream."+k {
 			return false
 		}
-	}
-	if slices.Contains(pricedAtBuild, key) {
-		return false
 	}
 	for _, p := range liveKeys {
 		if strings.HasPrefix(key, p) {
