@@ -15,7 +15,8 @@ var ja4Format = regexp.MustCompile(`^t(13|12|11|10|s3|s2|00)[di]\d{4}[0-9A-Za-z]
 // FuzzParseClientHello holds the hello parser to a round trip: whatever it
 // accepts, re-encoded from the parsed fields, is the record it kept, and
 // parses again to the same value; the record framing it accepted is
-// exactly what HelloRecordsLen measures; JA4 is well formed.
+// exactly what HelloRecordsLen measures, and what a HelloScanner fed the
+// bytes a few at a time measures; JA4 is well formed.
 func FuzzParseClientHello(f *testing.F) {
 	rec := chrome143(f).build()
 	f.Add(rec)
@@ -24,6 +25,7 @@ func FuzzParseClientHello(f *testing.F) {
 	f.Add(helloSpec{ciphers: []uint16{0x1301}, exts: []uint16{ExtALPN, ExtServerName}, alpn: []string{"\x00"}, sni: "a"}.build())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		n, lenErr := HelloRecordsLen(b)
+		checkScanner(t, b)
 		h, err := ParseClientHello(b)
 		if err != nil {
 			if lenErr == nil && n == len(b) && n > 0 {
@@ -60,9 +62,29 @@ func FuzzParseClientHello(f *testing.F) {
 	})
 }
 
+// checkScanner feeds b to a HelloScanner in growing prefixes, as reads
+// would, and holds it to HelloRecordsLen on each prefix until either
+// returns a result.
+func checkScanner(t *testing.T, b []byte) {
+	t.Helper()
+	var s HelloScanner
+	step := 1 + len(b)/64 // every prefix of a small input
+	for i := 0; ; i = min(i+step, len(b)) {
+		n, err := s.Scan(b[:i])
+		wantN, wantErr := HelloRecordsLen(b[:i])
+		if n != wantN || (err == nil) != (wantErr == nil) {
+			t.Fatalf("%d of %d bytes: HelloScanner %d, %v; HelloRecordsLen %d, %v", i, len(b), n, err, wantN, wantErr)
+		}
+		if n != 0 || err != nil || i == len(b) {
+			return
+		}
+	}
+}
+
 // FuzzH2Decoder holds the HTTP/2 decoder to its streaming contract: the
 // result (error or not, preface, requests) does not depend on how the bytes
-// are cut into Writes. The fuzzer writes what follows the 24-byte preface.
+// are cut into Writes; and to its bounds. The fuzzer writes what follows
+// the 24-byte preface.
 func FuzzH2Decoder(f *testing.F) {
 	f.Add(chromeConn(f)[len(ClientPreface):], uint16(1))
 	f.Add(chromeConn(f)[len(ClientPreface):], uint16(9))
@@ -91,8 +113,23 @@ func FuzzH2Decoder(f *testing.F) {
 		if got := whole.Requests(); !reflect.DeepEqual(got, reqs) {
 			t.Fatalf("requests differ: %+v vs %+v", got, reqs)
 		}
+		// What the decoder keeps is bounded whatever the client sends, and
+		// every request it reports opened a new client stream.
 		if p := whole.Preface(); p != nil {
+			if len(p.Priorities) > maxPrefacePriorities {
+				t.Fatalf("%d PRIORITY frames kept", len(p.Priorities))
+			}
 			_ = p.Akamai()
+		}
+		var last uint32
+		for _, r := range reqs {
+			if r.StreamID%2 == 0 || r.StreamID <= last {
+				t.Fatalf("request on stream %d after stream %d", r.StreamID, last)
+			}
+			last = r.StreamID
+			if n := len(r.Shape.PseudoOrder) + len(r.Shape.HeaderOrder); n > maxHeaderList/32 {
+				t.Fatalf("request with %d fields", n)
+			}
 		}
 	})
 }

@@ -138,8 +138,8 @@ const (
 	frameHeaderLen = 9
 )
 
-// Limits of the decoder. A server rejects anything beyond them, so the
-// decoder stopping there loses nothing.
+// Limits of the decoder. A server rejects anything beyond the first three,
+// so the decoder stopping there loses nothing.
 const (
 	// maxBufferedFrame bounds the frames the decoder holds whole (every
 	// type but DATA and unknown ones, which it skips): x/net's server reads
@@ -147,6 +147,20 @@ const (
 	maxBufferedFrame = 1 << 20
 	// maxHeaderBlock bounds one header block across its CONTINUATIONs.
 	maxHeaderBlock = 1 << 20
+	// maxHeaderList bounds the fields kept of one decoded header list,
+	// counted as SETTINGS_MAX_HEADER_LIST_SIZE counts them (RFC 9113
+	// §6.5.2: name, value and 32 bytes per field): net/http's default
+	// MaxHeaderBytes (the proxy's is 64 KiB). Past it the server answers
+	// 431 without calling a handler, so the request needs no shape. Without
+	// it, a block of 1-byte references to one table entry decoded to a
+	// million fields: 300 MB allocated for 1 MiB read.
+	maxHeaderList = 1 << 20
+	// maxPrefacePriorities bounds the PRIORITY frames kept before the first
+	// request. A server takes any number, but real clients send a handful
+	// (Firefox's tree was 6), and each one kept is replayed to the origin
+	// on every mirrored connection: past it the decoder gives up rather
+	// than hold (and replay) whatever a client streams.
+	maxPrefacePriorities = 100
 )
 
 // ErrNotH2 means the bytes do not start with the HTTP/2 client preface.
@@ -165,6 +179,12 @@ type H2Decoder struct {
 	prefaceOK bool
 	err       error
 	dec       *hpack.Decoder
+
+	// The fields of the header block being decoded, what is left of its
+	// maxHeaderList budget, and whether it ran out.
+	fields    []hpack.HeaderField
+	listLeft  uint32
+	truncated bool
 
 	// The preface under construction, and whether it is complete.
 	pre      H2
@@ -185,9 +205,23 @@ type H2Decoder struct {
 // dynamic HPACK table of headerTableSize bytes (the server's
 // SETTINGS_HEADER_TABLE_SIZE; 4096 unless it sent another).
 func NewH2Decoder(headerTableSize uint32) *H2Decoder {
-	d := &H2Decoder{dec: hpack.NewDecoder(headerTableSize, nil)}
+	d := &H2Decoder{}
+	d.dec = hpack.NewDecoder(headerTableSize, d.emit)
 	d.dec.SetMaxStringLength(maxHeaderBlock)
 	return d
+}
+
+// emit keeps a decoded field while the header list is within
+// maxHeaderList, as x/net's server does; past it the decoder still decodes
+// (the HPACK table must follow every block) but keeps nothing.
+func (d *H2Decoder) emit(f hpack.HeaderField) {
+	if size := f.Size(); size <= d.listLeft {
+		d.listLeft -= size
+		d.fields = append(d.fields, f)
+		return
+	}
+	d.dec.SetEmitEnabled(false)
+	d.truncated = true
 }
 
 // Preface returns the client's preface once its first request has been
@@ -313,6 +347,9 @@ func (d *H2Decoder) frame(typ, flags uint8, stream uint32, payload []byte) error
 			return errors.New("fingerprint: h2: malformed PRIORITY")
 		}
 		if !d.done {
+			if len(d.pre.Priorities) == maxPrefacePriorities {
+				return fmt.Errorf("fingerprint: h2: more than %d PRIORITY frames before the first request", maxPrefacePriorities)
+			}
 			p := readPriority(payload)
 			p.StreamID = stream
 			d.pre.Priorities = append(d.pre.Priorities, p)
@@ -377,7 +414,14 @@ func readPriority(b []byte) Priority {
 func (d *H2Decoder) endBlock() error {
 	block, stream, prio, push := d.block, d.blockStream, d.blockPrio, d.blockPush
 	d.block = nil
-	fields, err := d.dec.DecodeFull(block)
+	d.fields, d.listLeft, d.truncated = nil, maxHeaderList, false
+	d.dec.SetEmitEnabled(true)
+	_, err := d.dec.Write(block)
+	if err == nil {
+		err = d.dec.Close()
+	}
+	fields, truncated := d.fields, d.truncated
+	d.fields = nil
 	if err != nil {
 		return fmt.Errorf("fingerprint: h2: %w", err)
 	}
@@ -409,6 +453,11 @@ func (d *H2Decoder) endBlock() error {
 		d.pre.PseudoOrder = r.Shape.PseudoOrder
 		d.pre.HeaderPriority = prio
 		d.pre.FirstStreamID = stream
+	}
+	if truncated {
+		// Still the client's request (and maybe its first, as above), but
+		// the server answers it 431 by itself: no handler asks for its shape.
+		return nil
 	}
 	d.reqs = append(d.reqs, r)
 	return nil
