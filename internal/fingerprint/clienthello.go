@@ -102,13 +102,31 @@ func ParseClientHello(records []byte) (*ClientHello, error) {
 
 // HelloRecordsLen reports how many bytes of records, starting at the
 // beginning of b, carry a complete ClientHello: 0 and no error while more
-// bytes are needed. It is what a server reading the hello off a connection
-// loops on.
+// bytes are needed. A server reading the hello off a connection should loop
+// on a [HelloScanner] instead, which does not look at a record twice.
 func HelloRecordsLen(b []byte) (int, error) {
-	var msgLen, have, off int
-	var hdr [4]byte // the handshake header, which may itself be split
-	msgLen = -1
+	var s HelloScanner
+	return s.Scan(b)
+}
+
+// A HelloScanner measures the records of a ClientHello as they arrive. Its
+// zero value is ready to use.
+type HelloScanner struct {
+	off    int     // where the first record not yet scanned starts
+	have   int     // handshake bytes in the records scanned
+	msgLen int     // the hello's length, once hdr is complete
+	hdr    [4]byte // the handshake header, which may itself be split
+}
+
+// Scan is HelloRecordsLen for b, the bytes read so far, which must only
+// have grown since the last call. It resumes after the records it has
+// already scanned: calling HelloRecordsLen on every read was quadratic, and
+// a hello sent in 1-byte records (11,000 of them fit the size limit) took
+// a second of CPU per connection. After an error or a result other than 0,
+// the scanner is spent.
+func (s *HelloScanner) Scan(b []byte) (int, error) {
 	for {
+		off := s.off
 		if len(b)-off < recordHeaderLen {
 			return 0, nil
 		}
@@ -126,28 +144,28 @@ func HelloRecordsLen(b []byte) (int, error) {
 			return 0, nil
 		}
 		frag := b[off+recordHeaderLen : off+recordHeaderLen+n]
-		off += recordHeaderLen + n
-		if msgLen < 0 {
-			k := copy(hdr[have:], frag)
-			have += k
-			if have < 4 {
+		s.off += recordHeaderLen + n
+		if s.have < 4 {
+			k := copy(s.hdr[s.have:], frag)
+			s.have += k
+			if s.have < 4 {
 				continue
 			}
-			if hdr[0] != typeClientHello {
-				return 0, fmt.Errorf("fingerprint: handshake message type %d, not ClientHello", hdr[0])
+			if s.hdr[0] != typeClientHello {
+				return 0, fmt.Errorf("fingerprint: handshake message type %d, not ClientHello", s.hdr[0])
 			}
-			msgLen = int(hdr[1])<<16 | int(hdr[2])<<8 | int(hdr[3])
-			if msgLen+4 > MaxHelloLen {
-				return 0, fmt.Errorf("fingerprint: ClientHello of %d bytes exceeds %d", msgLen, MaxHelloLen)
+			s.msgLen = int(s.hdr[1])<<16 | int(s.hdr[2])<<8 | int(s.hdr[3])
+			if s.msgLen+4 > MaxHelloLen {
+				return 0, fmt.Errorf("fingerprint: ClientHello of %d bytes exceeds %d", s.msgLen, MaxHelloLen)
 			}
-			have += len(frag) - k
+			s.have += len(frag) - k
 		} else {
-			have += len(frag)
+			s.have += len(frag)
 		}
 		switch {
-		case have == msgLen+4:
-			return off, nil
-		case have > msgLen+4:
+		case s.have == s.msgLen+4:
+			return s.off, nil
+		case s.have > s.msgLen+4:
 			return 0, errors.New("fingerprint: data after the ClientHello in its record")
 		}
 	}

@@ -186,3 +186,26 @@ func TestIsGREASE(t *testing.T) {
 		t.Errorf("%d GREASE values, want 16", n)
 	}
 }
+
+// TestHelloScannerSplitRecords: a HelloScanner fed a split hello one byte
+// more at a time agrees with HelloRecordsLen on every prefix, and finds the
+// hello's end exactly when its last byte arrives.
+func TestHelloScannerSplitRecords(t *testing.T) {
+	rec := chrome143(t).build()
+	for _, n := range []int{1, 3, 100, len(rec)} {
+		split := splitRecords(rec, n)
+		checkScanner(t, split)
+		var s HelloScanner
+		for i := range len(split) + 1 {
+			got, err := s.Scan(split[:i])
+			if err != nil || (got != 0) != (i == len(split)) || i == len(split) && got != len(split) {
+				t.Fatalf("split %d: Scan of %d of %d bytes = %d, %v", n, i, len(split), got, err)
+			}
+		}
+	}
+	// Not TLS: found on the first record header, as before.
+	var s HelloScanner
+	if _, err := s.Scan([]byte("GET / HTTP/1.1\r\n")); err != ErrNotHandshake {
+		t.Errorf("plain HTTP: %v", err)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -363,6 +364,48 @@ func TestPeekClientHelloSplitRecords(t *testing.T) {
 	}
 	if !bytes.Equal(got.Raw, h.Raw) || got.ServerName != "split.test" {
 		t.Errorf("split hello parsed differently")
+	}
+	all, _ := io.ReadAll(conn)
+	if !bytes.Equal(all, wire) {
+		t.Errorf("replayed %d bytes, want %d", len(all), len(wire))
+	}
+}
+
+// TestPeekClientHelloTinyRecords: the largest hello that fits the read
+// bound when every record carries one byte of it (11,000 records) is read
+// whole and replayed unchanged. Finding each next record by walking the
+// buffer from its start made this a second of CPU.
+func TestPeekClientHelloTinyRecords(t *testing.T) {
+	const msgLen = (fingerprint.MaxHelloLen + 1024) / 6 // 5 header bytes per byte of hello
+	body := []byte{3, 3}
+	body = append(body, make([]byte, 32)...)       // random
+	body = append(body, 0, 0, 2, 0x13, 0x01, 1, 0) // no session id, one suite, null compression
+	pad := msgLen - 4 - len(body) - 2 - 4          // an unknown extension fills the rest
+	body = binary.BigEndian.AppendUint16(body, uint16(4+pad))
+	body = append(body, 0xff, 0xee, byte(pad>>8), byte(pad))
+	body = append(body, bytes.Repeat([]byte{'p'}, pad)...)
+	msg := append([]byte{1, 0, byte(len(body) >> 8), byte(len(body))}, body...)
+	var wire []byte
+	for _, b := range msg {
+		wire = append(wire, 22, 3, 1, 0, 1, b)
+	}
+	wire = append(wire, "after the hello"...)
+
+	cli, srv := net.Pipe()
+	defer srv.Close()
+	go func() {
+		cli.Write(wire)
+		cli.Close()
+	}()
+	conn, h, err := PeekClientHello(srv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append([]byte{22, 3, 1, byte(len(msg) >> 8), byte(len(msg))}, msg...); !bytes.Equal(h.Raw, want) {
+		t.Errorf("Raw is not the hello in one record")
+	}
+	if x, ok := h.Extension(0xffee); !ok || len(x.Data) != pad {
+		t.Errorf("padding extension %v, %d bytes", ok, len(x.Data))
 	}
 	all, _ := io.ReadAll(conn)
 	if !bytes.Equal(all, wire) {

@@ -27,6 +27,7 @@
 package capture
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -47,8 +48,10 @@ import (
 // first: a client that sends nothing would hold this call.
 func PeekClientHello(c net.Conn) (net.Conn, *fingerprint.ClientHello, error) {
 	buf := make([]byte, 0, 2048)
+	var scan fingerprint.HelloScanner
+	next := 0 // where the record being read starts
 	for {
-		n, err := fingerprint.HelloRecordsLen(buf)
+		n, err := scan.Scan(buf)
 		if err != nil {
 			return readahead.New(c, buf), nil, fmt.Errorf("capture: read ClientHello: %w", err)
 		}
@@ -59,9 +62,14 @@ func PeekClientHello(c net.Conn) (net.Conn, *fingerprint.ClientHello, error) {
 			}
 			return readahead.New(c, buf), h, nil
 		}
-		need := 5 // a record header, then its body
-		if len(buf) >= 5 {
-			need = recordEnd(buf) - len(buf)
+		// A record header, then its body. The reads are exact, so buf
+		// ends at next or just past next's header; Scan has checked the
+		// header's length. (Finding the record's end by walking buf from
+		// its start, on every read, was quadratic in the records.)
+		need := recordHeaderLen
+		if len(buf) > next {
+			next += recordHeaderLen + int(binary.BigEndian.Uint16(buf[next+3:]))
+			need = next - len(buf)
 		}
 		if len(buf)+need > fingerprint.MaxHelloLen+1024 {
 			return readahead.New(c, buf), nil, errors.New("capture: read ClientHello: too large")
@@ -75,19 +83,5 @@ func PeekClientHello(c net.Conn) (net.Conn, *fingerprint.ClientHello, error) {
 	}
 }
 
-// recordEnd returns the offset where the last (incomplete) record in buf
-// ends, or the offset of the next record header when buf ends between
-// records. buf holds whole records, then at least one header's first byte.
-func recordEnd(buf []byte) int {
-	off := 0
-	for {
-		if len(buf)-off < 5 {
-			return off + 5
-		}
-		end := off + 5 + (int(buf[off+3])<<8 | int(buf[off+4]))
-		if end > len(buf) {
-			return end
-		}
-		off = end
-	}
-}
+// recordHeaderLen is a TLS record header's length: type, version, length.
+const recordHeaderLen = 5
