@@ -15,6 +15,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
+	"github.com/seed-a3c387e8/onceproxy/internal/idleconn"
 )
 
 // handleConnect decides what happens to a CONNECT: a blind tunnel for bypass
@@ -32,6 +33,13 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 	name, port, err := net.SplitHostPort(host)
 	if err == nil {
 		err = checkConnectTarget(name, port)
+	}
+	// A CONNECT's target is host:port and nothing else (RFC 9112 §3.2.3).
+	// net/http also parses a user, a path or a query out of it, and goproxy
+	// hands over only the host: "CONNECT user@a:443/x" would be tunnelled
+	// to a:443, the rest silently dropped.
+	if rt := pctx.Req.RequestURI; err == nil && rt != "" && rt != host {
+		err = fmt.Errorf("target %q is not authority-form (host:port, nothing else)", rt)
 	}
 	if err != nil {
 		s.logger.Warn("refused CONNECT", "target", host, "client", pctx.Req.RemoteAddr, "err", err)
@@ -132,6 +140,13 @@ func (s *Server) dialBlind(ctx context.Context, addr string, info clientinfo.Inf
 		return nil, err
 	}
 	s.metrics.Tunnel()
+	// The tunnel's idle timeout (proxy.idle_timeout) on this side too: the
+	// client's covers only what is read from or written to the client,
+	// and once the client has half-closed (or hung up), the one read left
+	// is the upstream's; a silent upstream would hold the tunnel and the
+	// client's connection slot until upstream.idle_timeout, however
+	// shorter the proxy's. Every byte either way keeps both sides alive.
+	c = idleconn.Wrap(c, s.cfg.IdleTimeout)
 	return &tunnelConn{Conn: halfclose.Conn{Conn: c}, start: time.Now(), addr: addr, client: remoteAddr, s: s}, nil
 }
 
