@@ -85,7 +85,17 @@ func (s *Server) DialTunnel(ctx context.Context, t socks.Tunnel) (net.Conn, erro
 	if d, ok := s.allow(ctx, info.Client, name); !ok {
 		return nil, rateLimitedError{d}
 	}
-	return s.dialBlind(ctx, t.Target, info, t.Client)
+	c, err := s.dialBlind(ctx, t.Target, info, t.Client)
+	if err != nil {
+		// A name that passed CheckTunnel but resolved to a forbidden
+		// address (DNS rebinding) is refused at dial time: counted as the
+		// same refusal is for a request or a bypass CONNECT (tunnelError).
+		if _, kind := classify(err); kind == kindForbidden {
+			s.metrics.SSRFRefused()
+		}
+		return nil, err
+	}
+	return c, nil
 }
 
 // InterceptTunnel serves c, a client stream of TLS or plain HTTP, as an
