@@ -52,7 +52,8 @@ func (st *stream) serve(handedOver *bool) error {
 // that is neither is tunnelled after the fact. A client still silent after
 // sniff_timeout may be waiting for a server-speaks-first greeting: the
 // upstream is dialled, and whichever side speaks first decides (a slow
-// TLS client is still intercepted). A failed dial can only close the
+// TLS client is still intercepted, and so is an HTTP client still in the
+// middle of its method at the timeout). A failed dial can only close the
 // connection: the SOCKS5 reply is sent.
 func (st *stream) sniffFirst(handedOver *bool) error {
 	if err := sendReply(st.conn, statute.RepSuccess, st.conn.LocalAddr()); err != nil {

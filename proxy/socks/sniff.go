@@ -17,7 +17,7 @@ const (
 	sniffOther  sniffKind = iota // neither TLS nor HTTP: tunnel it
 	sniffTLS                     // a TLS record: intercept
 	sniffHTTP                    // an HTTP/1 request line or the h2c preface: intercept
-	sniffSilent                  // nothing before the sniff deadline (or the upstream spoke first)
+	sniffSilent                  // nothing decisive before the sniff deadline (or the upstream spoke first)
 	sniffClosed                  // the client hung up or failed before sending a byte
 )
 
@@ -94,10 +94,14 @@ func sniff(r *bufio.Reader, sn *sniffer, timeout time.Duration) sniffKind {
 		}
 		if err != nil {
 			switch {
-			case len(b) > 0:
-				return sniffOther // the start of a word, then silence or EOF
 			case errors.Is(err, os.ErrDeadlineExceeded):
+				// Silent, or stopped in the middle of a plausible first
+				// word: "GE" at the deadline may be a slow HTTP client,
+				// for the sniff after the dial to decide, not two bytes
+				// to tunnel blind on.
 				return sniffSilent
+			case len(b) > 0:
+				return sniffOther // the start of a word, then EOF or a failure
 			default:
 				return sniffClosed
 			}
