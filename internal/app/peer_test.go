@@ -15,10 +15,9 @@ import (
 func TestFleetConfig(t *testing.T) {
 	const redis = "ONCEPROXY_REDIS_URL=redis://127.0.0.1:1"
 	for _, tc := range []struct {
-		name    string
-		env     []string
-		want    string // "" = valid
-		wantNot string
+		name string
+		env  []string
+		want string // "" = valid
 	}{
 		{name: "loopback without a token", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0"}},
 		{name: "network with a token", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=10.0.0.1:7070", "ONCEPROXY_FLEET_PEER_TOKEN_ENV=PEER_TOKEN", "PEER_TOKEN=s3cret"}},
@@ -35,15 +34,7 @@ func TestFleetConfig(t *testing.T) {
 		{name: "no connections", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0", "ONCEPROXY_FLEET_PEER_MAX_CONNS=-1"}, want: "fleet.peer_max_conns:"},
 		{name: "same as the proxy", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:8080"}, want: "fleet.peer_listen: 127.0.0.1:8080 is already proxy.listen"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := LoadConfig(shippedConfig, "", tc.env)
-			switch {
-			case tc.want == "" && err != nil:
-				t.Fatalf("refused: %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Fatalf("error %v, want one containing %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { expectLoad(t, tc.env, tc.want) })
 	}
 }
 
@@ -96,15 +87,7 @@ func TestAdminListenerConfig(t *testing.T) {
 		{name: "token only white space", env: []string{"ONCEPROXY_ADMIN_TOKEN_ENV=T", "T= \n"}, want: "admin.token_env: T is unset or empty"},
 		{name: "off", env: []string{"ONCEPROXY_ADMIN_LISTEN="}},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := LoadConfig(shippedConfig, "", tc.env)
-			switch {
-			case tc.want == "" && err != nil:
-				t.Fatalf("refused: %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Fatalf("err = %v, want it to contain %q", err, tc.want)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { expectLoad(t, tc.env, tc.want) })
 	}
 	getenv := func(string) string { return "s3cret\n" }
 	if got := adminToken(AdminConfig{TokenEnv: "T"}, getenv); got != "s3cret" {
@@ -112,5 +95,18 @@ func TestAdminListenerConfig(t *testing.T) {
 	}
 	if got := peerToken(FleetConfig{PeerTokenEnv: "T"}, getenv); got != "s3cret" {
 		t.Errorf("peer token %q, want the secret without its newline", got)
+	}
+}
+
+// expectLoad loads the shipped configuration with env and checks that it
+// is accepted (want "") or refused with an error containing want.
+func expectLoad(t *testing.T, env []string, want string) {
+	t.Helper()
+	_, err := LoadConfig(shippedConfig, "", env)
+	switch {
+	case want == "" && err != nil:
+		t.Fatalf("refused: %v", err)
+	case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
+		t.Fatalf("error %v, want one containing %q", err, want)
 	}
 }

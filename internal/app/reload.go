@@ -121,7 +121,6 @@ func (a *App) reloadOnce() (admin.Reload, error) {
 	merged.Dedup.Enabled, merged.Dedup.TTL = next.Dedup.Enabled, next.Dedup.TTL
 	merged.Dedup.KeyHeaders, merged.Dedup.IgnoreParams = next.Dedup.KeyHeaders, next.Dedup.IgnoreParams
 	merged.Dedup.CacheableStatuses, merged.Dedup.Rules = next.Dedup.CacheableStatuses, next.Dedup.Rules
-	merged.Savings = next.Savings
 	merged.Upstream = next.Upstream
 	// Every key that needs a restart keeps its running value, those inside
 	// the sections copied whole above too (upstream.dial_timeout, the
