@@ -81,16 +81,7 @@ func TestPeerAnswerNotTheWholeBody(t *testing.T) {
 			if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(got, body) {
 				t.Fatalf("follower's client: %d, %d of %d bytes, %v", resp.StatusCode, len(got), len(body), err)
 			}
-			closeOnce(release)
-			if all, err := io.ReadAll(leader.Body); err != nil || !bytes.Equal(all, body) {
-				t.Fatalf("leader: %d bytes, %v", len(all), err)
-			}
-			if hits.Load() != 2 {
-				t.Fatalf("origin saw %d requests, want 2 (the leader's, the follower's own)", hits.Load())
-			}
-			if st := b.eng.Stats().PeerFetches; st != (PeerStats{Fallback: 1}) {
-				t.Fatalf("follower's peer fetches %+v, want one fallback", st)
-			}
+			expectOwnCopy(t, release, leader, body, &hits, b)
 		})
 	}
 }

@@ -325,16 +325,7 @@ func TestPeerFallback(t *testing.T) {
 					t.Fatalf("follower's client: %v", err)
 				}
 			}
-			closeOnce(release)
-			if all, err := io.ReadAll(leader.Body); err != nil || !bytes.Equal(all, body) {
-				t.Fatalf("leader: %d bytes, %v", len(all), err)
-			}
-			if hits.Load() != 2 {
-				t.Fatalf("origin saw %d requests, want 2 (the leader's, the follower's one own)", hits.Load())
-			}
-			if st := b.eng.Stats().PeerFetches; st != (PeerStats{Fallback: 1}) {
-				t.Fatalf("follower's peer fetches %+v, want one fallback", st)
-			}
+			expectOwnCopy(t, release, leader, body, &hits, b)
 		})
 	}
 }
@@ -487,6 +478,23 @@ func TestPeerVariantStaysItsOwn(t *testing.T) {
 	}
 	if hits.Load() != 2 {
 		t.Fatalf("origin saw %d requests, want one per variant", hits.Load())
+	}
+}
+
+// expectOwnCopy releases the held origin and checks that the leader got
+// the whole body and that follower b fell back to a copy of its own: two
+// origin requests, one peer fallback.
+func expectOwnCopy(t *testing.T, release chan struct{}, leader *http.Response, body []byte, hits *atomic.Int64, b *peerInstance) {
+	t.Helper()
+	closeOnce(release)
+	if all, err := io.ReadAll(leader.Body); err != nil || !bytes.Equal(all, body) {
+		t.Fatalf("leader: %d bytes, %v", len(all), err)
+	}
+	if hits.Load() != 2 {
+		t.Fatalf("origin saw %d requests, want 2 (the leader's, the follower's own)", hits.Load())
+	}
+	if st := b.eng.Stats().PeerFetches; st != (PeerStats{Fallback: 1}) {
+		t.Fatalf("follower's peer fetches %+v, want one fallback", st)
 	}
 }
 
