@@ -19,10 +19,10 @@ import (
 // the client is the one its CONNECT came from, whatever the decrypted
 // requests claim in their own X-Forwarded-For.
 func TestOneClientIdentity(t *testing.T) {
-	release := make(chan struct{})
+	var release *testkit.Gate
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/slow" {
-			<-release
+		if r.URL.Path == "/slow" && !release.Wait(r.Context()) {
+			return
 		}
 		echoProto(w, r)
 	})
@@ -34,6 +34,7 @@ func TestOneClientIdentity(t *testing.T) {
 		dedup:     dedupOn(dedup.Config{MaxFlights: 8, MaxFlightsPerClient: 1}),
 		rateLimit: &ratelimit.Config{Requests: 3, Window: time.Minute},
 	})
+	release = testkit.NewGate(t)
 	c := w.client(false)
 	get := func(u, forwardedFor string) int {
 		t.Helper()
@@ -64,7 +65,7 @@ func TestOneClientIdentity(t *testing.T) {
 	if st := get(plain.URL+"/a2", "203.0.113.1"); st != 503 {
 		t.Errorf("A's second flight: %d, want 503 (one flight per client)", st)
 	}
-	close(release)
+	release.Open()
 	if err := <-slow; err != nil {
 		t.Fatalf("A's slow request: %v", err)
 	}

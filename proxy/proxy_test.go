@@ -507,14 +507,16 @@ func TestIdleTunnelIsClosed(t *testing.T) {
 }
 
 func TestGracefulShutdownDrains(t *testing.T) {
-	release := make(chan struct{})
+	var release *testkit.Gate
 	started := make(chan struct{}, 1)
 	origin := tlsOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		started <- struct{}{}
-		<-release
-		io.WriteString(w, "finished")
+		if release.Wait(r.Context()) {
+			io.WriteString(w, "finished")
+		}
 	}), false)
 	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}})
+	release = testkit.NewGate(t)
 	c := w.client(false)
 	type result struct {
 		status int
@@ -548,7 +550,7 @@ func TestGracefulShutdownDrains(t *testing.T) {
 		conn.Close()
 		return false
 	}, "the proxy to refuse new connections during shutdown")
-	close(release)
+	release.Open()
 	r := <-done
 	if r.err != nil || r.status != 200 || r.body != "finished" {
 		t.Fatalf("in-flight request: %+v", r)
@@ -562,21 +564,21 @@ func TestGracefulShutdownDrains(t *testing.T) {
 // tunnel with nothing in flight is closed at once, not served new requests
 // until the grace ends.
 func TestShutdownClosesIdleTunnels(t *testing.T) {
-	release := make(chan struct{})
-	var once sync.Once
-	unblock := func() { once.Do(func() { close(release) }) }
+	var release *testkit.Gate
 	started := make(chan struct{}, 1)
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
 			started <- struct{}{}
-			<-release
+			if !release.Wait(r.Context()) {
+				return
+			}
 		}
 		io.WriteString(w, "ok")
 	})
 	origin := tlsOrigin(t, h, true)
 	plain := plainOrigin(t, h) // a plain request keeps the proxy port's server draining
 	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}})
-	t.Cleanup(unblock) // runs first: a failed check must not leave the origin blocked
+	release = testkit.NewGate(t)
 	host := strings.TrimPrefix(origin.URL, "https://")
 
 	idle := insideTunnel(t, w, host, true)
@@ -608,7 +610,7 @@ func TestShutdownClosesIdleTunnels(t *testing.T) {
 	if _, err := br.ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("idle tunnel still open during the drain: %v", err)
 	}
-	unblock()
+	release.Open()
 	if err := <-slow; err != nil {
 		t.Fatalf("the draining request failed: %v", err)
 	}

@@ -909,12 +909,13 @@ func TestSOCKS5ConnectionLimit(t *testing.T) {
 // client half-closed whose upstream never answers; ServeSOCKS5 returns nil
 // (checked by the world's cleanup) and no goroutine is left behind.
 func TestSOCKS5Shutdown(t *testing.T) {
-	release := make(chan struct{})
+	var release *testkit.Gate
 	started := make(chan struct{}, 1)
 	origin := tlsOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		started <- struct{}{}
-		<-release
-		io.WriteString(w, "finished")
+		if release.Wait(r.Context()) {
+			io.WriteString(w, "finished")
+		}
 	}), false)
 	echo := echoServer(t, "", "")
 	// The sink reads until EOF, then waits without a word; sinkClosed
@@ -925,6 +926,7 @@ func TestSOCKS5Shutdown(t *testing.T) {
 		originCAs: []*x509.Certificate{origin.Certificate()},
 		socks5:    socksOn(socks.Config{AllowNoAuth: true}),
 	})
+	release = testkit.NewGate(t)
 	half := socksTunnelTCP(t, w, sinkAddr)
 	io.WriteString(half, "\x00bye")
 	half.CloseWrite()
@@ -952,7 +954,7 @@ func TestSOCKS5Shutdown(t *testing.T) {
 		c.Close()
 		return false
 	}, "the SOCKS5 port to close")
-	close(release)
+	release.Open()
 	if r := <-done; r.err != nil || r.status != 200 || r.body != "finished" {
 		t.Fatalf("in-flight request over SOCKS5: %+v", r)
 	}

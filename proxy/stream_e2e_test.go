@@ -138,14 +138,16 @@ func TestBigObjectFortyClients(t *testing.T) {
 func TestFirstBytesThroughTheProxy(t *testing.T) {
 	const n = 6
 	body := bigBody(4 << 20)
-	release := make(chan struct{})
+	var release *testkit.Gate
 	origin := tlsOrigin(t, http.HandlerFunc(func(rw http.ResponseWriter, r *http.Request) {
 		rw.Header().Set("Content-Length", strconv.Itoa(len(body)))
 		flushIn(rw, body[:1000])
-		<-release
-		flushIn(rw, body[1000:])
+		if release.Wait(r.Context()) {
+			flushIn(rw, body[1000:])
+		}
 	}), false)
 	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.Certificate()}, dedup: streamDedup(t, dedup.Config{})})
+	release = testkit.NewGate(t)
 	first := make(chan error, n)
 	done := make(chan error, n)
 	for i := range n {
@@ -180,7 +182,7 @@ func TestFirstBytesThroughTheProxy(t *testing.T) {
 			t.Fatal("a client did not get the first kilobyte while the origin held the rest of the body")
 		}
 	}
-	close(release)
+	release.Open()
 	for range n {
 		if err := <-done; err != nil {
 			t.Fatal(err)

@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"context"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -69,4 +70,23 @@ func TestServerPort(t *testing.T) {
 	if len(seen) < 10 {
 		t.Errorf("20 draws gave %d distinct ports: not spread", len(seen))
 	}
+}
+
+func TestGate(t *testing.T) {
+	var g *Gate
+	t.Run("inner", func(t *testing.T) {
+		g = NewGate(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		if g.Wait(ctx) {
+			t.Fatal("a closed gate let a waiter with a cancelled context through as if open")
+		}
+	})
+	// The inner test's cleanup opened it.
+	ctx, cancel := context.WithTimeout(context.Background(), Patience)
+	defer cancel()
+	if !g.Wait(ctx) {
+		t.Fatal("gate not open after its test ended")
+	}
+	g.Open() // a second Open is harmless
 }
