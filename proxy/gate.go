@@ -46,10 +46,12 @@ func (s *Server) authenticate(h http.Header) (user string, ok bool) {
 }
 
 // challenge is the 407 that makes browsers (which never send credentials
-// unasked) retry with them.
+// unasked) retry with them. charset="UTF-8" (RFC 7617) asks for names and
+// passwords in UTF-8, the encoding they are checked in; without it a
+// client may send Latin-1.
 func (s *Server) challenge(req *http.Request, reason string) *http.Response {
 	resp := errorResponse(req, http.StatusProxyAuthRequired, kindAuth, reason)
-	resp.Header.Set("Proxy-Authenticate", `Basic realm="`+s.realm+`"`)
+	resp.Header.Set("Proxy-Authenticate", `Basic realm="`+s.realm+`", charset="UTF-8"`)
 	return resp
 }
 

@@ -48,7 +48,7 @@ func TestProxyAuth(t *testing.T) {
 		if resp.StatusCode != tc.want {
 			t.Fatalf("plain as %q/%q: %d %q", tc.user, tc.pass, resp.StatusCode, body)
 		}
-		if tc.want == 407 && resp.Header.Get("Proxy-Authenticate") != `Basic realm="onceproxy"` {
+		if tc.want == 407 && resp.Header.Get("Proxy-Authenticate") != `Basic realm="onceproxy", charset="UTF-8"` {
 			t.Fatalf("407 without a Basic challenge: %v", resp.Header)
 		}
 	}

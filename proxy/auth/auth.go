@@ -57,6 +57,14 @@ func (c Config) WithDefaults() Config {
 // getenv reads PasswordEnv variables (os.Getenv in production).
 func (c Config) Validate(getenv func(string) string) error {
 	var errs []error
+	// The realm goes into the challenge as a quoted parameter, verbatim:
+	// printable ASCII without the two characters quoting gives a meaning.
+	for _, r := range c.Realm {
+		if r < ' ' || r > '~' || r == '"' || r == '\\' {
+			errs = append(errs, fmt.Errorf("realm: %q: printable ASCII only, without '\"' or '\\'", c.Realm))
+			break
+		}
+	}
 	seen := map[string]bool{}
 	for i, u := range c.Users {
 		key := fmt.Sprintf("users[%d]", i)

@@ -76,6 +76,23 @@ func TestValidate(t *testing.T) {
 	}
 }
 
+// TestValidateRealm: the realm goes into a quoted header parameter as
+// written; a quote would end it early, a line break would end the header.
+func TestValidateRealm(t *testing.T) {
+	for realm, ok := range map[string]bool{
+		"onceproxy": true, "Acme scrapers (eu-1)": true,
+		`say "hi"`: false, `back\slash`: false, "two\nlines": false, "tab\there": false, "caf\u00e9": false,
+	} {
+		err := Config{Realm: realm}.Validate(env(nil))
+		if ok != (err == nil) {
+			t.Errorf("realm %q: %v", realm, err)
+		}
+		if err != nil && !strings.Contains(err.Error(), "realm:") {
+			t.Errorf("realm %q: error does not name the key: %v", realm, err)
+		}
+	}
+}
+
 func BenchmarkVerifyMemoized(b *testing.B) {
 	hash, _ := bcrypt.GenerateFromPassword([]byte("pw"), 10)
 	u, _ := New(Config{Users: []UserConfig{{Name: "a", PasswordBcrypt: string(hash)}}}, env(nil))
