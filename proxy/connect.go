@@ -46,9 +46,9 @@ func (s *Server) handleConnect(host string, pctx *goproxy.ProxyCtx) (*goproxy.Co
 		return reject(errorResponse(pctx.Req, http.StatusBadRequest, kindBadRequest,
 			fmt.Sprintf("bad CONNECT target %q: %v", host, err)))
 	}
-	user, ok := s.authenticate(pctx.Req.Header)
-	if !ok {
-		return reject(s.challenge(pctx.Req, "proxy credentials required (Proxy-Authorization: Basic)"))
+	user, refusal := s.authenticate(pctx.Req)
+	if refusal != nil {
+		return reject(refusal)
 	}
 	// Who the client is, decided once for the whole tunnel: its
 	// requests carry this identity, whatever they say themselves. The

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 )
 
@@ -31,18 +32,34 @@ func basicCredentials(h http.Header) (user, password string, ok bool) {
 	return user, password, ok
 }
 
-// authenticate returns the proxy user of a request, or ok false when a
-// user store is configured and the credentials are missing or wrong.
-func (s *Server) authenticate(h http.Header) (user string, ok bool) {
+// authenticate returns the proxy user of req (a CONNECT or a plain
+// request), or the refusal to answer it with when a user store is
+// configured: a 407 challenge for missing or wrong credentials, a 429
+// for a client past auth.max_failures_per_minute.
+func (s *Server) authenticate(req *http.Request) (user string, refusal *http.Response) {
 	if s.users == nil {
-		return proxyUser(h), true
+		return proxyUser(req.Header), nil
 	}
-	user, password, found := basicCredentials(h)
-	if !found || !s.users.Verify(user, password) {
+	user, password, found := basicCredentials(req.Header)
+	if !found {
 		s.metrics.AuthFailed()
-		return "", false
+		return "", s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
 	}
-	return user, true
+	client := clientinfo.ClientOf("", s.clientAddr(req.RemoteAddr, req.Header))
+	ok, wait := s.users.Verify(client, user, password)
+	switch {
+	case ok:
+		return user, nil
+	case wait > 0:
+		s.metrics.AuthFailed()
+		resp := errorResponse(req, http.StatusTooManyRequests, kindRateLimited,
+			fmt.Sprintf("too many failed logins from this client; new credentials are not checked for %ss (auth.max_failures_per_minute)", retryAfter(wait)))
+		resp.Header.Set("Retry-After", retryAfter(wait))
+		return "", resp
+	default:
+		s.metrics.AuthFailed()
+		return "", s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
+	}
 }
 
 // challenge is the 407 that makes browsers (which never send credentials

@@ -87,6 +87,51 @@ func TestProxyAuth(t *testing.T) {
 	}
 }
 
+// TestFailedLoginsLimit: past auth.max_failures_per_minute new wrong
+// credentials, the client's untried credentials get 429 with Retry-After
+// instead of being checked, on plain requests and on CONNECT alike, right
+// ones included; credentials it had accepted before still pass.
+func TestFailedLoginsLimit(t *testing.T) {
+	tlsO := tlsOrigin(t, http.HandlerFunc(echoProto), false)
+	plain := plainOrigin(t, http.HandlerFunc(echoProto))
+	w := newWorld(t, worldOpts{users: map[string]string{"alice": "right", "bob": "right2"}, authFailures: 2,
+		originCAs: []*x509.Certificate{tlsO.Certificate()}})
+	status := func(user, pass string) (int, *http.Response, string) {
+		t.Helper()
+		resp, body := w.get(w.clientAs(user, pass), plain.URL+"/p")
+		return resp.StatusCode, resp, body
+	}
+	if code, _, body := status("alice", "right"); code != 200 {
+		t.Fatalf("right password: %d %q", code, body)
+	}
+	for _, pw := range []string{"guess1", "guess2", "guess1"} { // the repeat is no new failure
+		if code, _, body := status("alice", pw); code != 407 {
+			t.Fatalf("wrong password %q under the limit: %d %q", pw, code, body)
+		}
+	}
+	code, resp, body := status("alice", "guess3")
+	if code != 429 || resp.Header.Get("Retry-After") == "" || !strings.Contains(body, "max_failures_per_minute") {
+		t.Fatalf("wrong password past the limit: %d Retry-After %q %q", code, resp.Header.Get("Retry-After"), body)
+	}
+	if code, _, body := status("bob", "right2"); code != 429 {
+		t.Fatalf("untried right password past the limit: %d %q", code, body)
+	}
+	if code, _, body := status("alice", "right"); code != 200 {
+		t.Fatalf("accepted password past the limit: %d %q", code, body)
+	}
+	conn, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	host := strings.TrimPrefix(tlsO.URL, "https://")
+	fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n",
+		host, host, base64.StdEncoding.EncodeToString([]byte("bob:guess4")))
+	if resp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect}); err != nil || resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("CONNECT past the limit: %v %v", err, resp)
+	}
+}
+
 func TestRateLimitPerClient(t *testing.T) {
 	origin := plainOrigin(t, http.HandlerFunc(echoProto))
 	w := newWorld(t, worldOpts{users: testUsers(), rateLimit: &ratelimit.Config{Requests: 3, Window: time.Minute}})

@@ -44,17 +44,24 @@ func (s *Server) identify(user, remoteAddr string, h http.Header) (clientinfo.In
 	if err != nil {
 		return clientinfo.Info{}, err
 	}
-	if s.cfg.TrustForwardedFor && h != nil {
-		if addr := clientinfo.ForwardedFor(h); addr != "" {
-			remoteAddr = addr
-		}
-	}
 	counted := u.Account
 	if s.users == nil {
 		counted = ""
 	}
 	return clientinfo.Info{User: user, Account: u.Account, Session: u.Session, Country: u.Country, City: u.City,
-		Client: clientinfo.ClientOf(counted, remoteAddr)}, nil
+		Client: clientinfo.ClientOf(counted, s.clientAddr(remoteAddr, h))}, nil
+}
+
+// clientAddr is the address of the client of a connection from
+// remoteAddr: with proxy.trust_forwarded_for, the one the balancer
+// reports in h (nil where no balancer can speak, on the SOCKS5 port).
+func (s *Server) clientAddr(remoteAddr string, h http.Header) string {
+	if s.cfg.TrustForwardedFor && h != nil {
+		if addr := clientinfo.ForwardedFor(h); addr != "" {
+			return addr
+		}
+	}
+	return remoteAddr
 }
 
 // hintHeaders applies the X-Onceproxy-Session and X-Onceproxy-Country
@@ -160,9 +167,9 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 	// Requests inside a tunnel were authenticated and identified on its
 	// CONNECT; plain absolute-form requests carry their own credentials.
 	if !inTunnel {
-		user, ok := s.authenticate(req.Header)
-		if !ok {
-			return s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
+		user, refusal := s.authenticate(req)
+		if refusal != nil {
+			return refusal
 		}
 		info, err := s.identify(user, req.RemoteAddr, req.Header)
 		if err != nil {

@@ -42,11 +42,14 @@ type CertSource interface {
 	ServerConfig(fallbackHost string) *tls.Config
 }
 
-// UserStore verifies proxy users. Verify receives the user name exactly as
-// the client sent it, session hints included ("acct-session-abc"); a store
-// that knows accounts only can split it with clientinfo.ParseUser.
+// UserStore verifies proxy users. Verify receives the client
+// (clientinfo.ClientOf its address) and the user name exactly as the
+// client sent it, session hints included ("acct-session-abc"); a store
+// that knows accounts only can split it with clientinfo.ParseUser. A
+// refusal with a retryAfter says the client is not being checked for
+// that long (too many failures).
 type UserStore interface {
-	Verify(user, password string) bool
+	Verify(client, user, password string) (ok bool, retryAfter time.Duration)
 }
 
 // Upstream is where traffic leaves the proxy: requests through RoundTrip,

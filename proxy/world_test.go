@@ -65,6 +65,8 @@ type worldOpts struct {
 	socks5 *socks.Config
 	// users are auth.users: name → password.
 	users map[string]string
+	// authFailures, when set, is auth.max_failures_per_minute.
+	authFailures int
 	// rateLimit and guard, when set, are those sections; the shipped guard
 	// lets the proxy reach loopback, where the test origins live.
 	rateLimit *ratelimit.Config
@@ -138,6 +140,9 @@ func newWorld(t testing.TB, o worldOpts) *world {
 		v := "PW_" + strconv.Itoa(len(env))
 		env[v] = pw
 		cfg.Auth.Users = append(cfg.Auth.Users, auth.UserConfig{Name: name, PasswordEnv: v})
+	}
+	if o.authFailures != 0 {
+		cfg.Auth.MaxFailuresPerMinute = o.authFailures
 	}
 	if o.rateLimit != nil {
 		cfg.RateLimit = *o.rateLimit

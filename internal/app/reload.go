@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
@@ -48,8 +49,10 @@ func (l *live) Control(ctx context.Context, network, address string, c syscall.R
 }
 
 // Verify checks proxy credentials against the current users
-// (proxy.UserStore).
-func (l *live) Verify(user, password string) bool { return l.users.Load().Verify(user, password) }
+// (proxy.UserStore, socks.UserStore).
+func (l *live) Verify(client, user, password string) (bool, time.Duration) {
+	return l.users.Load().Verify(client, user, password)
+}
 
 // liveKeys are the configuration keys a reload applies, by prefix; every
 // other key needs a restart, and so do the upstream keys that shape the

@@ -10,7 +10,9 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
@@ -30,6 +32,12 @@ type Config struct {
 	// listener (a container whose port is published on the host's loopback,
 	// a private network you control). Default false.
 	AllowUnauthenticated bool `yaml:"allow_unauthenticated"`
+	// MaxFailuresPerMinute is how many new wrong credentials one client
+	// (its address) may try in a minute; past it, the credentials it has
+	// not had accepted before are refused unchecked until the minute is
+	// over (see Users.Verify). 0 = the default, 30; -1 = no limit (New
+	// takes anything below 1 as none).
+	MaxFailuresPerMinute int `yaml:"max_failures_per_minute"`
 }
 
 // UserConfig is one entry of auth.users: exactly one of PasswordBcrypt and
@@ -50,6 +58,9 @@ func (c Config) WithDefaults() Config {
 	if c.Realm == "" {
 		c.Realm = "onceproxy"
 	}
+	if c.MaxFailuresPerMinute == 0 {
+		c.MaxFailuresPerMinute = 30
+	}
 	return c
 }
 
@@ -57,6 +68,9 @@ func (c Config) WithDefaults() Config {
 // getenv reads PasswordEnv variables (os.Getenv in production).
 func (c Config) Validate(getenv func(string) string) error {
 	var errs []error
+	if c.MaxFailuresPerMinute < -1 {
+		errs = append(errs, fmt.Errorf("max_failures_per_minute: %d: must be -1 (no limit) or more", c.MaxFailuresPerMinute))
+	}
 	// The realm goes into the challenge as a quoted parameter, verbatim:
 	// printable ASCII without the two characters quoting gives a meaning.
 	for _, r := range c.Realm {
@@ -115,12 +129,29 @@ type Users struct {
 	// slow bounds concurrent bcrypt checks to half the CPUs, so that a
 	// flood of new wrong passwords leaves the rest to the traffic.
 	slow chan struct{}
+	// failures counts each client's new wrong credentials in its current
+	// minute. The semaphore above keeps a guesser to half the CPUs, but
+	// it queues everyone's first login behind the guesses, and every
+	// guess is one; past maxFailures a client's untried credentials are
+	// not checked at all until its minute is over.
+	failures    *otter.Cache[string, *failureWindow]
+	maxFailures int32
 	// dummy is compared against for unknown users, and after a wrong env
 	// password, when bcrypt users exist, so that a refusal takes as long
 	// whoever the name belongs to. It has the highest configured cost: the
 	// slowest user's refusals must not stand out.
 	dummy []byte
 }
+
+// failureWindow is one client's count of new wrong credentials from the
+// first of them for a minute.
+type failureWindow struct {
+	until time.Time
+	n     atomic.Int32
+}
+
+// failureWindowLength is how long a client's failures count against it.
+const failureWindowLength = time.Minute
 
 type user struct {
 	hash   []byte   // bcrypt
@@ -158,6 +189,11 @@ func New(c Config, getenv func(string) string) (*Users, error) {
 		MaximumSize:      10000,
 		ExpiryCalculator: otter.ExpiryWriting[[32]byte, struct{}](time.Minute),
 	})
+	u.maxFailures = int32(min(max(c.MaxFailuresPerMinute, 0), math.MaxInt32))
+	u.failures = otter.Must(&otter.Options[string, *failureWindow]{
+		MaximumSize:      10000,
+		ExpiryCalculator: otter.ExpiryWriting[string, *failureWindow](failureWindowLength),
+	})
 	return u, nil
 }
 
@@ -165,22 +201,73 @@ func New(c Config, getenv func(string) string) (*Users, error) {
 func (u *Users) Enabled() bool { return u != nil && len(u.users) > 0 }
 
 // Verify reports whether user (with any session hint) and password are
-// valid. It implements the proxy's UserStore.
-func (u *Users) Verify(name, password string) bool {
+// valid, for a client (clientinfo.ClientOf: its address). It implements
+// the proxy's UserStore.
+//
+// A client that tried MaxFailuresPerMinute new wrong credentials within
+// a minute gets, until that minute is over, ok false and how long that
+// is, for credentials not accepted before: they are not checked. Ones
+// accepted in the last ten minutes still pass, and the same wrong ones
+// again (a fleet with a stale password) are refused as before, neither
+// counting as a new failure.
+func (u *Users) Verify(client, name, password string) (ok bool, retryAfter time.Duration) {
 	if !u.Enabled() {
-		return false
+		return false, 0
 	}
 	// A bad session hint does not change whose credentials these are:
 	// the front door refuses the hint itself, to a client it knows.
 	parsed, _ := clientinfo.ParseUser(name)
-	account := parsed.Account
+	memo := sha256.Sum256([]byte(parsed.Account + "\x00" + password))
+	if _, hit := u.refused.GetIfPresent(memo); hit {
+		return false, 0
+	}
+	if _, hit := u.verified.GetIfPresent(memo); hit {
+		return true, 0
+	}
+	if wait := u.throttled(client); wait > 0 {
+		return false, wait
+	}
+	if !u.check(parsed.Account, password) {
+		u.refused.Set(memo, struct{}{})
+		u.failed(client)
+		return false, 0
+	}
+	u.verified.Set(memo, struct{}{})
+	return true, 0
+}
+
+// throttled is how long client's untried credentials are refused
+// unchecked: 0 when it is under its failure limit.
+func (u *Users) throttled(client string) time.Duration {
+	if u.maxFailures == 0 {
+		return 0
+	}
+	w, found := u.failures.GetIfPresent(client)
+	if !found || w.n.Load() < u.maxFailures {
+		return 0
+	}
+	// The cache's expiry may lag a little behind the window's end.
+	if wait := time.Until(w.until); wait > 0 {
+		return max(wait.Round(time.Second), time.Second)
+	}
+	return 0
+}
+
+// failed counts a new wrong credential against client.
+func (u *Users) failed(client string) {
+	if u.maxFailures == 0 {
+		return
+	}
+	w, _ := u.failures.SetIfAbsent(client, &failureWindow{until: time.Now().Add(failureWindowLength)})
+	w.n.Add(1)
+}
+
+// check compares password with account's, at the cost of the slowest
+// user's for a refusal whoever the account is.
+func (u *Users) check(account, password string) bool {
 	rec, ok := u.users[account]
 	if !ok && u.dummy != nil {
 		rec = user{hash: u.dummy, isHash: true}
-	}
-	memo := sha256.Sum256([]byte(account + "\x00" + password))
-	if _, hit := u.refused.GetIfPresent(memo); hit {
-		return false
 	}
 	if !rec.isHash {
 		// Hash both sides so the comparison time does not depend on the
@@ -196,21 +283,12 @@ func (u *Users) Verify(name, password string) bool {
 		if u.dummy != nil {
 			_ = u.compare(u.dummy, password)
 		}
-		u.refused.Set(memo, struct{}{})
 		return false
 	}
-	if _, hit := u.verified.GetIfPresent(memo); hit {
-		return true
-	}
-	if err := u.compare(rec.hash, password); err != nil || !ok {
-		u.refused.Set(memo, struct{}{})
-		return false
-	}
-	u.verified.Set(memo, struct{}{})
-	return true
+	return u.compare(rec.hash, password) == nil && ok
 }
 
-// compare runs one bcrypt comparison, at most GOMAXPROCS at a time.
+// compare runs one bcrypt comparison, at most cap(u.slow) at a time.
 func (u *Users) compare(hash []byte, password string) error {
 	u.slow <- struct{}{}
 	defer func() { <-u.slow }()
@@ -222,5 +300,6 @@ func (u *Users) Close() {
 	if u != nil && u.verified != nil {
 		u.verified.StopAllGoroutines()
 		u.refused.StopAllGoroutines()
+		u.failures.StopAllGoroutines()
 	}
 }

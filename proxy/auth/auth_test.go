@@ -1,13 +1,22 @@
 package auth
 
 import (
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/crypto/bcrypt"
 )
 
 func env(m map[string]string) func(string) string { return func(k string) string { return m[k] } }
+
+// verify is Verify for one client, which is never throttled (no
+// MaxFailuresPerMinute in these configurations).
+func verify(u *Users, name, password string) bool {
+	ok, _ := u.Verify("ip:127.0.0.1", name, password)
+	return ok
+}
 
 func TestVerify(t *testing.T) {
 	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
@@ -41,7 +50,7 @@ func TestVerify(t *testing.T) {
 		{"mallory", "s3cret", false},
 		{"", "", false},
 	} {
-		if got := u.Verify(tc.user, tc.pass); got != tc.want {
+		if got := verify(u, tc.user, tc.pass); got != tc.want {
 			t.Errorf("Verify(%q, %q) = %v, want %v", tc.user, tc.pass, got, tc.want)
 		}
 	}
@@ -49,7 +58,7 @@ func TestVerify(t *testing.T) {
 		t.Error("Enabled() = false with users")
 	}
 	var none *Users
-	if none.Enabled() || none.Verify("a", "b") {
+	if none.Enabled() || verify(none, "a", "b") {
 		t.Error("nil store lets someone in")
 	}
 }
@@ -97,10 +106,10 @@ func BenchmarkVerifyMemoized(b *testing.B) {
 	hash, _ := bcrypt.GenerateFromPassword([]byte("pw"), 10)
 	u, _ := New(Config{Users: []UserConfig{{Name: "a", PasswordBcrypt: string(hash)}}}, env(nil))
 	defer u.Close()
-	u.Verify("a", "pw")
+	verify(u, "a", "pw")
 	b.ReportAllocs()
 	for b.Loop() {
-		if !u.Verify("a-session-s1", "pw") {
+		if !verify(u, "a-session-s1", "pw") {
 			b.Fatal("rejected")
 		}
 	}
@@ -131,7 +140,7 @@ func TestFailuresCostOneBcrypt(t *testing.T) {
 		done := make(chan bool, 1)
 		// A password of its own each: a refusal repeated is remembered
 		// (TestRepeatedFailureCostsOneBcrypt), whoever the name is.
-		go func() { done <- u.Verify(name, "wrong "+name) }()
+		go func() { done <- verify(u, name, "wrong "+name) }()
 		select {
 		case <-u.slow:
 			u.slow <- struct{}{} // let it release
@@ -159,7 +168,7 @@ func TestRepeatedFailureCostsOneBcrypt(t *testing.T) {
 	u.slow = make(chan struct{})
 	verify := func(name, password string) (ok, compared bool) {
 		done := make(chan bool, 1)
-		go func() { done <- u.Verify(name, password) }()
+		go func() { done <- verify(u, name, password) }()
 		select {
 		case <-u.slow:
 			u.slow <- struct{}{}
@@ -181,5 +190,89 @@ func TestRepeatedFailureCostsOneBcrypt(t *testing.T) {
 	}
 	if ok, _ := verify("alice", "right"); !ok {
 		t.Fatal("the right password was refused after wrong ones")
+	}
+}
+
+// TestFailureLimit: past max_failures_per_minute new wrong credentials,
+// a client's untried credentials are refused unchecked (no bcrypt
+// comparison) with how long until its minute is over, the right password
+// included; credentials it had accepted before still pass, a stale
+// password retried is not a new failure, and other clients are not
+// affected.
+func TestFailureLimit(t *testing.T) {
+	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
+	u, err := New(Config{MaxFailuresPerMinute: 3, Users: []UserConfig{
+		{Name: "alice", PasswordBcrypt: string(hash)},
+		{Name: "fleet", PasswordEnv: "FLEET_PW"},
+	}}, env(map[string]string{"FLEET_PW": "envpass"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	const guesser, other = "ip:127.0.0.2", "ip:127.0.0.3"
+	// Unbuffered, the semaphore shows each bcrypt comparison.
+	u.slow = make(chan struct{})
+	try := func(client, name, password string) (ok bool, wait time.Duration, compared bool) {
+		type res struct {
+			ok   bool
+			wait time.Duration
+		}
+		done := make(chan res, 1)
+		go func() { ok, wait := u.Verify(client, name, password); done <- res{ok, wait} }()
+		select {
+		case <-u.slow:
+			u.slow <- struct{}{}
+			r := <-done
+			return r.ok, r.wait, true
+		case r := <-done:
+			return r.ok, r.wait, false
+		}
+	}
+	if ok, _, _ := try(guesser, "alice", "right"); !ok {
+		t.Fatal("right password refused")
+	}
+	for i := range 3 {
+		if ok, wait, compared := try(guesser, "alice", fmt.Sprint("guess", i)); ok || wait != 0 || !compared {
+			t.Fatalf("guess %d: ok %v, wait %v, compared %v; want a refusal after a comparison", i, ok, wait, compared)
+		}
+	}
+	// The same stale password again: remembered, not a new failure.
+	if ok, wait, compared := try(guesser, "alice", "guess0"); ok || wait != 0 || compared {
+		t.Fatalf("repeated guess: ok %v, wait %v, compared %v", ok, wait, compared)
+	}
+	ok, wait, compared := try(guesser, "alice", "guess3")
+	if ok || compared || wait <= 0 || wait > failureWindowLength {
+		t.Fatalf("guess past the limit: ok %v, wait %v, compared %v; want an unchecked refusal with a wait of at most a minute", ok, wait, compared)
+	}
+	// An env user's password, right but never accepted from here: not
+	// checked either.
+	if ok, wait, _ := try(guesser, "fleet", "envpass"); ok || wait <= 0 {
+		t.Fatalf("untried right env password while over the limit: ok %v, wait %v", ok, wait)
+	}
+	// Accepted before: still passes, with any session hint.
+	if ok, wait, _ := try(guesser, "alice-session-s1", "right"); !ok || wait != 0 {
+		t.Fatalf("accepted credentials over the limit: ok %v, wait %v", ok, wait)
+	}
+	// Another client is not affected.
+	if ok, wait, compared := try(other, "alice", "guess4"); ok || wait != 0 || !compared {
+		t.Fatalf("another client: ok %v, wait %v, compared %v", ok, wait, compared)
+	}
+	if ok, _, _ := try(other, "fleet", "envpass"); !ok {
+		t.Fatal("another client's right env password refused")
+	}
+	// The minute over, the guesser's credentials are checked again.
+	w, _ := u.failures.GetIfPresent(guesser)
+	w.until = time.Now().Add(-time.Second)
+	if ok, wait, _ := try(guesser, "fleet", "envpass"); !ok || wait != 0 {
+		t.Fatalf("after the window: ok %v, wait %v", ok, wait)
+	}
+}
+
+func TestValidateFailureLimit(t *testing.T) {
+	if err := (Config{MaxFailuresPerMinute: -1}).Validate(env(nil)); err != nil {
+		t.Fatalf("-1 (no limit): %v", err)
+	}
+	if err := (Config{MaxFailuresPerMinute: -2}).Validate(env(nil)); err == nil || !strings.Contains(err.Error(), "max_failures_per_minute: -2") {
+		t.Fatalf("negative limit: %v", err)
 	}
 }

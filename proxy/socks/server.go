@@ -16,6 +16,7 @@ import (
 	"github.com/things-go/go-socks5"
 	"github.com/things-go/go-socks5/statute"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/workers"
@@ -49,10 +50,13 @@ type Tunnel struct {
 	Client string
 }
 
-// UserStore verifies RFC 1929 user names and passwords. Verify receives the
-// user name exactly as the client sent it, session hints included.
+// UserStore verifies RFC 1929 user names and passwords. Verify receives
+// the client (clientinfo.ClientOf its address) and the user name exactly
+// as the client sent it, session hints included. A refusal with a
+// retryAfter (too many failures from the client) is a refusal here: RFC
+// 1929 has no way to say more.
 type UserStore interface {
-	Verify(user, password string) bool
+	Verify(client, user, password string) (ok bool, retryAfter time.Duration)
 }
 
 // Options are the parts a Server is wired from.
@@ -400,9 +404,13 @@ func (s *Server) notSOCKS5(c net.Conn, first byte) {
 // have one, and both doors accept the same names.
 type credentials struct{ users UserStore }
 
-func (c credentials) Valid(user, password, _ string) bool {
+func (c credentials) Valid(user, password, userAddr string) bool {
 	if strings.Contains(user, ":") {
 		return false
 	}
-	return c.users == nil || c.users.Verify(user, password)
+	if c.users == nil {
+		return true
+	}
+	ok, _ := c.users.Verify(clientinfo.ClientOf("", userAddr), user, password)
+	return ok
 }

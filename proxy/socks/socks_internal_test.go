@@ -141,3 +141,34 @@ func TestSnifferInterruptBeforeStart(t *testing.T) {
 		t.Fatalf("read after the sniff: %q, %v", b, err)
 	}
 }
+
+// recordingUsers is a UserStore that accepts one password and remembers
+// who asked.
+type recordingUsers struct{ client, user string }
+
+func (r *recordingUsers) Verify(client, user, password string) (bool, time.Duration) {
+	r.client, r.user = client, user
+	return password == "right", 0
+}
+
+// TestCredentialsNameTheClient: the user store hears which client asks
+// (its address, as the HTTP port counts it), so that its failure limit
+// counts SOCKS5 guesses too; a throttled refusal is a refusal.
+func TestCredentialsNameTheClient(t *testing.T) {
+	r := &recordingUsers{}
+	c := credentials{users: r}
+	if !c.Valid("alice-session-1", "right", "127.0.0.2:40000") || r.client != "ip:127.0.0.2" || r.user != "alice-session-1" {
+		t.Fatalf("Valid asked the store as client %q user %q", r.client, r.user)
+	}
+	if c.Valid("alice", "wrong", "[::1]:40000") || r.client != "ip:::1" {
+		t.Fatalf("wrong password accepted, or client %q", r.client)
+	}
+	throttled := credentials{users: throttledUsers{}}
+	if throttled.Valid("alice", "right", "127.0.0.2:1") {
+		t.Fatal("a throttled client got in")
+	}
+}
+
+type throttledUsers struct{}
+
+func (throttledUsers) Verify(string, string, string) (bool, time.Duration) { return false, time.Minute }
