@@ -176,6 +176,11 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 			return badSession(req, err)
 		}
 		if r := s.attribute(req, info); r != nil {
+			// The refused connection closes after the 429. The writers
+			// (the lean loop's, net/http's) learn that from the header:
+			// forward copies no resp.Close, which an origin's own
+			// "Connection: close" also sets and must not pass on.
+			r.Header.Set("Connection", "close")
 			return r
 		}
 		client = info
@@ -235,6 +240,16 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 		}
 		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", status, "kind", kind, "err", err)
 		return resp
+	}
+	if up.StatusCode == http.StatusSwitchingProtocols && !upgrade {
+		// A switch the client never asked for (RFC 9110 §15.2.2 forbids
+		// it): passed on, the client would take its connection for the
+		// new protocol's while the proxy goes on speaking HTTP on it.
+		up.Body.Close()
+		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", http.StatusBadGateway,
+			"kind", kindUpstream, "err", "the origin switched protocols on a request without Upgrade")
+		return errorResponse(req, http.StatusBadGateway, kindUpstream,
+			"the origin answered 101 Switching Protocols to a request that asked for no upgrade")
 	}
 	if up.StatusCode != http.StatusSwitchingProtocols {
 		removeHopHeaders(up.Header, false)
