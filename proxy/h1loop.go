@@ -709,13 +709,17 @@ func (w *h1Writer) Write(p []byte) (int, error) {
 }
 
 // Flush sends what is buffered, the head included.
-func (w *h1Writer) Flush() {
+func (w *h1Writer) Flush() { _ = w.FlushError() }
+
+// FlushError is Flush, with the error that lost the response, if any.
+func (w *h1Writer) FlushError() error {
 	if !w.wroteHeader {
 		w.WriteHeader(http.StatusOK)
 	}
 	if w.err == nil {
 		w.err = w.bw.Flush()
 	}
+	return w.err
 }
 
 // checkWriteHeaderCode panics on a status no response can carry, as

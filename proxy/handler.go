@@ -383,18 +383,25 @@ func logAccess(ctx context.Context, l *slog.Logger, msg string, attrs []slog.Att
 // arrives, or 32 KiB of a body already there, so the flushes cost no extra
 // writes. It keeps the writer hijackable for WebSocket upgrades.
 //
-// net/http's writers (HTTP/1.1 and HTTP/2) flush through http.Flusher
-// directly; a ResponseController, which finds the flusher through Unwrap,
-// is made only for a writer that does not (one allocation per request
-// spared).
+// A failed flush fails the write: the client is gone, and the copy from
+// the origin stops there instead of reading on for nobody.
+//
+// net/http's writers (HTTP/1.1 and HTTP/2) and the lean loop's flush
+// through FlushError directly; a ResponseController, which finds the
+// flusher through Unwrap, is made only for a writer that has none (one
+// allocation per request spared).
 type flushingWriter struct {
 	http.ResponseWriter
-	flusher http.Flusher             // w's own, when it has one
+	flusher errFlusher               // w's own, when it has one
 	rc      *http.ResponseController // otherwise
 }
 
+// errFlusher is a writer's flush that says whether it worked
+// (http.ResponseController looks for the same method).
+type errFlusher interface{ FlushError() error }
+
 func streamTo(w http.ResponseWriter) *flushingWriter {
-	if f, ok := w.(http.Flusher); ok {
+	if f, ok := w.(errFlusher); ok {
 		return &flushingWriter{ResponseWriter: w, flusher: f}
 	}
 	return &flushingWriter{ResponseWriter: w, rc: http.NewResponseController(w)}
@@ -402,8 +409,7 @@ func streamTo(w http.ResponseWriter) *flushingWriter {
 
 func (w *flushingWriter) flush() error {
 	if w.flusher != nil {
-		w.flusher.Flush()
-		return nil
+		return w.flusher.FlushError()
 	}
 	return w.rc.Flush()
 }
