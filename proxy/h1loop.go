@@ -408,11 +408,12 @@ func (h *h1Conn) run(w *h1Writer, req *http.Request) (aborted bool) {
 	return false
 }
 
-// watchAfter is how long a request is served before the lean loop starts
-// watching for its client going away: most answers come sooner (a hit, a
-// miss from a fast origin) and never pay for the watch (a goroutine, a
-// read, and two deadlines to end it); a client that leaves is noticed that
-// much later at most.
+// watchAfter is how long after a request first asks for its context's
+// Done channel (it waits on a flight, or goes upstream) the lean loop
+// starts watching for its client going away: most answers come sooner (a
+// hit, a miss from a fast origin) and never pay for the watch (a
+// goroutine, a read, and two deadlines to end it); a client that leaves is
+// noticed that much later at most.
 const watchAfter = 100 * time.Millisecond
 
 // armWatch has the watch start for ctx's request once it has been served
