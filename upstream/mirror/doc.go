@@ -26,9 +26,14 @@
 //     client's did not parse or the closest one failed as well.
 //
 // A refused handshake is retried on a new connection with the next rung;
-// a certificate the origin's chain fails verification with, a cancelled
-// context or a failed dial is not. The rung that worked is remembered per
-// hello and server name.
+// a certificate the origin's chain fails verification with, a handshake
+// that timed out, a cancelled context or a failed dial is not. utls keeps
+// a private key for one classical key share only: when the origin picks
+// another of the client's shares (P-256 from Firefox's X25519 and P-256),
+// the client's hello is sent again with the key on the next share before
+// any rung is given up. The rung (and that share) that worked is
+// remembered per hello and server name. The hello's record carries the
+// client's record-layer version.
 //
 // # HTTP
 //

@@ -1,6 +1,8 @@
 package mirror
 
 import (
+	"crypto/ecdh"
+	"crypto/rand"
 	"fmt"
 	"net"
 	"slices"
@@ -35,7 +37,12 @@ func classical(g utls.CurveID) bool {
 // (the rung after a refusal) also without the extensions sent verbatim or
 // only advertised, without groups utls lacks, and with one classical key
 // share (utls keeps a private key for the first one only).
-func buildSpec(hello *fingerprint.ClientHello, serverName string, mode Mode) (*utls.ClientHelloSpec, Report, error) {
+//
+// keyGroup, when not 0, is the classical group whose share keeps the
+// private key (the one the origin picks): the classical shares before it
+// go out with fresh public keys whose private keys are dropped, which
+// leaves the hello as the client's. Closest ignores it.
+func buildSpec(hello *fingerprint.ClientHello, serverName string, mode Mode, keyGroup utls.CurveID) (*utls.ClientHelloSpec, Report, error) {
 	spec := &utls.ClientHelloSpec{}
 	// Blunt mimicry: an extension utls does not know goes out verbatim
 	// instead of failing the parse. (Chrome's trust_anchors, 0xca34, is one.)
@@ -101,6 +108,11 @@ func buildSpec(hello *fingerprint.ClientHello, serverName string, mode Mode) (*u
 				shares = append(shares, ks)
 			}
 			x.KeyShares = shares
+			if !strict && keyGroup != 0 {
+				if err := keyOn(shares, keyGroup); err != nil {
+					return nil, Report{}, err
+				}
+			}
 		case *utls.SupportedCurvesExtension:
 			if strict {
 				n := len(x.Curves)
@@ -116,4 +128,48 @@ func buildSpec(hello *fingerprint.ClientHello, serverName string, mode Mode) (*u
 	}
 	spec.Extensions = kept
 	return spec, r, nil
+}
+
+// classicalShares lists the classical groups the hello has key shares
+// for, in its order.
+func classicalShares(hello *fingerprint.ClientHello) []utls.CurveID {
+	var out []utls.CurveID
+	for _, g := range hello.KeyShareGroups {
+		if classical(utls.CurveID(g)) {
+			out = append(out, utls.CurveID(g))
+		}
+	}
+	return out
+}
+
+// keyOn makes the share of group g the one utls keeps the private key
+// for: utls generates keys for the shares without data and keeps the
+// first classical one's, so the classical shares before g get a public
+// key here. Nothing changes when g has no share.
+func keyOn(shares []utls.KeyShare, g utls.CurveID) error {
+	at := slices.IndexFunc(shares, func(ks utls.KeyShare) bool { return ks.Group == g })
+	if at < 0 {
+		return nil
+	}
+	for i := range shares[:at] {
+		var curve ecdh.Curve
+		switch shares[i].Group {
+		case utls.X25519:
+			curve = ecdh.X25519()
+		case utls.CurveP256:
+			curve = ecdh.P256()
+		case utls.CurveP384:
+			curve = ecdh.P384()
+		case utls.CurveP521:
+			curve = ecdh.P521()
+		default:
+			continue
+		}
+		k, err := curve.GenerateKey(rand.Reader)
+		if err != nil {
+			return err
+		}
+		shares[i].Data = k.PublicKey().Bytes()
+	}
+	return nil
 }

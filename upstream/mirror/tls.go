@@ -7,6 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -94,26 +97,44 @@ func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *finge
 		serverName = host
 	}
 	var key memoKey
-	first := Mirrored
+	r := Mirrored
+	// keyGroup is the classical key share utls keeps the private key for
+	// (0: the first). An origin that picks another one (Firefox offers
+	// X25519 and P-256; a FIPS origin takes P-256) fails the mirrored
+	// handshake on our side; the client's own hello gets through again
+	// with the key on the next share, before any rung is given up.
+	var keyGroup utls.CurveID
+	var shares []utls.CurveID
 	if hello == nil {
-		first = Go
+		r = Go
 	} else {
 		key = memoKey{id: fingerprint.New(hello, nil).ID(), server: serverName}
-		if r := d.memo.get(key); r > first {
-			first = r
+		if e := d.memo.get(key); e.mode > r {
+			r = e.mode
+		} else if e.mode == Mirrored {
+			keyGroup = e.keyGroup
+		}
+		shares = classicalShares(hello)
+		if keyGroup == 0 && len(shares) > 0 {
+			keyGroup = shares[0]
 		}
 	}
 	var failed []error
-	for r := first; ; r++ {
+	tried := map[utls.CurveID]bool{}
+	for {
 		raw, err := d.Dial(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		c, err := d.handshake(ctx, raw, hello, serverName, r)
+		c, err := d.handshake(ctx, raw, hello, serverName, r, keyGroup)
 		if err == nil {
 			c.report.Failed = failed
 			if hello != nil {
-				d.memo.put(key, r)
+				e := memoEntry{mode: r}
+				if r == Mirrored && len(shares) > 0 && keyGroup != shares[0] {
+					e.keyGroup = keyGroup
+				}
+				d.memo.put(key, e)
 			}
 			return c, nil
 		}
@@ -122,14 +143,30 @@ func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *finge
 			return nil, err
 		}
 		failed = append(failed, fmt.Errorf("%v hello: %w", r, err))
+		tried[keyGroup] = true
+		if r == Mirrored && strings.Contains(err.Error(), "invalid server key share") {
+			if i := slices.IndexFunc(shares, func(g utls.CurveID) bool { return !tried[g] }); i >= 0 {
+				keyGroup = shares[i]
+				continue
+			}
+		}
+		r++
 	}
 }
 
 // helloRefused reports whether a handshake error may be the hello's fault,
 // so that a less faithful one may succeed: not a certificate the origin's
-// chain failed, not a cancelled context.
+// chain failed, not a cancelled context, not a handshake that timed out
+// (an origin that says nothing has refused nothing: another hello would
+// cost another HandshakeTimeout, and the memo would keep the downgrade for
+// memoTTL).
 func helloRefused(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
+		return false
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.As(err, &ne) && ne.Timeout() {
 		return false
 	}
 	var ve *utls.CertificateVerificationError
@@ -147,7 +184,7 @@ type verifyError struct{ err error }
 func (e verifyError) Error() string { return e.err.Error() }
 func (e verifyError) Unwrap() error { return e.err }
 
-func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint.ClientHello, serverName string, mode Mode) (*Conn, error) {
+func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint.ClientHello, serverName string, mode Mode, keyGroup utls.CurveID) (*Conn, error) {
 	cfg := d.utlsConfig(serverName)
 	var uc *utls.UConn
 	report := Report{Mode: mode}
@@ -159,10 +196,10 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 		}
 		uc = utls.UClient(raw, cfg, utls.HelloGolang, false, false, false)
 	} else {
-		spec, r, err := buildSpec(hello, serverName, mode)
+		spec, r, err := buildSpec(hello, serverName, mode, keyGroup)
 		if err != nil {
 			// utls cannot take the hello at all: the Go hello it is.
-			c, gerr := d.handshake(ctx, raw, hello, serverName, Go)
+			c, gerr := d.handshake(ctx, raw, hello, serverName, Go, 0)
 			if gerr != nil {
 				return nil, gerr
 			}
@@ -170,7 +207,9 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 			return c, nil
 		}
 		report = r
-		uc = utls.UClient(raw, cfg, utls.HelloCustom, false, false, false)
+		// utls writes the hello's record with version 0x0301 whatever
+		// the client's record said (Java's is 0x0303).
+		uc = utls.UClient(&recordVersionConn{Conn: raw, version: hello.RecordVersion}, cfg, utls.HelloCustom, false, false, false)
 		if err := uc.ApplyPreset(spec); err != nil {
 			return nil, fmt.Errorf("mirror: apply hello: %w", err)
 		}
@@ -184,8 +223,32 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 	if err := uc.HandshakeContext(hctx); err != nil {
 		return nil, fmt.Errorf("mirror: %v TLS handshake with %s: %w", mode, serverName, err)
 	}
-	return &Conn{Conn: uc, uc: uc, report: report}, nil
+	return &Conn{Conn: uc, uc: uc, raw: raw, report: report}, nil
 }
+
+// recordVersionConn gives the first record written on it, the hello's,
+// the record-layer version of the client's hello. Records after it pass
+// unchanged.
+type recordVersionConn struct {
+	net.Conn
+	version uint16
+	done    bool
+}
+
+func (c *recordVersionConn) Write(p []byte) (int, error) {
+	if !c.done {
+		c.done = true
+		if len(p) >= 5 && p[0] == 22 && p[1] == 3 && c.version>>8 == 3 {
+			q := append([]byte(nil), p...)
+			q[1], q[2] = byte(c.version>>8), byte(c.version)
+			return c.Conn.Write(q)
+		}
+	}
+	return c.Conn.Write(p)
+}
+
+// Unwrap returns the connection under it, for socketOf.
+func (c *recordVersionConn) Unwrap() net.Conn { return c.Conn }
 
 // utlsConfig is a fresh utls configuration per dial (ApplyPreset writes
 // the ALPN list into it) carrying the caller's verification.
@@ -220,6 +283,7 @@ func (d *Dialer) utlsConfig(serverName string) *utls.Config {
 type Conn struct {
 	net.Conn
 	uc     *utls.UConn
+	raw    net.Conn // the connection the TLS session runs on
 	report Report
 }
 
@@ -230,7 +294,7 @@ func (c *Conn) Report() Report { return c.report }
 func (c *Conn) ConnectionState() tls.ConnectionState { return stdState(c.uc.ConnectionState()) }
 
 // NetConn returns the connection the TLS session runs on.
-func (c *Conn) NetConn() net.Conn { return c.uc.NetConn() }
+func (c *Conn) NetConn() net.Conn { return c.raw }
 
 func stdState(s utls.ConnectionState) tls.ConnectionState {
 	return tls.ConnectionState{
@@ -256,8 +320,9 @@ type rungMemo struct {
 }
 
 type memoEntry struct {
-	mode Mode
-	at   time.Time
+	mode     Mode
+	keyGroup utls.CurveID // Mirrored: the key share the origin picks, when not the first classical one
+	at       time.Time
 }
 
 const memoTTL = time.Hour
@@ -271,20 +336,20 @@ type memoKey struct {
 // forgotten entry costs one redial, never a failure).
 const maxMemo = 4096
 
-func (m *rungMemo) get(k memoKey) Mode {
+func (m *rungMemo) get(k memoKey) memoEntry {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	e, ok := m.m[k]
 	if !ok || time.Since(e.at) > memoTTL {
-		return 0
+		return memoEntry{}
 	}
-	return e.mode
+	return e
 }
 
-func (m *rungMemo) put(k memoKey, r Mode) {
+func (m *rungMemo) put(k memoKey, e memoEntry) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if r == Mirrored {
+	if e.mode == Mirrored && e.keyGroup == 0 {
 		delete(m.m, k)
 		return
 	}
@@ -297,5 +362,6 @@ func (m *rungMemo) put(k memoKey, r Mode) {
 			break
 		}
 	}
-	m.m[k] = memoEntry{mode: r, at: time.Now()}
+	e.at = time.Now()
+	m.m[k] = e
 }

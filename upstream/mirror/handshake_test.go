@@ -1,0 +1,93 @@
+package mirror
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/fporigin"
+)
+
+// TestHandshakeTimeoutIsNotARefusal: an origin that accepts the
+// connection and then says nothing has not refused the hello. The dial
+// must fail once, after one HandshakeTimeout, as a timeout: not be redialed
+// with the closest and the Go hello (three dials, three timeouts), and not
+// leave a downgraded rung in the memo for an hour when a later rung happens
+// to get through.
+func TestHandshakeTimeoutIsNotARefusal(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				io.Copy(io.Discard, c) // a tarpit: reads the hello, never answers
+				c.Close()
+			}()
+		}
+	}()
+	var cd countingDialer
+	const timeout = 300 * time.Millisecond
+	d := &Dialer{Dial: cd.dial, HandshakeTimeout: timeout, TLSConfig: &tls.Config{ServerName: "localhost"}}
+	start := time.Now()
+	_, err = d.DialTLS(ctxTimeout(t, 10*time.Second), "tcp", ln.Addr().String(), chromeHello(t))
+	took := time.Since(start)
+	if err == nil {
+		t.Fatal("handshake with a silent origin succeeded")
+	}
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("error %v is not a timeout", err)
+	}
+	if n := cd.n.Load(); n != 1 || took > 2*timeout {
+		t.Errorf("%d dials in %v for one handshake timeout of %v (%v)", n, took, timeout, err)
+	}
+}
+
+// TestRecordVersionMirrored: the record-layer version of the hello's
+// record (0x0303 for Java's JSSE and others, 0x0301 for most) is the
+// client's.
+func TestRecordVersionMirrored(t *testing.T) {
+	o := startOrigin(t, fporigin.Options{})
+	g := goHello(t, "http/1.1")
+	raw := append([]byte(nil), g.Raw...)
+	raw[2] = 3 // record version 0x0303
+	hello, err := fingerprint.ParseClientHello(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, c := openConn(t, o, hello, nil, Options{})
+	if r := c.Report(); r.Mode != Mirrored {
+		t.Errorf("report %+v", r)
+	}
+	resp, err := cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "GET", o.URL()+"/", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	got := o.Records()[0].Hello
+	if got.RecordVersion != hello.RecordVersion {
+		t.Errorf("hello record version at the origin %#04x, client's %#04x", got.RecordVersion, hello.RecordVersion)
+	}
+	if got.JA4() != hello.JA4() {
+		t.Errorf("JA4 %s, client's %s", got.JA4(), hello.JA4())
+	}
+}
