@@ -455,7 +455,8 @@ func (cc *H1Conn) RoundTripWithin(req *http.Request, d time.Duration) (*http.Res
 		return nil, err
 	}
 	b := &h1Body{cc: cc, rc: resp.Body, w: w, stop: stop,
-		reuse: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols}
+		reuse: !resp.Close && !req.Close && resp.StatusCode != http.StatusSwitchingProtocols &&
+			!(http10(req) && !httpguts.HeaderValuesContainsToken(req.Header["Connection"], "keep-alive"))}
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The connection now belongs to the response: what it carries is
 		// no longer HTTP.
@@ -720,8 +721,7 @@ func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
 		}
 	}
 	shape := fingerprint.ShapeFrom(req.Context())
-	if body == nil && (method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch ||
-		shape != nil && hasName(shape.HeaderOrder, "Content-Length")) {
+	if body == nil && bodilessLength(method, shape) {
 		framingKey, framingVal = "Content-Length", "0"
 	}
 
@@ -767,7 +767,11 @@ func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
 	b = append(b, method...)
 	b = append(b, ' ')
 	b = append(b, target...)
-	b = append(b, " HTTP/1.1\r\n"...)
+	if http10(req) {
+		b = append(b, " HTTP/1.0\r\n"...) // the client's version
+	} else {
+		b = append(b, " HTTP/1.1\r\n"...)
+	}
 	for _, f := range fields {
 		if !httpguts.ValidHeaderFieldName(f.name) || !validFieldValue(f.value) {
 			return nil, nil, fmt.Errorf("mirror: invalid header field %q", f.name)
@@ -781,6 +785,23 @@ func (cc *H1Conn) head(req *http.Request) (*h1Request, []byte, error) {
 }
 
 func hasName(order []string, name string) bool { return indexName(order, name) >= 0 }
+
+// bodilessLength reports whether a request without a body goes out with
+// "Content-Length: 0": as the client sent it (a chunked empty body of an
+// HTTP/1.1 client becomes one, in its place), or, without the client's
+// shape, for the methods net/http gives one (POST, PUT, PATCH). A client
+// that sent no framing field (curl -X POST) gets none.
+func bodilessLength(method string, shape *fingerprint.Shape) bool {
+	if shape != nil {
+		return hasName(shape.HeaderOrder, "Content-Length") || hasName(shape.HeaderOrder, "Transfer-Encoding")
+	}
+	return method == http.MethodPost || method == http.MethodPut || method == http.MethodPatch
+}
+
+// http10 reports whether req came from an HTTP/1.0 client: it goes out as
+// HTTP/1.0, and its connection ends with it unless it asked for
+// keep-alive.
+func http10(req *http.Request) bool { return req.ProtoMajor == 1 && req.ProtoMinor == 0 }
 
 func indexName(order []string, name string) int {
 	for i, n := range order {

@@ -577,8 +577,7 @@ func (cc *H2Conn) requestFields(req *http.Request, shape *fingerprint.Shape, has
 	if shape != nil {
 		order = shape.HeaderOrder
 	}
-	if (hasBody && length >= 0) || (!hasBody && (method == http.MethodPost || method == http.MethodPut ||
-		method == http.MethodPatch || hasName(order, "content-length"))) {
+	if (hasBody && length >= 0) || (!hasBody && bodilessLength(method, shape)) {
 		h["Content-Length"] = []string{strconv.FormatInt(length, 10)}
 	}
 	// HTTP/2 clients send each cookie crumb as a field of its own; a
