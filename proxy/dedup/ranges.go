@@ -60,6 +60,11 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 	}
 	// serveRange lets go of the body itself when it cannot serve from it.
 	resp, ok := e.serveRange(req, obj.meta, objectBody{obj, func() { e.flights.leave(f, false) }}, flightKey, CacheCoalesced)
+	if !ok && req.Context().Err() != nil {
+		// The client gave up waiting for the body's length: going on
+		// would start a fetch of its range that runs detached from it.
+		return nil, true, &Error{Cache: CacheCoalesced, Key: flightKey, Err: req.Context().Err()}
+	}
 	return resp, ok, nil
 }
 
@@ -79,6 +84,13 @@ type wholeBody interface {
 // it cannot be served from it at all (the caller goes on without it); b
 // is let go of either way once the response's body is closed.
 func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xcache string) (*http.Response, bool) {
+	if meta.Status == http.StatusPartialContent {
+		// An origin answered the plain request with a part: not the
+		// whole object, and not the range this client asked for. It
+		// goes upstream with its own Range.
+		b.done()
+		return nil, false
+	}
 	rangeHdr := req.Header.Get("Range")
 	ae := req.Header.Values("Accept-Encoding")
 	// Not a 200, a coding this client needs undone (ranges count encoded
