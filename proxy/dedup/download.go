@@ -267,7 +267,7 @@ func (d *download) keep() {
 	} else if inMemory {
 		err = e.disk.putBytes(d.key, &ent, body)
 	}
-	if err != nil && !errors.Is(err, errTooBigForDisk) {
+	if err != nil && !errors.Is(err, errTooBigForDisk) && !errors.Is(err, errStale) {
 		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)
 	}
 }
