@@ -389,6 +389,12 @@ func (e *Engine) get(ctx context.Context, key string, lookup func(context.Contex
 // variant is set for a flight on a variant key: its result is not split
 // into variants again.
 func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte, variant bool) (*http.Response, error) {
+	if err := req.Context().Err(); err != nil {
+		// The client is gone already (it hung up while its head was read,
+		// or while it waited for a Range's length): a flight it led would
+		// fetch for nobody, detached, holding a flight slot.
+		return nil, &Error{Cache: CacheCoalesced, Key: key, Err: err}
+	}
 	f, leader := e.flights.join(key)
 	if leader && !e.start(f, req, rule, key, body) {
 		e.flights.publish(f, &flightResult{err: errShuttingDown})
