@@ -15,19 +15,7 @@ import (
 // through intercepted tunnels over HTTP/1.1 and HTTP/2, as goproxy's own
 // copy forwarded them before requests took the forward path.
 func TestTrailersReachTheClient(t *testing.T) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if r.URL.Query().Get("late") == "" {
-			w.Header().Set("Trailer", "X-Sum")
-		}
-		io.WriteString(w, "body")
-		w.(http.Flusher).Flush()
-		if r.URL.Query().Get("late") == "" {
-			w.Header().Set("X-Sum", "42")
-		} else {
-			w.Header().Set(http.TrailerPrefix+"X-Late", "7")
-		}
-	})
+	h := http.HandlerFunc(sendTrailers)
 	tlsO := tlsOrigin(t, h, false)
 	// Shipped defaults, dedup on: a POST still streams the origin's answer.
 	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{tlsO.Certificate()}, dedup: dedupOn(dedup.Config{})})
@@ -57,5 +45,22 @@ func TestTrailersReachTheClient(t *testing.T) {
 				t.Errorf("%s (late %v): trailer %s = %q, want %q (trailers %v)", c.name, late, name, got, value, resp.Trailer)
 			}
 		}
+	}
+}
+
+// sendTrailers answers "body" with the trailer X-Sum: 42 announced, or
+// with ?late=1 the trailer X-Late: 7 announced by nothing but its prefix
+// (http.TrailerPrefix).
+func sendTrailers(w http.ResponseWriter, r *http.Request) {
+	io.Copy(io.Discard, r.Body)
+	if r.URL.Query().Get("late") == "" {
+		w.Header().Set("Trailer", "X-Sum")
+	}
+	io.WriteString(w, "body")
+	w.(http.Flusher).Flush()
+	if r.URL.Query().Get("late") == "" {
+		w.Header().Set("X-Sum", "42")
+	} else {
+		w.Header().Set(http.TrailerPrefix+"X-Late", "7")
 	}
 }

@@ -86,18 +86,7 @@ func TestWaitersKeepWaiting(t *testing.T) {
 // TestLeanTrailers: a GET's trailers (announced, and late) reach the
 // client through the lean loop, on the proxy port and in a tunnel.
 func TestLeanTrailers(t *testing.T) {
-	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Query().Get("late") == "" {
-			w.Header().Set("Trailer", "X-Sum")
-		}
-		io.WriteString(w, "body")
-		w.(http.Flusher).Flush()
-		if r.URL.Query().Get("late") == "" {
-			w.Header().Set("X-Sum", "42")
-		} else {
-			w.Header().Set(http.TrailerPrefix+"X-Late", "7")
-		}
-	})
+	h := http.HandlerFunc(sendTrailers)
 	tlsO := tlsOrigin(t, h, true)
 	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{tlsO.Certificate()}})
 	for _, base := range []string{plainOrigin(t, h).URL, tlsO.URL} {

@@ -77,12 +77,7 @@ func TestRecordVersionMirrored(t *testing.T) {
 	if r := c.Report(); r.Mode != Mirrored {
 		t.Errorf("report %+v", r)
 	}
-	resp, err := cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "GET", o.URL()+"/", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	getRoot(t, cc, o)
 	got := o.Records()[0].Hello
 	if got.RecordVersion != hello.RecordVersion {
 		t.Errorf("hello record version at the origin %#04x, client's %#04x", got.RecordVersion, hello.RecordVersion)

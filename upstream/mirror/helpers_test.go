@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -167,3 +168,14 @@ var chromeH2 = &fingerprint.H2{
 }
 
 const chromeAkamai = "1:65536;2:0;4:6291456;6:262144|15663105|0|m,a,s,p"
+
+// getRoot sends GET / to o on cc and reads the answer whole.
+func getRoot(t *testing.T, cc ClientConn, o *fporigin.Origin) {
+	t.Helper()
+	resp, err := cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "GET", o.URL()+"/", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+}

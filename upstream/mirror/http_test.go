@@ -173,11 +173,7 @@ func TestH2ShapeOnTheWire(t *testing.T) {
 	}
 	// The HEADERS priority of the preface applies when the request has no
 	// shape.
-	resp, err = cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "GET", o.URL()+"/", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	getRoot(t, cc, o)
 	if p := o.Records()[1].Shape.Priority; p == nil || *p != *chromeH2.HeaderPriority {
 		t.Errorf("priority without a shape %+v", p)
 	}

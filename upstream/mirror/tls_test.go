@@ -5,7 +5,6 @@ import (
 	"crypto/x509"
 	"encoding/binary"
 	"errors"
-	"io"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -33,12 +32,7 @@ func TestDialTLSMirrorsHello(t *testing.T) {
 			if r := c.Report(); r.Mode != Mirrored {
 				t.Errorf("report %+v", r)
 			}
-			resp, err := cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "GET", o.URL()+"/", nil))
-			if err != nil {
-				t.Fatal(err)
-			}
-			io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
+			getRoot(t, cc, o)
 			recs := o.Records()
 			if len(recs) != 1 {
 				t.Fatalf("%d records", len(recs))
@@ -119,11 +113,7 @@ func TestClosestUnsupportedGroup(t *testing.T) {
 	if r.Mode != Closest || !strings.Contains(strings.Join(r.Changes, ";"), "0x0100") || len(r.Failed) != 0 {
 		t.Errorf("report %+v", r)
 	}
-	resp, err := cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "GET", o.URL()+"/", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	getRoot(t, cc, o)
 	got := o.Records()[0].Hello
 	if got.JA4() != hello.JA4() || slices.Contains(got.KeyShareGroups, 0x0100) || !slices.Contains(got.SupportedGroups, 0x0100) {
 		t.Errorf("origin saw JA4 %s (client %s), shares %x, groups %x", got.JA4(), hello.JA4(), got.KeyShareGroups, got.SupportedGroups)
