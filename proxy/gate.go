@@ -40,26 +40,22 @@ func (s *Server) authenticate(req *http.Request) (user string, refusal *http.Res
 	if s.users == nil {
 		return proxyUser(req.Header), nil
 	}
-	user, password, found := basicCredentials(req.Header)
-	if !found {
-		s.metrics.AuthFailed()
-		return "", s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
+	if user, password, found := basicCredentials(req.Header); found {
+		client := clientinfo.ClientOf("", s.clientAddr(req.RemoteAddr, req.Header))
+		ok, wait := s.users.Verify(client, user, password)
+		if ok {
+			return user, nil
+		}
+		if wait > 0 {
+			s.metrics.AuthFailed()
+			resp := errorResponse(req, http.StatusTooManyRequests, kindRateLimited,
+				fmt.Sprintf("too many failed logins from this client; new credentials are not checked for %ss (auth.max_failures_per_minute)", retryAfter(wait)))
+			resp.Header.Set("Retry-After", retryAfter(wait))
+			return "", resp
+		}
 	}
-	client := clientinfo.ClientOf("", s.clientAddr(req.RemoteAddr, req.Header))
-	ok, wait := s.users.Verify(client, user, password)
-	switch {
-	case ok:
-		return user, nil
-	case wait > 0:
-		s.metrics.AuthFailed()
-		resp := errorResponse(req, http.StatusTooManyRequests, kindRateLimited,
-			fmt.Sprintf("too many failed logins from this client; new credentials are not checked for %ss (auth.max_failures_per_minute)", retryAfter(wait)))
-		resp.Header.Set("Retry-After", retryAfter(wait))
-		return "", resp
-	default:
-		s.metrics.AuthFailed()
-		return "", s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
-	}
+	s.metrics.AuthFailed()
+	return "", s.challenge(req, "proxy credentials required (Proxy-Authorization: Basic)")
 }
 
 // challenge is the 407 that makes browsers (which never send credentials
