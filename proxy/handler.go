@@ -176,11 +176,6 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 			return badSession(req, err)
 		}
 		if r := s.attribute(req, info); r != nil {
-			// The refused connection closes after the 429. The writers
-			// (the lean loop's, net/http's) learn that from the header:
-			// forward copies no resp.Close, which an origin's own
-			// "Connection: close" also sets and must not pass on.
-			r.Header.Set("Connection", "close")
 			return r
 		}
 		client = info

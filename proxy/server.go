@@ -293,8 +293,13 @@ func (s *Server) attribute(req *http.Request, info clientinfo.Info) *http.Respon
 		return nil
 	}
 	if err := connlimit.Attribute(c, info.Client); err != nil {
+		// The refused connection closes after the 429. The writers (the
+		// lean loop's, net/http's) learn that from the header: forward
+		// copies no resp.Close, which an origin's own "Connection: close"
+		// also sets and must not pass on.
 		resp := errorResponse(req, http.StatusTooManyRequests, kindTooManyConns, err.Error())
 		resp.Close = true
+		resp.Header.Set("Connection", "close")
 		return resp
 	}
 	return nil

@@ -18,16 +18,45 @@ func verify(u *Users, name, password string) bool {
 	return ok
 }
 
-func TestVerify(t *testing.T) {
-	hash, _ := bcrypt.GenerateFromPassword([]byte("s3cret"), bcrypt.MinCost)
-	u, err := New(Config{Users: []UserConfig{
+// aliceAndFleet is a store of cfg with alice (bcrypt, password
+// alicePassword) and fleet (password_env, "envpass"), closed when t ends.
+func aliceAndFleet(t *testing.T, cfg Config, alicePassword string) *Users {
+	t.Helper()
+	hash, _ := bcrypt.GenerateFromPassword([]byte(alicePassword), bcrypt.MinCost)
+	cfg.Users = []UserConfig{
 		{Name: "alice", PasswordBcrypt: string(hash)},
 		{Name: "fleet", PasswordEnv: "FLEET_PW"},
-	}}, env(map[string]string{"FLEET_PW": "envpass"}))
+	}
+	u, err := New(cfg, env(map[string]string{"FLEET_PW": "envpass"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer u.Close()
+	t.Cleanup(u.Close)
+	return u
+}
+
+// observe runs Verify on u, whose semaphore must be unbuffered (then
+// each bcrypt comparison shows as a send on it), and says whether it
+// made one.
+func observe(u *Users, client, name, password string) (ok bool, wait time.Duration, compared bool) {
+	type res struct {
+		ok   bool
+		wait time.Duration
+	}
+	done := make(chan res, 1)
+	go func() { ok, wait := u.Verify(client, name, password); done <- res{ok, wait} }()
+	select {
+	case <-u.slow:
+		u.slow <- struct{}{} // let it release
+		r := <-done
+		return r.ok, r.wait, true
+	case r := <-done:
+		return r.ok, r.wait, false
+	}
+}
+
+func TestVerify(t *testing.T) {
+	u := aliceAndFleet(t, Config{}, "s3cret")
 	for _, tc := range []struct {
 		user, pass string
 		want       bool
@@ -167,15 +196,8 @@ func TestRepeatedFailureCostsOneBcrypt(t *testing.T) {
 	// Unbuffered, the semaphore shows each bcrypt comparison.
 	u.slow = make(chan struct{})
 	verify := func(name, password string) (ok, compared bool) {
-		done := make(chan bool, 1)
-		go func() { done <- verify(u, name, password) }()
-		select {
-		case <-u.slow:
-			u.slow <- struct{}{}
-			return <-done, true
-		case ok := <-done:
-			return ok, false
-		}
+		ok, _, compared = observe(u, "ip:127.0.0.1", name, password)
+		return ok, compared
 	}
 	for i, name := range []string{"alice", "alice", "alice-session-x", "mallory", "mallory"} {
 		ok, compared := verify(name, "stale")
@@ -200,70 +222,46 @@ func TestRepeatedFailureCostsOneBcrypt(t *testing.T) {
 // password retried is not a new failure, and other clients are not
 // affected.
 func TestFailureLimit(t *testing.T) {
-	hash, _ := bcrypt.GenerateFromPassword([]byte("right"), bcrypt.MinCost)
-	u, err := New(Config{MaxFailuresPerMinute: 3, Users: []UserConfig{
-		{Name: "alice", PasswordBcrypt: string(hash)},
-		{Name: "fleet", PasswordEnv: "FLEET_PW"},
-	}}, env(map[string]string{"FLEET_PW": "envpass"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer u.Close()
+	u := aliceAndFleet(t, Config{MaxFailuresPerMinute: 3}, "right")
 	const guesser, other = "ip:127.0.0.2", "ip:127.0.0.3"
 	// Unbuffered, the semaphore shows each bcrypt comparison.
 	u.slow = make(chan struct{})
-	try := func(client, name, password string) (ok bool, wait time.Duration, compared bool) {
-		type res struct {
-			ok   bool
-			wait time.Duration
-		}
-		done := make(chan res, 1)
-		go func() { ok, wait := u.Verify(client, name, password); done <- res{ok, wait} }()
-		select {
-		case <-u.slow:
-			u.slow <- struct{}{}
-			r := <-done
-			return r.ok, r.wait, true
-		case r := <-done:
-			return r.ok, r.wait, false
-		}
-	}
-	if ok, _, _ := try(guesser, "alice", "right"); !ok {
+	if ok, _, _ := observe(u, guesser, "alice", "right"); !ok {
 		t.Fatal("right password refused")
 	}
 	for i := range 3 {
-		if ok, wait, compared := try(guesser, "alice", fmt.Sprint("guess", i)); ok || wait != 0 || !compared {
+		if ok, wait, compared := observe(u, guesser, "alice", fmt.Sprint("guess", i)); ok || wait != 0 || !compared {
 			t.Fatalf("guess %d: ok %v, wait %v, compared %v; want a refusal after a comparison", i, ok, wait, compared)
 		}
 	}
 	// The same stale password again: remembered, not a new failure.
-	if ok, wait, compared := try(guesser, "alice", "guess0"); ok || wait != 0 || compared {
+	if ok, wait, compared := observe(u, guesser, "alice", "guess0"); ok || wait != 0 || compared {
 		t.Fatalf("repeated guess: ok %v, wait %v, compared %v", ok, wait, compared)
 	}
-	ok, wait, compared := try(guesser, "alice", "guess3")
+	ok, wait, compared := observe(u, guesser, "alice", "guess3")
 	if ok || compared || wait <= 0 || wait > failureWindowLength {
 		t.Fatalf("guess past the limit: ok %v, wait %v, compared %v; want an unchecked refusal with a wait of at most a minute", ok, wait, compared)
 	}
 	// An env user's password, right but never accepted from here: not
 	// checked either.
-	if ok, wait, _ := try(guesser, "fleet", "envpass"); ok || wait <= 0 {
+	if ok, wait, _ := observe(u, guesser, "fleet", "envpass"); ok || wait <= 0 {
 		t.Fatalf("untried right env password while over the limit: ok %v, wait %v", ok, wait)
 	}
 	// Accepted before: still passes, with any session hint.
-	if ok, wait, _ := try(guesser, "alice-session-s1", "right"); !ok || wait != 0 {
+	if ok, wait, _ := observe(u, guesser, "alice-session-s1", "right"); !ok || wait != 0 {
 		t.Fatalf("accepted credentials over the limit: ok %v, wait %v", ok, wait)
 	}
 	// Another client is not affected.
-	if ok, wait, compared := try(other, "alice", "guess4"); ok || wait != 0 || !compared {
+	if ok, wait, compared := observe(u, other, "alice", "guess4"); ok || wait != 0 || !compared {
 		t.Fatalf("another client: ok %v, wait %v, compared %v", ok, wait, compared)
 	}
-	if ok, _, _ := try(other, "fleet", "envpass"); !ok {
+	if ok, _, _ := observe(u, other, "fleet", "envpass"); !ok {
 		t.Fatal("another client's right env password refused")
 	}
 	// The minute over, the guesser's credentials are checked again.
 	w, _ := u.failures.GetIfPresent(guesser)
 	w.until = time.Now().Add(-time.Second)
-	if ok, wait, _ := try(guesser, "fleet", "envpass"); !ok || wait != 0 {
+	if ok, wait, _ := observe(u, guesser, "fleet", "envpass"); !ok || wait != 0 {
 		t.Fatalf("after the window: ok %v, wait %v", ok, wait)
 	}
 }

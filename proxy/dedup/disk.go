@@ -44,10 +44,6 @@ func newDiskTier(dir *runDir, maxBytes int64) *diskTier {
 // errTooBigForDisk: the body alone exceeds disk.max_bytes.
 var errTooBigForDisk = errors.New("body larger than dedup.disk.max_bytes")
 
-// errStale: the body expired before it was complete (a download longer
-// than its TTL): kept, it would only evict fresh entries.
-var errStale = errors.New("body expired before its download ended")
-
 // put caches the body in the file at src (a complete spool file) under key.
 // The tier gets a hard link to it when it can (no copy: the spool removes
 // its own name when its readers are done), else a copy. meta's Body is
@@ -55,9 +51,6 @@ var errStale = errors.New("body expired before its download ended")
 func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	if size > d.max {
 		return errTooBigForDisk
-	}
-	if !time.Now().Before(meta.ExpiresAt) {
-		return errStale
 	}
 	path, err := d.link(src)
 	if err != nil {
@@ -90,9 +83,6 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 func (d *diskTier) putBytes(key string, meta *Entry, body []byte) error {
 	if int64(len(body)) > d.max {
 		return errTooBigForDisk
-	}
-	if !time.Now().Before(meta.ExpiresAt) {
-		return errStale
 	}
 	f, err := d.dir.create("mem-*")
 	if err != nil {

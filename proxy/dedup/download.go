@@ -258,7 +258,9 @@ func (d *download) keep() {
 	if d.lease != nil {
 		e.finishLease(d.lease, d.key, TooLarge(nil), 0)
 	}
-	if !d.keeping() || e.disk == nil {
+	// A download that outlived its TTL (counted from its headers) is
+	// expired already: kept, it would only evict fresh entries.
+	if !d.keeping() || e.disk == nil || !time.Now().Before(ent.ExpiresAt) {
 		return
 	}
 	var err error
@@ -267,7 +269,7 @@ func (d *download) keep() {
 	} else if inMemory {
 		err = e.disk.putBytes(d.key, &ent, body)
 	}
-	if err != nil && !errors.Is(err, errTooBigForDisk) && !errors.Is(err, errStale) {
+	if err != nil && !errors.Is(err, errTooBigForDisk) {
 		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)
 	}
 }

@@ -59,12 +59,9 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 		return nil, false, nil
 	}
 	// serveRange lets go of the body itself when it cannot serve from it.
+	// A client that gave up waiting for the body's length goes on to
+	// coalesce, which starts nothing for a client already gone.
 	resp, ok := e.serveRange(req, obj.meta, objectBody{obj, func() { e.flights.leave(f, false) }}, flightKey, CacheCoalesced)
-	if !ok && req.Context().Err() != nil {
-		// The client gave up waiting for the body's length: going on
-		// would start a fetch of its range that runs detached from it.
-		return nil, true, &Error{Cache: CacheCoalesced, Key: flightKey, Err: req.Context().Err()}
-	}
 	return resp, ok, nil
 }
 
