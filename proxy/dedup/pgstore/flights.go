@@ -55,7 +55,8 @@ var errUnreadable = errors.New("pgstore: the shared store keeps returning values
 // elsewhere work as usual. A key nobody leads waits up to poll_interval
 // for a flight to end, and past that gets a lease without a lock: the
 // flight still stores its value and wakes the fleet, but another instance
-// could fetch the same key meanwhile.
+// could fetch the same key meanwhile. A step that finds no turn on its lock
+// session within a statement bound does the same (see step).
 func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outcome, error) {
 	if !s.available() || !storable(key) {
 		return nil, nil, dedup.ErrUnavailable
@@ -183,6 +184,18 @@ func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot b
 		if isLockTableFull(err) {
 			return stateLocked, nil, 0, s.unlockedLease(key, lockTableFull), nil
 		}
+		if errors.Is(err, errSessionsBusy) && ctx.Err() == nil {
+			// Every turn on the session was taken for a whole statement
+			// bound: a burst, not a failing database. Look on a pooled
+			// connection instead, and lead a key nobody leads without the
+			// lock, rather than send the request past the fleet
+			// (BYPASS): a value or a flight found elsewhere is still
+			// shared, and the flight still stores its value.
+			state, val, size, _, err = s.step(ctx, key, lock, waited, false)
+			if err == nil && state == stateFree {
+				return stateLocked, nil, 0, s.unlockedLease(key, sessionsBusy), nil
+			}
+		}
 		return state, val, size, nil, err
 	}
 	s.leases.Add(1)
@@ -264,6 +277,8 @@ const (
 	flightLocksTaken = iota
 	// The server's lock table, which the fleet shares, is full.
 	lockTableFull
+	// This instance's lock sessions found no turn for a step in time.
+	sessionsBusy
 )
 
 // unlockedLease leads a flight without the key's lock, for why.
@@ -271,10 +286,14 @@ func (s *Cache) unlockedLease(key string, why int) *lease {
 	s.unlocked.Add(1)
 	now := time.Now().Unix()
 	if last := s.lastUnlockedLog.Load(); now-last >= 60 && s.lastUnlockedLog.CompareAndSwap(last, now) {
-		if why == lockTableFull {
+		switch why {
+		case lockTableFull:
 			s.log.Warn("postgres: the server's lock table is full; new flights run without the fleet lock (raise the server's max_locks_per_transaction, or lower postgres.flight_locks across the fleet)",
 				"flight_locks", s.cfg.FlightLocks)
-		} else {
+		case sessionsBusy:
+			s.log.Warn("postgres: the lock sessions found no turn within a statement bound; new flights run without the fleet lock (raise postgres.flight_conns, or look for slow statements)",
+				"flight_conns", s.cfg.FlightConns, "timeout", s.cfg.Timeout)
+		default:
 			s.log.Warn("postgres: this instance leads flight_locks flights with a lock already; new flights run without the fleet lock (raise postgres.flight_locks)",
 				"flight_locks", s.cfg.FlightLocks)
 		}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,22 +102,71 @@ func TestEndWaitsForTheTurn(t *testing.T) {
 	}
 }
 
-// TestBusySessionsAreNotAnOutage: steps that find no turn on a busy lock
-// session in time fail alone; the breaker does not hear of them, so the
-// fleet's sharing stays on.
-func TestBusySessionsAreNotAnOutage(t *testing.T) {
-	f := newFleet(t, 1, Config{MaxConns: 3, FlightConns: 1, Timeout: 100 * time.Millisecond, DialTimeout: 100 * time.Millisecond, BreakerFailures: 1}, dedup.Config{}, nil)
-	a := f.insts[0]
+// entry is a cached 200 with body.
+func entry(body string) *dedup.Entry {
+	now := time.Now()
+	return &dedup.Entry{Status: 200, Header: http.Header{}, Body: []byte(body), StoredAt: now, ExpiresAt: now.Add(time.Minute), URLKey: "u1:" + body}
+}
+
+// TestBusySessionsStillShare: steps that find no turn on a busy lock
+// session in time look on a pooled connection instead. A cached value is
+// still a hit and a key another instance leads is still waited on; a key
+// nobody leads is led without the lock, its value still stored for the
+// fleet, rather than sent past it. The breaker hears of none of it, so
+// the fleet's sharing stays on.
+func TestBusySessionsStillShare(t *testing.T) {
+	f := newFleet(t, 2, Config{MaxConns: 3, FlightConns: 1, Timeout: 100 * time.Millisecond, DialTimeout: 100 * time.Millisecond, BreakerFailures: 1}, dedup.Config{}, nil)
+	a, b := f.insts[0], f.insts[1]
+	ctx := context.Background()
+	cached := lead(t, b, "v1:busy-cached")
+	if err := cached.Finish(ctx, dedup.Outcome{Entry: entry("shared")}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	held := lead(t, b, "v1:busy-held")
+
 	ls := a.store.sessions[0]
 	<-ls.turn
-	for i := range 3 {
-		if _, _, err := a.store.Join(context.Background(), fmt.Sprintf("v1:busy-%d", i)); !errors.Is(err, errSessionsBusy) {
-			t.Errorf("join %d on a busy session: %v, want errSessionsBusy", i, err)
+	l, out, err := a.store.Join(ctx, "v1:busy-free")
+	if err != nil || out != nil || l == nil {
+		t.Fatalf("join of a key nobody leads on a busy session: lease %v, outcome %+v, %v; want a lease", l, out, err)
+	}
+	if l.(*lease).sess != nil {
+		t.Fatal("led with a lock on a session that had no turn")
+	}
+	if err := l.Finish(ctx, dedup.Outcome{Entry: entry("led busy")}, time.Minute); err != nil {
+		t.Fatalf("finish of the lock-less flight: %v", err)
+	}
+	if n := a.be.UnlockedFlights(); n != 1 {
+		t.Errorf("%d flights counted without the lock, want 1", n)
+	}
+	if _, out, err := a.store.Join(ctx, "v1:busy-cached"); err != nil || out == nil || out.Entry == nil || string(out.Entry.Body) != "shared" || !out.Cached {
+		t.Fatalf("join of a cached key on a busy session: outcome %+v, %v; want the cached value", out, err)
+	}
+	waited := make(chan *dedup.Outcome, 1)
+	go func() {
+		_, out, err := a.store.Join(ctx, "v1:busy-held")
+		if err != nil {
+			t.Errorf("join of a key B leads, on a busy session: %v", err)
 		}
+		waited <- out
+	}()
+	waitFor(t, "A waiting on B's flight", func() bool { return a.store.fleetWaits.Load() == 1 })
+	if err := held.Finish(ctx, dedup.Outcome{Entry: entry("held")}, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if out := <-waited; out == nil || out.Entry == nil || string(out.Entry.Body) != "held" || out.Cached {
+		t.Fatalf("the wait on B's flight ended with %+v, want its value", out)
 	}
 	ls.turn <- struct{}{}
+
+	if _, out, err := b.store.Join(ctx, "v1:busy-free"); err != nil || out == nil || out.Entry == nil || string(out.Entry.Body) != "led busy" {
+		t.Fatalf("B on the key A led without the lock: outcome %+v, %v; want its value", out, err)
+	}
 	if !a.be.Available() || a.be.Errors() != 0 {
 		t.Fatalf("after busy sessions: available %v, %d errors; want the breaker closed and nothing counted", a.be.Available(), a.be.Errors())
+	}
+	if !strings.Contains(f.logs.String(), "raise postgres.flight_conns") {
+		t.Error("no warning about the busy lock sessions")
 	}
 }
 
