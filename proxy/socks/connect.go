@@ -9,9 +9,11 @@ import (
 	"net"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/things-go/go-socks5/statute"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
 )
@@ -60,9 +62,17 @@ func (st *stream) sniffFirst(handedOver *bool) error {
 		return fmt.Errorf("reply: %w", err)
 	}
 	kind := sniff(st.r, &sniffer{conn: st.conn}, st.s.cfg.SniffTimeout)
+	client := io.Reader(st.r)
 	switch kind {
-	case sniffTLS, sniffHTTP:
-		st.intercept(handedOver)
+	case sniffTLS:
+		c, bypass := st.helloNamesBypass()
+		if !bypass {
+			st.intercept(c, handedOver)
+			return nil
+		}
+		client = c
+	case sniffHTTP:
+		st.intercept(readahead.Buffered(st.conn, st.r), handedOver)
 		return nil
 	case sniffClosed:
 		return nil
@@ -73,10 +83,33 @@ func (st *stream) sniffFirst(handedOver *bool) error {
 			"client", st.t.Client, "sniffed", kind.String(), "err", err)
 		return nil
 	}
-	if kind == sniffOther {
-		return st.splice(up, up)
+	if kind == sniffOther || kind == sniffTLS {
+		return st.splice(client, up, up)
 	}
 	return st.firstSpeakerDecides(up, handedOver)
+}
+
+// helloNamesBypass reads the TLS hello of a stream whose target is an IP
+// address, and reports whether its server name is a bypass host. A SOCKS5
+// client that resolves names itself (curl's socks5://, most SOCKS
+// libraries) sends only the address, which the bypass list cannot match by
+// name: without this, a pinned host on the list would be intercepted and
+// fail its client's pinning. The returned connection replays every byte
+// read, the hello included, for the pipeline or the tunnel.
+func (st *stream) helloNamesBypass() (net.Conn, bool) {
+	c := readahead.Buffered(st.conn, st.r)
+	if st.s.o.Bypass.Len() == 0 || net.ParseIP(st.host) == nil {
+		return c, false
+	}
+	_ = st.conn.SetReadDeadline(time.Now().Add(st.s.o.HandshakeTimeout))
+	c, hello, err := capture.PeekClientHello(c)
+	_ = st.conn.SetReadDeadline(time.Time{})
+	if err != nil || hello.ServerName == "" {
+		// Not a hello to read a name from: the pipeline's handshake
+		// answers it (and a client that stalls meets its deadline there).
+		return c, false
+	}
+	return c, st.s.o.Bypass.Match(hello.ServerName)
 }
 
 // dialFirst serves a CONNECT to any other port, or to a bypass host: dial
@@ -97,7 +130,7 @@ func (st *stream) dialFirst(bypass bool, handedOver *bool) error {
 		return fmt.Errorf("reply: %w", err)
 	}
 	if bypass {
-		return st.splice(up, up)
+		return st.splice(st.r, up, up)
 	}
 	return st.firstSpeakerDecides(up, handedOver)
 }
@@ -112,15 +145,24 @@ func (st *stream) dialFirst(bypass bool, handedOver *bool) error {
 func (st *stream) firstSpeakerDecides(up net.Conn, handedOver *bool) error {
 	sn := &sniffer{conn: st.conn}
 	first := watchFirstRead(up, sn)
+	client := io.Reader(st.r)
 	switch sniff(st.r, sn, 0) {
-	case sniffTLS, sniffHTTP:
+	case sniffTLS:
+		c, bypass := st.helloNamesBypass()
+		if !bypass {
+			discard(up)
+			<-first // the watcher ends with the close
+			st.intercept(c, handedOver)
+			return nil
+		}
+		client = c
+	case sniffHTTP:
 		discard(up)
-		<-first // the watcher ends with the close
-		st.intercept(handedOver)
+		<-first
+		st.intercept(readahead.Buffered(st.conn, st.r), handedOver)
 		return nil
-	default:
-		return st.splice(up, &firstReader{up: up, first: first})
 	}
+	return st.splice(client, up, &firstReader{up: up, first: first})
 }
 
 // discarder is a tunnel that can be closed without being reported as one
@@ -135,18 +177,20 @@ func discard(c net.Conn) {
 	c.Close()
 }
 
-func (st *stream) splice(up net.Conn, fromUp io.Reader) error {
-	if err := splice(st.s.ctx, st.conn, st.r, up, fromUp); err != nil && st.s.ctx.Err() == nil {
+// splice tunnels the client, read through fromClient (which replays what
+// sniffing read), and up, read through fromUp.
+func (st *stream) splice(fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
+	if err := splice(st.s.ctx, st.conn, fromClient, up, fromUp); err != nil && st.s.ctx.Err() == nil {
 		st.s.o.Logger.Debug("socks5: tunnel ended with an error", "target", st.t.Target, "client", st.t.Client, "err", err)
 	}
 	return nil
 }
 
-// intercept hands the stream, with every byte read ahead of it, to the
-// pipeline.
-func (st *stream) intercept(handedOver *bool) {
+// intercept hands the stream to the pipeline as c, the client connection
+// replaying every byte read ahead of it.
+func (st *stream) intercept(c net.Conn, handedOver *bool) {
 	*handedOver = true
-	st.s.o.Pipeline.InterceptTunnel(readahead.Buffered(st.conn, st.r), st.t)
+	st.s.o.Pipeline.InterceptTunnel(c, st.t)
 }
 
 // replyCode maps a refused target or a failed upstream dial to a SOCKS5
