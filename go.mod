@@ -7,6 +7,7 @@ require (
 	github.com/andybalholm/brotli v1.3.0
 	github.com/bogdanfinn/utls v1.7.4-barnius
 	github.com/coder/websocket v1.8.15
+	github.com/dunglas/httpsfv v1.1.2
 	github.com/elazarl/goproxy v1.9.4
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/jackc/pgxlisten v0.0.0-20250802141604-12b92425684c

@@ -63,11 +63,23 @@ func TestDeadOriginDoesNotBenchSessions(t *testing.T) {
 				t.Errorf("a dead origin was tried through %d gateway connections, want at most 2", n)
 			}
 			checkNoneBenched("after a request")
+			// Plain http goes to an HTTP gateway in absolute form, whose
+			// 502 says in Proxy-Status that it could not reach the target
+			// (through a SOCKS5 gateway it goes the way https does).
+			before := conns()
+			_, err = send(t, p, http.MethodPost, "http://"+dead+"/x", clientinfo.Info{}, "body")
+			if st, _ := httpstatus.Of(err); !errors.As(err, &tu) || st != http.StatusBadGateway || proto == "http" && !strings.Contains(err.Error(), "destination_unavailable") {
+				t.Fatalf("plain POST to a dead origin: err = %v (status %d), want a 502 TargetUnreachableError with the gateway's reason", err, st)
+			}
+			if n := conns() - before; n > 2 {
+				t.Errorf("a dead origin was tried through %d gateway connections for plain http, want at most 2", n)
+			}
+			checkNoneBenched("after a plain request")
 			if r := mustGet(t, p, o.URL, clientinfo.Info{}); r.status != 200 {
 				t.Fatalf("live origin afterwards: %+v", r)
 			}
 
-			before := conns()
+			before = conns()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			c, err := p.DialContext(ctx, "tcp", dead)

@@ -542,23 +542,36 @@ func (m *targetMisses) charge(p *Pool) {
 	m.list = nil
 }
 
-// roundTrip sends req on tr, one of s's transports. A 407 to an
+// roundTrip sends req on tr, one of s's transports. An answer to an
 // absolute-form request (plain http through an HTTP gateway, on plainTr)
-// is the gateway's answer, never an origin's: it becomes the error a 407
-// to CONNECT is, so it marks the session alike (its credentials are
-// refused) and never reaches the client with the gateway's
-// Proxy-Authenticate.
+// may be the gateway's own rather than an origin's, and then becomes the
+// error the same answer to CONNECT is: a 407 (its credentials are
+// refused; the gateway's Proxy-Authenticate never reaches the client), and
+// a 5xx whose headers say the gateway could not reach the target
+// (gatewayCouldNotReach).
 func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Response, error) {
 	resp, err := tr.RoundTrip(req)
-	if err != nil || resp.StatusCode != http.StatusProxyAuthRequired || s.plainTr == s.tlsTr || tr != http.RoundTripper(s.plainTr) {
+	if err != nil || s.plainTr == s.tlsTr || tr != http.RoundTripper(s.plainTr) {
 		return resp, err
+	}
+	var reason string
+	if resp.StatusCode >= 500 {
+		reason = gatewayCouldNotReach(resp.Header)
+	}
+	if resp.StatusCode != http.StatusProxyAuthRequired && reason == "" {
+		return resp, nil
 	}
 	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 	resp.Body.Close()
-	return nil, &DialError{
-		Op:  req.Method + " " + req.URL.Host + " through upstream proxy " + s.proxyURL.Host,
-		Err: &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)},
+	var gerr error = &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)}
+	if reason != "" {
+		status := http.StatusBadGateway
+		if resp.StatusCode == http.StatusGatewayTimeout || strings.HasSuffix(reason, "_timeout") {
+			status = http.StatusGatewayTimeout
+		}
+		gerr = &TargetUnreachableError{Target: req.URL.Host, Status: status, Err: fmt.Errorf("%w (%s)", gerr, reason)}
 	}
+	return nil, &DialError{Op: req.Method + " " + req.URL.Host + " through upstream proxy " + s.proxyURL.Host, Err: gerr}
 }
 
 // Describe names the egress for logs, without credentials.

@@ -131,6 +131,7 @@ func (p *Provider) forward(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	ip := p.exitFor(s)
+	dialFailed := false // the transport's one dial (no keep-alives) failed
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.Header.Del("Proxy-Authorization")
@@ -139,7 +140,9 @@ func (p *Provider) forward(w http.ResponseWriter, r *http.Request, s *session) {
 		Proxy: nil,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip.AsSlice()}, Timeout: 5 * time.Second}
-			return d.DialContext(ctx, network, addr)
+			c, err := d.DialContext(ctx, network, addr)
+			dialFailed = err != nil
+			return c, err
 		},
 		DisableKeepAlives:  true,
 		DisableCompression: true,
@@ -147,6 +150,10 @@ func (p *Provider) forward(w http.ResponseWriter, r *http.Request, s *session) {
 	defer tr.CloseIdleConnections()
 	resp, err := tr.RoundTrip(out)
 	if err != nil {
+		if dialFailed {
+			// As gateways say it (RFC 9209): the target was never reached.
+			w.Header().Set("Proxy-Status", "fakeprovider; error=destination_unavailable")
+		}
 		http.Error(w, "fakeprovider: "+err.Error(), http.StatusBadGateway)
 		return
 	}
