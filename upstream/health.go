@@ -97,8 +97,9 @@ type health struct {
 	aCoolUntil atomic.Int64 // unix nanoseconds; 0 = not cooling
 	aEpoch     atomic.Uint64
 
-	requests atomic.Int64 // uses with an outcome
-	failed   atomic.Int64 // of which failures
+	requests  atomic.Int64 // uses with an outcome
+	failed    atomic.Int64 // of which failures
+	rotations atomic.Int64 // new exit IPs through the provider API
 }
 
 func (h *health) init(weight int) {
@@ -106,21 +107,6 @@ func (h *health) init(weight int) {
 	h.weight = weight
 	h.aWeight.Store(int32(weight))
 	h.mu.Unlock()
-}
-
-// copyFrom carries the state of a session replaced by a refresh (same id,
-// new credentials) over to its successor: a new password does not make a
-// rate-limited IP fresh.
-func (h *health) copyFrom(o *health) {
-	o.mu.Lock()
-	weight, failures, until, reason, last, lastErr, lastAt, epoch := o.weight, o.failures, o.coolUntil, o.coolReason, o.last, o.lastErr, o.lastAt, o.coolEpoch
-	o.mu.Unlock()
-	h.mu.Lock()
-	h.weight, h.failures, h.coolUntil, h.coolReason, h.last, h.lastErr, h.lastAt, h.coolEpoch = weight, failures, until, reason, last, lastErr, lastAt, epoch
-	h.publish()
-	h.mu.Unlock()
-	h.requests.Store(o.requests.Load())
-	h.failed.Store(o.failed.Load())
 }
 
 // publish copies weight and cooldown to the atomic mirrors. Caller holds mu.

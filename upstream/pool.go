@@ -729,7 +729,7 @@ func (p *Pool) rotateLocked(ctx context.Context, s *session, pv *provider, why s
 		return err
 	}
 	s.rotatedTo(ip)
-	s.rotations.Add(1)
+	s.h.rotations.Add(1)
 	p.log.Info("upstream session rotated", "session", s.id, "why", why, "exit_ip", ip)
 	p.publish(SessionEvent{Session: s.id, Kind: EventRotated, ExitIP: ip})
 	return nil

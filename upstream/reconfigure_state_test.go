@@ -2,6 +2,7 @@ package upstream_test
 
 import (
 	"context"
+	"net/http"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -44,6 +45,63 @@ func TestReconfigureProviderClientKeepsHealth(t *testing.T) {
 	}
 	if r := mustGet(t, p, o.URL, clientinfo.Info{Session: "s1"}); r.upstream != "s2" {
 		t.Fatalf("after the reload a request for s1 went through %q, want s2 (s1 is cooling down)", r.upstream)
+	}
+}
+
+// TestRequestAcrossAReloadMarksTheSuccessor: a request still running on a
+// session when a reload replaces it under its id (a new API client here)
+// marks the session that took its place: its 429 cools the session down,
+// and its count is not lost. It used to mark the retired session, which
+// nothing reads any more: the exit IP it rate-limited stayed in use.
+func TestRequestAcrossAReloadMarksTheSuccessor(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	o := newOrigin(t, false)
+	arrived := make(chan struct{}, 1)
+	gate := testkit.NewGate(t)
+	o.setBehave(func(_ string, w http.ResponseWriter, r *http.Request) bool {
+		if r.URL.Path != "/slow" {
+			return false
+		}
+		select {
+		case arrived <- struct{}{}:
+		default:
+		}
+		gate.Wait(r.Context())
+		w.Header().Set("Retry-After", "600")
+		w.WriteHeader(http.StatusTooManyRequests)
+		return true
+	})
+	logger, _ := testLogger(t)
+	cfg := upstream.Config{Sessions: []upstream.SessionConfig{
+		{ID: "a", URL: fp.URL("s1", "http"), Weight: 5},
+		{ID: "b", URL: fp.URL("s2", "http"), Weight: 5},
+	}}
+	cfg.Retry.MaxAttempts = 1
+	p := newPool(t, cfg, logger)
+	mustGet(t, p, o.URL, clientinfo.Info{Session: "a"})
+	done := make(chan result, 1)
+	go func() {
+		r, _ := send(t, p, http.MethodGet, o.URL+"/slow", clientinfo.Info{Session: "a"}, "")
+		done <- r
+	}()
+	<-arrived
+	// A new weight rebuilds session a under its id.
+	next := cfg
+	next.Sessions = append([]upstream.SessionConfig(nil), cfg.Sessions...)
+	next.Sessions[0].Weight = 6
+	if err := p.Reconfigure(next); err != nil {
+		t.Fatal(err)
+	}
+	gate.Open()
+	if r := <-done; r.status != http.StatusTooManyRequests {
+		t.Fatalf("the request across the reload: %+v, want the origin's 429", r)
+	}
+	after := statusOf(t, p, "a")
+	if after.Available || after.CooldownReason != "rate_limited" {
+		t.Errorf("a after a 429 that arrived past the reload: %+v, want it cooling down", after)
+	}
+	if after.Requests != 2 {
+		t.Errorf("a counts %d requests, want 2: the one across the reload was lost", after.Requests)
 	}
 }
 

@@ -20,7 +20,7 @@ func testSessions(weights ...int) []*session {
 	var list []*session
 	for i, w := range weights {
 		id := fmt.Sprintf("s%02d", i)
-		s := &session{id: id, idHash: mix64(hashStrings(id)), baseWeight: w, rotation: RotationSticky, gw: &gateway{}}
+		s := &session{id: id, idHash: mix64(hashStrings(id)), baseWeight: w, rotation: RotationSticky, gw: &gateway{}, h: new(health)}
 		s.prov.Store(testGroup)
 		s.h.init(w)
 		list = append(list, s)

@@ -82,10 +82,12 @@ type session struct {
 	// tunnel opens a byte tunnel to addr through the gateway.
 	tunnel func(ctx context.Context, addr string) (net.Conn, error)
 
-	h         health
+	// h is shared with the session this one replaced under its id
+	// (inherit), and with its successor: requests still running on a
+	// replaced session mark the one that took its place.
+	h         *health
 	exitIP    atomic.Pointer[string]
 	gen       atomic.Uint64 // bumped by every rotation: a new exit IP
-	rotations atomic.Int64
 	rotateSem chan struct{} // one provider rotation of this session at a time
 	// rotateFailGen and rotateFailUntil record the last failed rotation
 	// after a 429 or ban: the generation it was for and the end of its
@@ -231,6 +233,7 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 		country:    spec.country,
 		city:       spec.city,
 		gw:         spec.gw,
+		h:          new(health),
 	}
 	if s.gw == nil {
 		s.gw = &gateway{addr: spec.proxyURL.Host}

@@ -174,10 +174,12 @@ func (pv *provider) adopt(prev *provider) {
 
 // inherit carries over what a session replaced under its id (new
 // credentials, a new mode, a reconfiguration) must keep: a new password
-// does not make a rate-limited IP fresh.
+// does not make a rate-limited IP fresh. The health is shared, not copied:
+// a request still running on prev (a 429 that arrives after the reload)
+// marks s, and its count is not lost, nor does a scrape between the copy
+// and the swap see a counter go back.
 func (s *session) inherit(prev *session) {
-	s.h.copyFrom(&prev.h)
-	s.rotations.Store(prev.rotations.Load())
+	s.h = prev.h
 }
 
 // rebuild makes the session set of st current: its hand-listed sessions

@@ -73,7 +73,7 @@ func (p *Pool) Sessions() []SessionStatus {
 			ExitIP:              s.currentExitIP(),
 			Requests:            s.h.requests.Load(),
 			Failures:            s.h.failed.Load(),
-			Rotations:           s.rotations.Load(),
+			Rotations:           s.h.rotations.Load(),
 		}
 		if s.rotation == RotationTimed {
 			st.Interval = s.interval.String()
