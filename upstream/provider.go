@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 )
 
 // The provider API, RoProxy-style. Both calls authenticate with
@@ -70,7 +71,38 @@ type providerClient struct {
 	base     string // API base URL without trailing slash
 	key      string
 	protocol string // "http" or "socks5": which gateway port sessions use
+	apiHost  string // the API's host, for checkGatewayHost
 	client   *http.Client
+}
+
+// checkGatewayHost refuses a gateway_host on a loopback, private,
+// link-local or otherwise non-public address (netguard's classifier, the
+// proxy's one rule for what is not public) when the provider's API is on a
+// public host. The API's answer decides where the proxy sends its clients'
+// requests and the session credentials: an answer that someone else
+// controls (a compromised provider, a tampered plain-http API) must not
+// turn the proxy onto this host's own services or a cloud metadata
+// endpoint. A provider run on an internal network, its API on such an
+// address itself, may name gateways there. Names are not resolved here.
+func checkGatewayHost(apiHost, gateway string) error {
+	var guard *netguard.Guard // the defaults: nothing allowed beyond public addresses
+	if guard.CheckHost(apiHost) != nil {
+		return nil // the API is on a non-public network itself
+	}
+	var be *netguard.BlockedError
+	if err := guard.CheckHost(gateway); errors.As(err, &be) {
+		return fmt.Errorf("gateway_host %q is not a public address (%s) while the provider API's host %q is: refused", gateway, be.Class, apiHost)
+	}
+	return nil
+}
+
+// apiHost is the host of the API URL api (validated by the config).
+func apiHost(api string) string {
+	u, err := url.Parse(api)
+	if err != nil {
+		return ""
+	}
+	return u.Hostname()
 }
 
 // newProviderClient calls cfg.API with key (the api_key, or the value of
@@ -80,6 +112,7 @@ func newProviderClient(cfg ProviderConfig, key string, tlsConf *tls.Config, dial
 		base:     strings.TrimRight(cfg.API, "/"),
 		key:      key,
 		protocol: cfg.Protocol,
+		apiHost:  apiHost(cfg.API),
 		client: &http.Client{
 			Timeout: cfg.Timeout,
 			Transport: &http.Transport{
@@ -177,6 +210,9 @@ func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
 	}
 	if ws.GatewayHost == "" || strings.ContainsAny(ws.GatewayHost, "/@ ") {
 		return sessionSpec{}, fmt.Errorf("session %s: bad gateway_host %q", ws.ID, ws.GatewayHost)
+	}
+	if err := checkGatewayHost(c.apiHost, ws.GatewayHost); err != nil {
+		return sessionSpec{}, fmt.Errorf("session %s: %w", ws.ID, err)
 	}
 	port := ws.HTTPPort
 	if c.protocol == "socks5" {
