@@ -245,7 +245,46 @@ func (e *Engine) RoundTrip(req *http.Request) (*http.Response, error) {
 	if ok {
 		return resp, nil
 	}
+	if req.Method == http.MethodHead {
+		if resp, handled, err := e.headFromFlight(req, rule, body); handled {
+			return resp, err
+		}
+	}
 	return e.coalesce(req, rule, flightKey, body, flightKey != key)
+}
+
+// headFromFlight answers a HEAD with the head of a GET of the same URL in
+// flight. A big file's download is not cached while it runs (and one past
+// the disk tier never is), so without this every HEAD a fleet of workers
+// makes before its GET, or to learn a size, went upstream on its own while
+// the body was already coming. handled is false when no such flight runs,
+// or when its result is no response for this client (an error, another
+// variant): the HEAD then goes its usual way.
+func (e *Engine) headFromFlight(req *http.Request, rule *Rule, body []byte) (*http.Response, bool, error) {
+	getKey, err := rule.keyer.Key(http.MethodGet, req.URL, req.Header, principalOf(req.Context()), body)
+	if err != nil {
+		return nil, false, nil
+	}
+	f := e.flights.attach(getKey)
+	if f == nil {
+		return nil, false, nil
+	}
+	defer e.flights.leave(f, false)
+	select {
+	case <-f.ready:
+	case <-req.Context().Done():
+		return nil, true, &Error{Cache: CacheCoalesced, Key: getKey, Err: req.Context().Err()}
+	}
+	res := f.res
+	if meta := res.meta(); meta == nil || !meta.varyMatches(req.Header) {
+		return nil, false, nil
+	}
+	if res.entry != nil {
+		resp, ok := e.serve(req, res.entry, getKey, CacheCoalesced, false)
+		return resp, ok, nil
+	}
+	resp, ok := e.streamResponse(req, res.obj.meta, http.NoBody, res.obj.size, getKey, CacheCoalesced)
+	return resp, ok, nil
 }
 
 // bodilessKey is the X-Cache-Key reported for a BYPASS whose body was not
@@ -523,10 +562,20 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string, sole b
 		if xcache == CacheHit {
 			resp.Header.Set("Age", age(ent))
 		}
-		avoided = len(ent.Body)
+		avoided = bodyAvoided(req, len(ent.Body))
 	}
 	e.tally(req, xcache, avoided, e.moneySaved(ent, xcache, avoided))
 	return resp, true
+}
+
+// bodyAvoided is the body bytes an answer of n bytes spared upstream: none
+// for a HEAD, which would have fetched none (a HEAD answered from a GET
+// must not count the GET's body as saved).
+func bodyAvoided(req *http.Request, n int) int {
+	if req.Method == http.MethodHead {
+		return 0
+	}
+	return n
 }
 
 // moneySaved prices an answer that spared an upstream request (HIT,

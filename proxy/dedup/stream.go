@@ -93,7 +93,7 @@ func (e *Engine) streamResponse(req *http.Request, meta *Entry, body io.ReadClos
 	markCache(resp.Header, xcache, key)
 	avoided := 0
 	if xcache == CacheHit || xcache == CacheCoalesced {
-		avoided = int(max(size, 0))
+		avoided = bodyAvoided(req, int(max(size, 0)))
 	}
 	e.tally(req, xcache, avoided, e.moneySaved(meta, xcache, avoided))
 	return resp, true
