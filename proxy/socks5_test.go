@@ -476,85 +476,60 @@ func TestSOCKS5ServerSpeaksFirst(t *testing.T) {
 
 // TestSOCKS5BypassHostIsBlind: a bypass host is tunnelled without
 // interception, even on a MITM port: the client sees the origin's own
-// certificate.
+// certificate, and nothing is minted. A client that resolves names itself
+// sends the CONNECT to an IP address: its TLS hello's server name then
+// decides, and another name on the same address is intercepted.
 func TestSOCKS5BypassHostIsBlind(t *testing.T) {
 	origin := tlsOrigin(t, http.HandlerFunc(echoProto), false)
-	for _, tc := range []struct {
-		name  string
-		ports []int
-	}{{"mitm-port", []int{portOf(t, origin.URL)}}, {"other-port", nil}} {
-		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, worldOpts{
-				proxy:  proxy.Config{BypassHosts: []string{"127.0.0.1"}},
-				socks5: socksOn(socks.Config{AllowNoAuth: true, MITMPorts: tc.ports}),
+	for _, byName := range []bool{false, true} {
+		for _, tc := range []struct {
+			name  string
+			ports []int
+		}{{"mitm-port", []int{portOf(t, origin.URL)}}, {"other-port", nil}} {
+			t.Run(fmt.Sprintf("%s/by-name=%t", tc.name, byName), func(t *testing.T) {
+				// httptest's certificate names example.com: by name, the
+				// target is the origin's address and the name is only in
+				// the hello.
+				bypass, serverName := "127.0.0.1", ""
+				if byName {
+					bypass, serverName = "example.com", "example.com"
+				}
+				w := newWorld(t, worldOpts{
+					proxy:  proxy.Config{BypassHosts: []string{bypass}},
+					socks5: socksOn(socks.Config{AllowNoAuth: true, MITMPorts: tc.ports}),
+				})
+				pool := x509.NewCertPool()
+				pool.AddCert(origin.Certificate())
+				pool.AddCert(w.ca.Certificate())
+				client := func(serverName string) *http.Client {
+					return &http.Client{Transport: &http.Transport{
+						Proxy:           http.ProxyURL(w.socksURL("u", "p")),
+						TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: serverName},
+					}, Timeout: 10 * time.Second}
+				}
+				c := client(serverName)
+				defer c.CloseIdleConnections()
+				resp, body := getT(t, c, origin.URL+"/b")
+				if resp.StatusCode != 200 || !strings.Contains(body, "path=/b") {
+					t.Fatalf("got %d %q", resp.StatusCode, body)
+				}
+				if !resp.TLS.PeerCertificates[0].Equal(origin.Certificate()) {
+					t.Fatal("client did not see the origin's own certificate")
+				}
+				if w.ca.Stats().Mints != 0 {
+					t.Fatal("a certificate was minted for a bypass host")
+				}
+				if !byName {
+					return
+				}
+				other := client("other.localhost")
+				defer other.CloseIdleConnections()
+				resp, _ = getT(t, other, origin.URL+"/c")
+				if resp.TLS.PeerCertificates[0].Equal(origin.Certificate()) || w.ca.Stats().Mints != 1 {
+					t.Fatalf("a host not on the bypass list went blind (%d mints)", w.ca.Stats().Mints)
+				}
 			})
-			pool := x509.NewCertPool()
-			pool.AddCert(origin.Certificate())
-			c := &http.Client{Transport: &http.Transport{
-				Proxy:           http.ProxyURL(w.socksURL("u", "p")),
-				TLSClientConfig: &tls.Config{RootCAs: pool},
-			}, Timeout: 10 * time.Second}
-			defer c.CloseIdleConnections()
-			resp, body := getT(t, c, origin.URL+"/b")
-			if resp.StatusCode != 200 || !strings.Contains(body, "path=/b") {
-				t.Fatalf("got %d %q", resp.StatusCode, body)
-			}
-			if !resp.TLS.PeerCertificates[0].Equal(origin.Certificate()) {
-				t.Fatal("client did not see the origin's own certificate")
-			}
-			if w.ca.Stats().Mints != 0 {
-				t.Fatal("a certificate was minted for a bypass host")
-			}
-		})
-	}
-}
-
-// TestSOCKS5BypassByServerName: a client that resolves names itself sends
-// the SOCKS5 CONNECT to an IP address; its TLS hello's server name still
-// makes a bypass host blind (the origin's own certificate, nothing minted),
-// on a MITM port and on another one, while another name on the same
-// address is intercepted.
-func TestSOCKS5BypassByServerName(t *testing.T) {
-	origin := tlsOrigin(t, http.HandlerFunc(echoProto), false)
-	for _, tc := range []struct {
-		name  string
-		ports []int
-	}{{"mitm-port", []int{portOf(t, origin.URL)}}, {"other-port", nil}} {
-		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, worldOpts{
-				proxy:  proxy.Config{BypassHosts: []string{"example.com"}},
-				socks5: socksOn(socks.Config{AllowNoAuth: true, MITMPorts: tc.ports}),
-			})
-			pool := x509.NewCertPool()
-			pool.AddCert(origin.Certificate())
-			pool.AddCert(w.ca.Certificate())
-			client := func(serverName string) *http.Client {
-				return &http.Client{Transport: &http.Transport{
-					Proxy:           http.ProxyURL(w.socksURL("u", "p")),
-					TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: serverName},
-				}, Timeout: 10 * time.Second}
-			}
-			// httptest's certificate names example.com: the target is the
-			// origin's address, the name only in the hello.
-			c := client("example.com")
-			defer c.CloseIdleConnections()
-			resp, body := getT(t, c, origin.URL+"/b")
-			if resp.StatusCode != 200 || !strings.Contains(body, "path=/b") {
-				t.Fatalf("got %d %q", resp.StatusCode, body)
-			}
-			if !resp.TLS.PeerCertificates[0].Equal(origin.Certificate()) {
-				t.Fatal("a bypass host named only in the hello was intercepted")
-			}
-			if w.ca.Stats().Mints != 0 {
-				t.Fatal("a certificate was minted for a bypass host")
-			}
-			other := client("other.localhost")
-			defer other.CloseIdleConnections()
-			resp, _ = getT(t, other, origin.URL+"/c")
-			if resp.TLS.PeerCertificates[0].Equal(origin.Certificate()) || w.ca.Stats().Mints != 1 {
-				t.Fatalf("a host not on the bypass list went blind (%d mints)", w.ca.Stats().Mints)
-			}
-		})
+		}
 	}
 }
 
