@@ -95,6 +95,11 @@ type TargetUnreachableError struct {
 	Target string
 	Status int
 	Err    error // the gateway's answer
+	// uncharged: read off a plain-http answer's headers (proxystatus.go),
+	// which the origin's own load balancer may have written and the
+	// gateway passed on. It is retried on another session like any
+	// miss, but never charged to the session that got it.
+	uncharged bool
 }
 
 func (e *TargetUnreachableError) Error() string {

@@ -277,17 +277,20 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 		if v.target {
 			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil) // the gateway answered
 			tried = append(tried, s)
-			if !misses.add(s, v.msg) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
-				!anyUsable(p.sessions.Load(), &pr, p.now(), tried) {
+			// A session rotated after a 429 is still to be tried: the
+			// loop falls back to its new exit IP.
+			if !misses.add(s, v.msg, v.uncharged) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
+				rotated == nil && !anyUsable(p.sessions.Load(), &pr, p.now(), tried) {
 				return p.answer(s, nil, err)
 			}
 			p.log.Info("upstream gateway cannot reach the target; retrying once on another session", "session", s.id,
 				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path)
 			continue
 		}
-		if resp != nil && resp.StatusCode < 500 {
+		if resp != nil && (v.kind == outcomeOK || v.kind == outcomeBanned) {
 			// The origin answered through s: the sessions whose gateway
-			// said it could not reach it were at fault after all.
+			// said it could not reach it were at fault after all. Not on
+			// a 429, which on plain http may be the gateway's own.
 			misses.charge(p)
 		}
 		p.gatewayOutcome(s, v, err)
@@ -484,7 +487,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		if v.target {
 			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil) // the gateway answered
 			tried = append(tried, s)
-			if !misses.add(s, v.msg) {
+			if !misses.add(s, v.msg, v.uncharged) {
 				return nil, lastErr
 			}
 			continue
@@ -515,7 +518,8 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 // cannot be reached, refuse our credentials or fail otherwise are the
 // session's fault at once, as before.
 type targetMisses struct {
-	list []targetMiss
+	n    int          // misses seen
+	list []targetMiss // those to charge
 }
 
 type targetMiss struct {
@@ -528,10 +532,14 @@ type targetMiss struct {
 const maxTargetMisses = 2
 
 // add records a miss of s and reports whether the request may be tried
-// once more.
-func (m *targetMisses) add(s *session, msg string) bool {
-	m.list = append(m.list, targetMiss{s, s.scrub(msg)})
-	return len(m.list) < maxTargetMisses
+// once more. An uncharged miss is never charged: see
+// TargetUnreachableError.uncharged.
+func (m *targetMisses) add(s *session, msg string, uncharged bool) bool {
+	m.n++
+	if !uncharged {
+		m.list = append(m.list, targetMiss{s, s.scrub(msg)})
+	}
+	return m.n < maxTargetMisses
 }
 
 // charge marks the sessions that missed a target another session reached.
@@ -569,7 +577,7 @@ func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Resp
 		if resp.StatusCode == http.StatusGatewayTimeout || strings.HasSuffix(reason, "_timeout") {
 			status = http.StatusGatewayTimeout
 		}
-		gerr = &TargetUnreachableError{Target: req.URL.Host, Status: status, Err: fmt.Errorf("%w (%s)", gerr, reason)}
+		gerr = &TargetUnreachableError{Target: req.URL.Host, Status: status, Err: fmt.Errorf("%w (%s)", gerr, reason), uncharged: true}
 	}
 	return nil, &DialError{Op: req.Method + " " + req.URL.Host + " through upstream proxy " + s.proxyURL.Host, Err: gerr}
 }

@@ -141,6 +141,8 @@ type verdict struct {
 	// (TargetUnreachableError). Not charged to the session on sight: see
 	// targetMisses in pool.go.
 	target bool
+	// uncharged: a target miss never charged (TargetUnreachableError).
+	uncharged bool
 }
 
 // banScanLimit bounds how much of a body is read to look for a ban_body
@@ -209,7 +211,7 @@ func classifyErr(ctx context.Context, err error) verdict {
 	case errors.As(err, &tu):
 		// Nothing was sent (it failed at CONNECT), and whose fault it is
 		// is not known yet: the caller decides (targetMisses).
-		return verdict{kind: outcomeNone, neverSent: true, target: true, msg: err.Error()}
+		return verdict{kind: outcomeNone, neverSent: true, target: true, uncharged: tu.uncharged, msg: err.Error()}
 	case errors.As(err, &de):
 		return verdict{kind: outcomeConnError, neverSent: true, msg: err.Error(), gateway: gatewayUnreachable(err)}
 	default:
