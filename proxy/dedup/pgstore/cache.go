@@ -63,6 +63,15 @@ func newCache(c *client, local *dedup.MemoryStore) *Cache {
 // maxBody bounds what a stored value may inflate to.
 func (s *Cache) maxBody() int64 { return storecodec.BodyLimit(int64(s.cfg.MaxValueBytes)) }
 
+// shareable reports whether e, encoded as blob, may go to the table: blob
+// within max_value_bytes, and a body every reader inflates it to
+// (maxBody). A body that compresses better than that bound fits the
+// first test and fails every read: stored, it would be dropped and
+// fetched again by every instance, on every request.
+func (s *Cache) shareable(e *dedup.Entry, blob []byte) bool {
+	return int64(len(blob)) <= int64(s.cfg.MaxValueBytes) && int64(len(e.Body)) <= s.maxBody()
+}
+
 // GetLocal implements dedup.TieredStore: what the memory tier may answer
 // without the database. A copy of a shared value is kept there for
 // local_ttl at most, so whatever it holds answers, but for a copy cached
@@ -200,7 +209,7 @@ func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 	}
 	e = e.Expiring(ttl)
 	blob := storecodec.Encode(e)
-	if int64(len(blob)) > int64(s.cfg.MaxValueBytes) || !storable(key) || !storable(e.URLKey) {
+	if !s.shareable(e, blob) || !storable(key) || !storable(e.URLKey) {
 		_ = s.local.Set(ctx, key, e, ttl)
 		return nil
 	}

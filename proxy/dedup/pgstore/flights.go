@@ -507,7 +507,7 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	var value, outcome []byte
 	if out.Entry != nil && ttl > 0 {
 		value = storecodec.Encode(out.Entry)
-		if int64(len(value)) > int64(s.cfg.MaxValueBytes) || !storable(out.Entry.URLKey) {
+		if !s.shareable(out.Entry, value) || !storable(out.Entry.URLKey) {
 			// Too big to share as a cached value: this instance caches
 			// it; the waiters elsewhere still need it, once.
 			_ = s.local.Set(ctx, l.key, out.Entry, ttl)
@@ -527,8 +527,11 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		args = []any{l.key, out.Entry.URLKey, value, out.Entry.StoredAt, ttl.Milliseconds(), s.channel, payload, waitRowKey(l.key)}
 	} else {
 		outcome = storecodec.EncodeOutcome(out)
-		if int64(len(outcome)) > int64(s.cfg.MaxValueBytes) {
-			outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
+		if int64(len(outcome)) > int64(s.cfg.MaxValueBytes) || out.Entry != nil && int64(len(out.Entry.Body)) > s.maxBody() {
+			// Too big for the table, or for a reader: the waiters
+			// fetch their own copy, rather than answer their clients
+			// with an error for a response that is there to fetch.
+			outcome = storecodec.EncodeOutcome(dedup.TooLarge(nil))
 		}
 		// Written only while no other session holds the lock (see
 		// setOutcome): on the lock's session as a check that costs

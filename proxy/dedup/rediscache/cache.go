@@ -77,6 +77,14 @@ var (
 // maxBody bounds what a value read from Redis may inflate to.
 func (s *Cache) maxBody() int64 { return storecodec.BodyLimit(int64(s.cfg.MaxValueBytes)) }
 
+// shareable reports whether e, encoded as value, may go to Redis: within
+// max_value_bytes, and a body every reader inflates it to (maxBody). A
+// body that compresses better than that bound fits the first test and
+// fails every read: stored, every instance would drop it and fetch again.
+func (s *Cache) shareable(e *dedup.Entry, value []byte) bool {
+	return int64(len(value)) <= int64(s.cfg.MaxValueBytes) && int64(len(e.Body)) <= s.maxBody()
+}
+
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local, held: heldLeases{m: make(map[*lease]time.Time)}}
 	s.leases.Add(1)
@@ -248,7 +256,7 @@ func (s *Cache) Set(ctx context.Context, key string, e *dedup.Entry, ttl time.Du
 		return nil
 	}
 	blob := storecodec.Encode(e)
-	if int64(len(blob)) > int64(s.cfg.MaxValueBytes) {
+	if !s.shareable(e, blob) {
 		s.keepOwn(key, e, false)
 		return nil
 	}

@@ -571,7 +571,7 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 	if out.Entry != nil && ttl > 0 {
 		buf := values.Get().(*[]byte)
 		value := storecodec.AppendEncode((*buf)[:0], out.Entry)
-		if int64(len(value)) <= int64(s.cfg.MaxValueBytes) {
+		if s.shareable(out.Entry, value) {
 			err := s.finishValue(ctx, l, value, out.Entry.URLKey, ttl)
 			if err == nil {
 				// Redis has answered: nothing holds the bytes any more.
@@ -629,8 +629,10 @@ func (s *Cache) finishValue(ctx context.Context, l *lease, value []byte, urlKey 
 func (s *Cache) finishOutcome(ctx context.Context, l *lease, out dedup.Outcome) error {
 	keys := l.keys
 	outcome := storecodec.EncodeOutcome(out)
-	if len(outcome) > maxOutcomeBytes {
-		outcome = storecodec.EncodeOutcome(dedup.Outcome{Err: "response too large to share across instances"})
+	if len(outcome) > maxOutcomeBytes || out.Entry != nil && int64(len(out.Entry.Body)) > s.maxBody() {
+		// Too big to send, or for a reader: the waiters fetch their
+		// own copy rather than answer their clients with an error.
+		outcome = storecodec.EncodeOutcome(dedup.TooLarge(nil))
 	}
 	blind, follows := outcome, ""
 	if len(outcome) > inlineOutcomeBytes {
