@@ -193,6 +193,12 @@ func (d *download) copy(f *flight) error {
 				// A body of unknown length just outgrew the store.
 				d.tooBig()
 			}
+			if d.obj.keep && d.unkeepable(n) {
+				// Decided from the headers, undone by the body: a download
+				// nobody will keep stops with its last reader (leave),
+				// instead of running to max_object_bytes for nobody.
+				d.e.flights.unkeep(f)
+			}
 		}
 		if rerr == io.EOF {
 			if d.obj.size >= 0 && n < d.obj.size {
@@ -272,6 +278,19 @@ func (d *download) keep() {
 	if err != nil && !errors.Is(err, errTooBigForDisk) {
 		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)
 	}
+}
+
+// unkeepable reports whether a body n bytes in can no longer be kept: of
+// unknown length and past every tier (canKeep), or past its expiry (keep
+// refuses a body that expired while it came). Read by the download's own
+// goroutine, which alone sets keep to false here; others read it under
+// the flights' lock.
+func (d *download) unkeepable(n int64) bool {
+	if d.obj.size < 0 && !d.e.canKeep(n) {
+		return true
+	}
+	exp := d.obj.meta.ExpiresAt
+	return !exp.IsZero() && time.Now().After(exp)
 }
 
 func (d *download) keeping() bool {

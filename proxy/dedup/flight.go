@@ -206,6 +206,32 @@ func (fs *flights) running() int {
 
 // drop stops keeping f's body (it grew past max_object_bytes): f leaves
 // the registry, and its download stops when its last reader leaves.
+// unkeep marks f's body as one nobody will keep (it outgrew every tier,
+// or outlived its TTL while it came), leaving f listed for requests that
+// join it: the download then stops when its last reader leaves, now if
+// none is left.
+func (fs *flights) unkeep(f *flight) {
+	fs.mu.Lock()
+	obj := f.res.obj
+	if !obj.keep {
+		fs.mu.Unlock()
+		return
+	}
+	obj.keep = false
+	stop := f.interest == 0 && f.listed
+	if stop {
+		fs.unlistLocked(f)
+	}
+	release := fs.releasableLocked(f)
+	fs.mu.Unlock()
+	if stop {
+		obj.cancel(errNoReaders)
+	}
+	if release {
+		obj.body.release()
+	}
+}
+
 func (fs *flights) drop(f *flight) {
 	fs.mu.Lock()
 	obj := f.res.obj

@@ -26,7 +26,7 @@ import (
 
 // fromObject answers a Range GET from the whole object: cached, or being
 // downloaded by a flight. handled is false when there is none, or when the
-// flight's result is not a body to cut (an error): the request then goes
+// flight's result is no response to cut (an error): the request then goes
 // its usual way.
 func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *http.Response, handled bool, err error) {
 	h := req.Header.Clone()
@@ -52,6 +52,16 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 	case <-req.Context().Done():
 		e.flights.leave(f, false)
 		return nil, true, &Error{Cache: CacheCoalesced, Key: flightKey, Err: req.Context().Err()}
+	}
+	if ent := f.res.entry; ent != nil {
+		// A whole response (a small body read whole, another instance's
+		// copy): every range of it is there.
+		e.flights.leave(f, false)
+		if !ent.varyMatches(req.Header) {
+			return nil, false, nil
+		}
+		resp, ok := e.serveRange(req, ent, wholeEntry(ent), flightKey, CacheCoalesced)
+		return resp, ok, nil
 	}
 	obj := f.res.obj
 	if obj == nil || !obj.meta.varyMatches(req.Header) {
