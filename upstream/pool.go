@@ -573,8 +573,10 @@ func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Resp
 	resp.Body.Close()
 	var gerr error = &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)}
 	if reason != "" {
-		status := http.StatusBadGateway
-		if resp.StatusCode == http.StatusGatewayTimeout || strings.HasSuffix(reason, "_timeout") {
+		// As for CONNECT (a 500 too says bad gateway here), and a
+		// gateway that names a timeout timed out whatever its status.
+		status := max(targetStatusOfConnect(resp.StatusCode), http.StatusBadGateway)
+		if strings.HasSuffix(reason, "_timeout") {
 			status = http.StatusGatewayTimeout
 		}
 		gerr = &TargetUnreachableError{Target: req.URL.Host, Status: status, Err: fmt.Errorf("%w (%s)", gerr, reason), uncharged: true}

@@ -265,16 +265,11 @@ func (e *Engine) headFromFlight(req *http.Request, rule *Rule, body []byte) (*ht
 	if err != nil {
 		return nil, false, nil
 	}
-	f := e.flights.attach(getKey)
+	f, err := e.await(req, getKey)
 	if f == nil {
-		return nil, false, nil
+		return nil, err != nil, err
 	}
 	defer e.flights.leave(f, false)
-	select {
-	case <-f.ready:
-	case <-req.Context().Done():
-		return nil, true, &Error{Cache: CacheCoalesced, Key: getKey, Err: req.Context().Err()}
-	}
 	res := f.res
 	if meta := res.meta(); meta == nil || !meta.varyMatches(req.Header) {
 		return nil, false, nil
@@ -285,6 +280,24 @@ func (e *Engine) headFromFlight(req *http.Request, rule *Rule, body []byte) (*ht
 	}
 	resp, ok := e.streamResponse(req, res.obj.meta, http.NoBody, res.obj.size, getKey, CacheCoalesced)
 	return resp, ok, nil
+}
+
+// await attaches req to the flight running under key, if any, and waits
+// for its result: nil and no error when none runs; nil and an error when
+// req's client left first (the flight left again). The caller leaves a
+// flight it got.
+func (e *Engine) await(req *http.Request, key string) (*flight, error) {
+	f := e.flights.attach(key)
+	if f == nil {
+		return nil, nil
+	}
+	select {
+	case <-f.ready:
+		return f, nil
+	case <-req.Context().Done():
+		e.flights.leave(f, false)
+		return nil, &Error{Cache: CacheCoalesced, Key: key, Err: req.Context().Err()}
+	}
 }
 
 // bodilessKey is the X-Cache-Key reported for a BYPASS whose body was not

@@ -206,38 +206,23 @@ func (fs *flights) running() int {
 
 // drop stops keeping f's body (it grew past max_object_bytes): f leaves
 // the registry, and its download stops when its last reader leaves.
+func (fs *flights) drop(f *flight) { fs.stopKeeping(f, true) }
+
 // unkeep marks f's body as one nobody will keep (it outgrew every tier,
 // or outlived its TTL while it came), leaving f listed for requests that
-// join it: the download then stops when its last reader leaves, now if
-// none is left.
-func (fs *flights) unkeep(f *flight) {
+// join it: the download then stops when its last reader leaves.
+func (fs *flights) unkeep(f *flight) { fs.stopKeeping(f, false) }
+
+// stopKeeping marks f's body as one nobody keeps, unlisting f at once when
+// unlist is set. The download stops now if nobody reads it.
+func (fs *flights) stopKeeping(f *flight, unlist bool) {
 	fs.mu.Lock()
 	obj := f.res.obj
-	if !obj.keep {
-		fs.mu.Unlock()
-		return
-	}
 	obj.keep = false
-	stop := f.interest == 0 && f.listed
-	if stop {
+	stop := f.interest == 0 && (unlist || f.listed)
+	if unlist || stop {
 		fs.unlistLocked(f)
 	}
-	release := fs.releasableLocked(f)
-	fs.mu.Unlock()
-	if stop {
-		obj.cancel(errNoReaders)
-	}
-	if release {
-		obj.body.release()
-	}
-}
-
-func (fs *flights) drop(f *flight) {
-	fs.mu.Lock()
-	obj := f.res.obj
-	obj.keep = false
-	fs.unlistLocked(f)
-	stop := f.interest == 0
 	release := fs.releasableLocked(f)
 	fs.mu.Unlock()
 	if stop {

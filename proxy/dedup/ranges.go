@@ -43,15 +43,9 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 		resp, ok := e.serveRange(req, ent, wholeEntry(ent), found, CacheHit)
 		return resp, ok, nil
 	}
-	f := e.flights.attach(flightKey)
+	f, err := e.await(req, flightKey)
 	if f == nil {
-		return nil, false, nil
-	}
-	select {
-	case <-f.ready:
-	case <-req.Context().Done():
-		e.flights.leave(f, false)
-		return nil, true, &Error{Cache: CacheCoalesced, Key: flightKey, Err: req.Context().Err()}
+		return nil, err != nil, err
 	}
 	if ent := f.res.entry; ent != nil {
 		// A whole response (a small body read whole, another instance's

@@ -63,13 +63,9 @@ func newCache(c *client, local *dedup.MemoryStore) *Cache {
 // maxBody bounds what a stored value may inflate to.
 func (s *Cache) maxBody() int64 { return storecodec.BodyLimit(int64(s.cfg.MaxValueBytes)) }
 
-// shareable reports whether e, encoded as blob, may go to the table: blob
-// within max_value_bytes, and a body every reader inflates it to
-// (maxBody). A body that compresses better than that bound fits the
-// first test and fails every read: stored, it would be dropped and
-// fetched again by every instance, on every request.
-func (s *Cache) shareable(e *dedup.Entry, blob []byte) bool {
-	return int64(len(blob)) <= int64(s.cfg.MaxValueBytes) && int64(len(e.Body)) <= s.maxBody()
+// shareable is storecodec.Shareable at max_value_bytes.
+func (s *Cache) shareable(e *dedup.Entry, value []byte) bool {
+	return storecodec.Shareable(e, value, int64(s.cfg.MaxValueBytes))
 }
 
 // GetLocal implements dedup.TieredStore: what the memory tier may answer

@@ -77,12 +77,9 @@ var (
 // maxBody bounds what a value read from Redis may inflate to.
 func (s *Cache) maxBody() int64 { return storecodec.BodyLimit(int64(s.cfg.MaxValueBytes)) }
 
-// shareable reports whether e, encoded as value, may go to Redis: within
-// max_value_bytes, and a body every reader inflates it to (maxBody). A
-// body that compresses better than that bound fits the first test and
-// fails every read: stored, every instance would drop it and fetch again.
+// shareable is storecodec.Shareable at max_value_bytes.
 func (s *Cache) shareable(e *dedup.Entry, value []byte) bool {
-	return int64(len(value)) <= int64(s.cfg.MaxValueBytes) && int64(len(e.Body)) <= s.maxBody()
+	return storecodec.Shareable(e, value, int64(s.cfg.MaxValueBytes))
 }
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {

@@ -168,6 +168,15 @@ func Decode(b []byte) (*dedup.Entry, error) { return DecodeLimit(b, maxBodyDefau
 // body that claims more was not written by onceproxy.
 func BodyLimit(maxValue int64) int64 { return 64 * maxValue }
 
+// Shareable reports whether e, encoded as value, belongs in a store whose
+// values are at most maxValue bytes: value within maxValue, and a body its
+// readers decode (BodyLimit). A body that compresses better than that
+// bound fits the first test and fails every read: stored, every instance
+// would drop it and fetch again.
+func Shareable(e *dedup.Entry, value []byte, maxValue int64) bool {
+	return int64(len(value)) <= maxValue && int64(len(e.Body)) <= BodyLimit(maxValue)
+}
+
 // maxBodyDefault bounds a decompressed body when the caller names no bound.
 const maxBodyDefault = 1 << 30
 
