@@ -441,41 +441,51 @@ func (e *Engine) get(ctx context.Context, key string, lookup func(context.Contex
 // variant is set for a flight on a variant key: its result is not split
 // into variants again.
 func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte, variant bool) (*http.Response, error) {
+	f, leader, err := e.ride(req, rule, key, body)
+	if err != nil {
+		return nil, err
+	}
+	res := f.res
+	if meta := res.meta(); meta != nil && !meta.varyMatches(req.Header) {
+		e.flights.leave(f, leader)
+		// The response varies on a header this client sent another
+		// value of: it belongs to another variant. Fetch ours, with
+		// whoever else wants the same one.
+		if variant {
+			return e.bypass(req, key)
+		}
+		return e.coalesce(req, rule, variantKey(key, meta.Vary, req.Header), body, true)
+	}
+	return e.answer(req, key, f, res, leader)
+}
+
+// ride joins the flight for key, starting it with req (which leads) when
+// none runs, and waits for its result: f with leader, or an error when
+// req's client left first (the flight left again). The caller leaves f.
+func (e *Engine) ride(req *http.Request, rule *Rule, key string, body []byte) (f *flight, leader bool, err error) {
 	if err := req.Context().Err(); err != nil {
 		// The client is gone already (it hung up while its head was read,
 		// or while it waited for a Range's length): a flight it led would
 		// fetch for nobody, detached, holding a flight slot.
-		return nil, &Error{Cache: CacheCoalesced, Key: key, Err: err}
+		return nil, false, &Error{Cache: CacheCoalesced, Key: key, Err: err}
 	}
-	f, leader := e.flights.join(key)
+	f, leader = e.flights.join(key)
 	if leader && !e.start(f, req, rule, key, body) {
 		e.flights.publish(f, &flightResult{err: errShuttingDown})
 	}
 	// Counted once join has registered us with the flight, never before:
 	// a waiter the stats show gets this flight's answer, not a later one's.
 	e.st.waiters.Add(1)
+	defer e.st.waiters.Add(-1)
 	select {
 	case <-f.ready:
-		e.st.waiters.Add(-1)
-		res := f.res
-		if meta := res.meta(); meta != nil && !meta.varyMatches(req.Header) {
-			e.flights.leave(f, leader)
-			// The response varies on a header this client sent another
-			// value of: it belongs to another variant. Fetch ours, with
-			// whoever else wants the same one.
-			if variant {
-				return e.bypass(req, key)
-			}
-			return e.coalesce(req, rule, variantKey(key, meta.Vary, req.Header), body, true)
-		}
-		return e.answer(req, key, f, res, leader)
+		return f, leader, nil
 	case <-req.Context().Done():
-		e.st.waiters.Add(-1)
 		if res := e.flights.leave(f, leader); res != nil && leader && res.stream != nil {
 			// Nobody will read the leader's oversized stream now.
 			res.stream.Body.Close()
 		}
-		return nil, &Error{Cache: CacheCoalesced, Key: key, Err: req.Context().Err()}
+		return nil, false, &Error{Cache: CacheCoalesced, Key: key, Err: req.Context().Err()}
 	}
 }
 

@@ -18,7 +18,9 @@ import (
 // GET is answered from the whole object when there is one (206, or 416,
 // or the whole 200 where a server may ignore Range), and otherwise goes
 // upstream as it is, keyed with its Range. Fetching the whole object
-// instead would bill the whole body for a video player's first megabyte.
+// instead would bill the whole body for a video player's first megabyte,
+// except for a range from the first byte to the last (bytes=0-), which
+// costs the whole body either way and so starts the whole object's flight.
 //
 // One byte range per request is served; a request for several gets the
 // whole object (200), which RFC 9110 §14.2 allows and which costs no
@@ -28,11 +30,17 @@ import (
 // downloaded by a flight. handled is false when there is none, or when the
 // flight's result is no response to cut (an error): the request then goes
 // its usual way.
+//
+// A request for every byte from the first (bytes=0-: how media players
+// and download managers begin) starts the whole object's flight when
+// none runs: it costs no byte more than the range, and the object then
+// answers every later range of it, and every plain GET, instead of one
+// download per way of asking.
 func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *http.Response, handled bool, err error) {
-	h := req.Header.Clone()
-	h.Del("Range")
-	h.Del("If-Range")
-	key, err := rule.keyer.Key(req.Method, req.URL, h, principalOf(req.Context()), body)
+	whole := req.Clone(req.Context())
+	whole.Header.Del("Range")
+	whole.Header.Del("If-Range")
+	key, err := rule.keyer.Key(req.Method, req.URL, whole.Header, principalOf(req.Context()), body)
 	if err != nil {
 		return nil, false, nil
 	}
@@ -43,30 +51,61 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 		resp, ok := e.serveRange(req, ent, wholeEntry(ent), found, CacheHit)
 		return resp, ok, nil
 	}
-	f, err := e.await(req, flightKey)
+	var (
+		f      *flight
+		leader bool
+	)
+	if fromFirstByte(req.Header.Get("Range")) {
+		f, leader, err = e.ride(whole, rule, flightKey, body)
+	} else {
+		f, err = e.await(req, flightKey)
+	}
 	if f == nil {
 		return nil, err != nil, err
 	}
-	if ent := f.res.entry; ent != nil {
+	res := f.res
+	xcache := CacheCoalesced
+	if leader || res.label == CacheHit {
+		xcache = res.label
+	}
+	if ent := res.entry; ent != nil {
 		// A whole response (a small body read whole, another instance's
 		// copy): every range of it is there.
-		e.flights.leave(f, false)
+		e.flights.leave(f, leader)
 		if !ent.varyMatches(req.Header) {
 			return nil, false, nil
 		}
-		resp, ok := e.serveRange(req, ent, wholeEntry(ent), flightKey, CacheCoalesced)
+		resp, ok := e.serveRange(req, ent, wholeEntry(ent), flightKey, xcache)
 		return resp, ok, nil
 	}
-	obj := f.res.obj
+	obj := res.obj
+	if obj == nil && leader {
+		// The whole object's fetch failed, or brought a response not
+		// to share: its leader answers with that, as any leader does
+		// (the whole body is a right answer to bytes=0-).
+		resp, err := e.answer(req, flightKey, f, res, true)
+		return resp, true, err
+	}
 	if obj == nil || !obj.meta.varyMatches(req.Header) {
-		e.flights.leave(f, false)
+		e.flights.leave(f, leader)
 		return nil, false, nil
 	}
 	// serveRange lets go of the body itself when it cannot serve from it.
 	// A client that gave up waiting for the body's length goes on to
 	// coalesce, which starts nothing for a client already gone.
-	resp, ok := e.serveRange(req, obj.meta, objectBody{obj, func() { e.flights.leave(f, false) }}, flightKey, CacheCoalesced)
+	resp, ok := e.serveRange(req, obj.meta, objectBody{obj, func() { e.flights.leave(f, leader) }}, flightKey, xcache)
 	return resp, ok, nil
+}
+
+// fromFirstByte reports whether a Range header asks for one range from
+// the first byte to the last.
+func fromFirstByte(v string) bool {
+	if !singleRange(v) {
+		return false
+	}
+	_, spec, _ := strings.Cut(v, "=")
+	first, last, ok := strings.Cut(strings.TrimSpace(spec), "-")
+	return ok && strings.TrimSpace(first) == "0" && strings.TrimSpace(last) == ""
 }
 
 // wholeBody is a complete or arriving body that can be read from any
@@ -130,7 +169,11 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 	if xcache == CacheHit {
 		header.Set("Age", age(meta))
 	}
-	e.tally(req, xcache, int(n), e.moneySaved(meta, xcache, int(n)))
+	avoided := 0
+	if xcache == CacheHit || xcache == CacheCoalesced {
+		avoided = int(n) // the leader of a whole object's flight (bytes=0-) avoided nothing
+	}
+	e.tally(req, xcache, avoided, e.moneySaved(meta, xcache, avoided))
 	return &http.Response{Status: httpstatus.Line(http.StatusPartialContent), StatusCode: http.StatusPartialContent,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: body, ContentLength: n, Request: req}, true
 }
