@@ -138,7 +138,10 @@ func NewH2Conn(c net.Conn, pre *fingerprint.H2, opts Options) (*H2Conn, error) {
 	cc.recvWindow = cc.ourConnWindow
 	cc.fr = http2.NewFramer(cc.bw, c)
 	cc.fr.ReadMetaHeaders = hpack.NewDecoder(tableSize, nil)
-	cc.fr.MaxHeaderListSize = headerLimit
+	// The client's own limit goes out in its SETTINGS as it sent it (the
+	// fingerprint); what the proxy reads is bounded by its own as well,
+	// as on HTTP/1.1.
+	cc.fr.MaxHeaderListSize = uint32(min(int64(headerLimit), cc.opts.maxHeaderBytes()))
 	cc.fr.SetMaxReadFrameSize(maxFrame)
 	cc.henc = hpack.NewEncoder(&cc.hbuf)
 
@@ -318,6 +321,8 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		cc.mu.Lock()
 		if cc.closed || cc.nextID > maxStreamID {
 			cc.mu.Unlock()
+			// Frames another writer left for us to flush (see flush).
+			_ = cc.flush()
 			cc.wmu.Unlock()
 			wake()
 			closeBody()
@@ -352,6 +357,11 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	maxFrame, headerLimit := cc.peerMaxFrame, cc.peerMaxHeaderLst
 	cc.mu.Unlock()
 	err = cc.writeHeaders(cs.id, fields, prio, body == nil, maxFrame, headerLimit)
+	if errors.Is(err, errHeaderListSize) {
+		// Nothing of ours went out, but frames another writer left for
+		// us to flush did not either.
+		_ = cc.flush()
+	}
 	cc.wmu.Unlock()
 	if err != nil {
 		cs.abort(err, false)
@@ -638,10 +648,13 @@ func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
 		data := buf[:n]
 		for len(data) > 0 {
 			cc.mu.Lock()
-			for !cs.over && !cc.closed && (cs.sendWindow <= 0 || cc.sendWindow <= 0) {
+			// Not cc.closed: after a GOAWAY that names this stream the
+			// origin still reads its body. A connection that dies ends
+			// its streams (readLoop), which is what cs.over says.
+			for !cs.over && (cs.sendWindow <= 0 || cc.sendWindow <= 0) {
 				cc.cond.Wait()
 			}
-			if cs.over || cc.closed {
+			if cs.over {
 				cc.mu.Unlock()
 				return
 			}
@@ -750,6 +763,20 @@ func (cs *h2Stream) maybeDone() {
 	if cs.recvEnded && cs.sendEnded && cs.bufLen == 0 {
 		cs.end(nil)
 	}
+}
+
+// credit counts n bytes of the stream's window as consumed and returns
+// the WINDOW_UPDATE increment due for the stream, 0 until half the window
+// is. mu held.
+func (cs *h2Stream) credit(n int64) int64 {
+	cs.recvUnacked += n
+	if cs.recvUnacked < cs.cc.ourStreamWindow/2 {
+		return 0
+	}
+	inc := cs.recvUnacked
+	cs.recvUnacked = 0
+	cs.recvWindow += inc
+	return inc
 }
 
 // end takes the stream out of the connection. mu held.
@@ -915,12 +942,7 @@ func (b h2Body) Read(p []byte) (int, error) {
 	cs.bufLen -= int64(n)
 	var streamInc int64
 	if !cs.recvEnded {
-		cs.recvUnacked += int64(n)
-		if cs.recvUnacked >= cc.ourStreamWindow/2 {
-			streamInc = cs.recvUnacked
-			cs.recvUnacked = 0
-			cs.recvWindow += streamInc
-		}
+		streamInc = cs.credit(int64(n))
 	}
 	connInc := cc.consumeConn(int64(n))
 	id := cs.id
@@ -1214,6 +1236,12 @@ func (cs *h2Stream) headers(f *http2.MetaHeadersFrame) http2.ErrCode {
 		return http2.ErrCodeProtocol
 	}
 	if status < 200 {
+		if f.StreamEnded() {
+			// Nothing can follow on a stream the origin ended: no final
+			// response will come.
+			cs.end(errors.New("mirror: h2 stream ended with a 1xx informational response"))
+			return http2.ErrCodeProtocol
+		}
 		cs.interim++
 		if cs.interim > maxInterim {
 			cs.end(fmt.Errorf("mirror: more than %d 1xx informational responses", maxInterim))
@@ -1284,7 +1312,7 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 	}
 	cc.recvWindow -= n
 	cs := cc.streams[f.StreamID]
-	var connInc int64
+	var connInc, streamInc int64
 	var rst http2.ErrCode
 	switch {
 	case cs == nil || cs.recvEnded:
@@ -1300,9 +1328,12 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 		cs.end(http2.StreamError{StreamID: cs.id, Code: http2.ErrCodeFlowControl})
 	default:
 		cs.recvWindow -= n
-		if pad := n - int64(len(data)); pad > 0 {
-			// Padding is flow-controlled but never read: credit it now.
-			cs.recvUnacked += pad
+		if pad := n - int64(len(data)); pad > 0 && !f.StreamEnded() {
+			// Padding is flow-controlled but never read: credit it now,
+			// or frames of padding alone would use the window up.
+			streamInc = cs.credit(pad)
+			connInc = cc.consumeConn(pad)
+		} else if pad > 0 {
 			connInc = cc.consumeConn(pad)
 		}
 		if len(data) > 0 {
@@ -1322,5 +1353,5 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 		cs.readCond.Broadcast()
 	}
 	cc.mu.Unlock()
-	return cc.writeControl(f.StreamID, rst, 0, connInc)
+	return cc.writeControl(f.StreamID, rst, streamInc, connInc)
 }
