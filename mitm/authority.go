@@ -146,90 +146,70 @@ func (a *Authority) regenHint() string {
 
 // creationWait bounds how long a process waits for another one creating
 // the CA in the same directory (several instances started at once on a
-// shared volume); a lock older than creationStale is a crashed creator's.
+// shared volume).
 const (
-	creationWait  = 15 * time.Second
-	creationStale = 30 * time.Second
-	lockDirName   = ".creating"
+	creationWait = 15 * time.Second
+	lockFileName = ".ca.lock"
 )
 
 // loadOrCreateFiles loads the CA, or creates it when neither file exists.
-// Creation is guarded by a lock directory (mkdir is atomic everywhere), so
+// Creation holds a lock on a file in the directory (flock: the kernel
+// lets go of it when its holder dies, so no lock can be stale), so that
 // instances starting together on one certs/ volume end up with one CA
-// instead of mismatched key and certificate files.
+// instead of mismatched key and certificate files. A lock that could be
+// taken for stale (the directory lock this used to be) was removed by one
+// instance while another had just taken it afresh, and both created a CA.
 func (a *Authority) loadOrCreateFiles() error {
-	lock := filepath.Join(a.cfg.CADir, lockDirName)
-	deadline := time.Now().Add(creationWait)
-	for {
-		certExists, err := exists(a.certPath)
+	// The usual start finds both and takes no lock: a read-only volume
+	// holding a CA works.
+	if certExists, keyExists, err := a.caFiles(); err != nil || (certExists && keyExists) {
 		if err != nil {
-			return fmt.Errorf("mitm: stat ca cert: %w", err)
+			return err
 		}
-		keyExists, err := exists(a.keyPath)
-		if err != nil {
-			return fmt.Errorf("mitm: stat ca key: %w", err)
-		}
-		if certExists && keyExists {
-			return a.load()
-		}
-		creating := lockHeld(lock)
-		switch {
-		case !certExists && !keyExists && !creating:
-			if err := os.MkdirAll(a.cfg.CADir, 0o755); err != nil {
-				return fmt.Errorf("mitm: create ca dir: %w", err)
-			}
-			err := os.Mkdir(lock, 0o700)
-			if err == nil {
-				err := a.createIfAbsent()
-				os.Remove(lock)
-				return err
-			}
-			// Only an existing lock means another process got there first. Anything else (a read-only volume,
-			// a directory another user owns) would fail the same way on every try: retrying it at once, with
-			// no lock for lockHeld to see, would spin forever without reaching the deadline below.
-			if !errors.Is(err, fs.ErrExist) {
-				return fmt.Errorf("mitm: create ca in %s: %w; make the directory writable by this user, "+
-					"or put an existing %s and %s there", a.cfg.CADir, err, certFileName, keyFileName)
-			}
-			// Wait for the other process, below.
-		case !creating && certExists:
-			return fmt.Errorf("mitm: found %s but not %s: restore the key, or delete %s to create a new CA "+
-				"(clients must then trust the new certificate)", a.certPath, a.keyPath, a.certPath)
-		case !creating:
-			return fmt.Errorf("mitm: found %s but not %s: restore the certificate, or delete %s to create a new CA "+
-				"(clients must then trust the new certificate)", a.keyPath, a.certPath, a.keyPath)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("mitm: another process is still creating the CA in %s after %s (remove %s if it crashed)",
-				a.cfg.CADir, creationWait, lock)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// lockHeld reports a creation lock younger than creationStale; a stale one
-// is removed.
-func lockHeld(lock string) bool {
-	fi, err := os.Stat(lock)
-	if err != nil {
-		return false
-	}
-	if time.Since(fi.ModTime()) > creationStale {
-		os.Remove(lock)
-		return false
-	}
-	return true
-}
-
-// createIfAbsent creates the CA under the lock, unless another process
-// finished creating it between our check and taking the lock.
-func (a *Authority) createIfAbsent() error {
-	certExists, _ := exists(a.certPath)
-	keyExists, _ := exists(a.keyPath)
-	if certExists && keyExists {
 		return a.load()
 	}
-	return a.create()
+	if err := os.MkdirAll(a.cfg.CADir, 0o755); err != nil {
+		return fmt.Errorf("mitm: create ca in %s: %w; make the directory writable by this user, "+
+			"or put an existing %s and %s there", a.cfg.CADir, err, certFileName, keyFileName)
+	}
+	lock := filepath.Join(a.cfg.CADir, lockFileName)
+	unlock, err := lockFile(lock, creationWait)
+	if err != nil {
+		if errors.Is(err, fs.ErrPermission) {
+			return fmt.Errorf("mitm: create ca in %s: %w; make the directory writable by this user, "+
+				"or put an existing %s and %s there", a.cfg.CADir, err, certFileName, keyFileName)
+		}
+		return fmt.Errorf("mitm: create ca in %s: %w", a.cfg.CADir, err)
+	}
+	defer unlock()
+	// Under the lock, what is there is final: another instance that held
+	// it before us has finished.
+	certExists, keyExists, err := a.caFiles()
+	switch {
+	case err != nil:
+		return err
+	case certExists && keyExists:
+		return a.load()
+	case !certExists && !keyExists:
+		return a.create()
+	case certExists:
+		return fmt.Errorf("mitm: found %s but not %s: restore the key, or delete %s to create a new CA "+
+			"(clients must then trust the new certificate)", a.certPath, a.keyPath, a.certPath)
+	default:
+		return fmt.Errorf("mitm: found %s but not %s: restore the certificate, or delete %s to create a new CA "+
+			"(clients must then trust the new certificate)", a.keyPath, a.certPath, a.keyPath)
+	}
+}
+
+// caFiles reports which of the CA's two files exist.
+func (a *Authority) caFiles() (certExists, keyExists bool, err error) {
+	if certExists, err = exists(a.certPath); err != nil {
+		return false, false, fmt.Errorf("mitm: stat ca cert: %w", err)
+	}
+	if keyExists, err = exists(a.keyPath); err != nil {
+		return false, false, fmt.Errorf("mitm: stat ca key: %w", err)
+	}
+	return certExists, keyExists, nil
 }
 
 // create makes a new self-signed CA and writes it to CADir.
@@ -336,6 +316,10 @@ func (a *Authority) load() error {
 	if cert.KeyUsage != 0 && cert.KeyUsage&x509.KeyUsageCertSign == 0 {
 		return fmt.Errorf("mitm: load ca: %s lacks the certSign key usage, so clients would reject its leaves; %s",
 			a.certPath, a.regenHint())
+	}
+	if !servesTLS(cert) {
+		return fmt.Errorf("mitm: load ca: %s limits its extended key usage to uses other than serverAuth, "+
+			"so clients would reject every leaf it signs; %s", a.certPath, a.regenHint())
 	}
 	now := a.now()
 	if !now.Before(cert.NotAfter) {
@@ -537,4 +521,20 @@ func caCommonName() string {
 		host = strings.ToValidUTF8(host[:maxHost], "")
 	}
 	return prefix + host + suffix
+}
+
+// servesTLS reports whether a CA's extended key usage, if it has one,
+// allows TLS server certificates: clients apply a CA's EKU to the chain
+// below it, so a CA for client authentication only (a corporate or VPN
+// CA) signs leaves that every client rejects.
+func servesTLS(ca *x509.Certificate) bool {
+	if len(ca.ExtKeyUsage) == 0 && len(ca.UnknownExtKeyUsage) == 0 {
+		return true
+	}
+	for _, u := range ca.ExtKeyUsage {
+		if u == x509.ExtKeyUsageServerAuth || u == x509.ExtKeyUsageAny {
+			return true
+		}
+	}
+	return false
 }

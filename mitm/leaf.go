@@ -43,7 +43,11 @@ func (a *Authority) Leaf(ctx context.Context, host string) (*tls.Certificate, er
 	// A leaf shorter-lived than 2*minRemaining never has minRemaining left (its NotAfter is even cut to the
 	// second when encoded), so demanding it would re-mint on every call; for those, ask for less than the
 	// half-life at which the cache replaces the leaf anyway: a quarter of the validity.
-	if cert.Leaf.NotAfter.Sub(a.now()) >= min(minRemaining, a.cfg.LeafValidity/4) {
+	// A leaf not valid yet is stale too: the clock stepped back since it
+	// was minted (NTP correcting a clock that ran ahead, a VM restored),
+	// and every client would reject it until the clock caught up.
+	now := a.now()
+	if !now.Before(cert.Leaf.NotBefore) && cert.Leaf.NotAfter.Sub(now) >= min(minRemaining, a.cfg.LeafValidity/4) {
 		return cert, nil
 	}
 	// Drop exactly the stale value: a plain Invalidate could also remove a fresh leaf that a concurrent caller
