@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -84,5 +85,45 @@ func TestRecordVersionMirrored(t *testing.T) {
 	}
 	if got.JA4() != hello.JA4() {
 		t.Errorf("JA4 %s, client's %s", got.JA4(), hello.JA4())
+	}
+}
+
+// TestCutHandshakeIsRetriedBeforeADowngrade: an origin whose first
+// handshake is reset (a restart, a balancer shedding load) gets the
+// client's own hello once more, and the connection is mirrored: not the
+// next rung's hello, which the memo would then keep for an hour.
+func TestCutHandshakeIsRetriedBeforeADowngrade(t *testing.T) {
+	o := startOrigin(t, fporigin.Options{})
+	resetter, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { resetter.Close(); wg.Wait() })
+	wg.Go(func() {
+		c, err := resetter.Accept()
+		if err != nil {
+			return
+		}
+		c.Read(make([]byte, 1)) // the hello has come
+		c.(*net.TCPConn).SetLinger(0)
+		c.Close()
+	})
+	var n atomic.Int32
+	d := newDialer(o, nil)
+	d.Dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if n.Add(1) == 1 {
+			addr = resetter.Addr().String()
+		}
+		var nd net.Dialer
+		return nd.DialContext(ctx, network, addr)
+	}
+	c, err := d.DialTLS(ctxTimeout(t, 10*time.Second), "tcp", o.Addr(), chromeHello(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	if r := c.Report(); r.Mode != Mirrored || len(r.Failed) != 0 || n.Load() != 2 {
+		t.Errorf("report %+v after %d dials, want the mirrored hello on the second", r, n.Load())
 	}
 }

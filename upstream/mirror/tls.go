@@ -6,11 +6,13 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	utls "github.com/bogdanfinn/utls"
@@ -121,6 +123,7 @@ func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *finge
 	}
 	var failed []error
 	tried := map[utls.CurveID]bool{}
+	redialed := false // this rung's hello was cut once already
 	for {
 		raw, err := d.Dial(ctx, network, addr)
 		if err != nil {
@@ -142,6 +145,15 @@ func (d *Dialer) DialTLS(ctx context.Context, network, addr string, hello *finge
 		if r == Go || !helloRefused(ctx, err) {
 			return nil, err
 		}
+		if cutOff(err) && !redialed {
+			// A handshake cut without a word may be the hello's
+			// refusal, or a restart or an overloaded balancer: the
+			// same hello once more before a downgrade, which the memo
+			// would keep for memoTTL.
+			redialed = true
+			continue
+		}
+		redialed = false
 		failed = append(failed, fmt.Errorf("%v hello: %w", r, err))
 		tried[keyGroup] = true
 		if r == Mirrored && strings.Contains(err.Error(), "invalid server key share") {
@@ -176,6 +188,13 @@ func helloRefused(ctx context.Context, err error) bool {
 	var ie x509.CertificateInvalidError
 	return !errors.As(err, &ve) && !errors.As(err, &ue) && !errors.As(err, &xe) &&
 		!errors.As(err, &he) && !errors.As(err, &ie)
+}
+
+// cutOff reports a handshake the origin's side ended without an alert: a
+// reset, or the connection closed.
+func cutOff(err error) bool {
+	return errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // verifyError marks an error from the caller's verification callbacks.
