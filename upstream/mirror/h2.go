@@ -1041,17 +1041,7 @@ func (cc *H2Conn) handle(f http2.Frame, push *pushBlock) error {
 		}
 		return cc.handleSettings(f)
 	case *http2.WindowUpdateFrame:
-		cc.mu.Lock()
-		defer cc.mu.Unlock()
-		if f.StreamID == 0 {
-			cc.sendWindow += int64(f.Increment)
-			if cc.sendWindow > maxWindow {
-				return http2.ConnectionError(http2.ErrCodeFlowControl)
-			}
-		} else if cs := cc.streams[f.StreamID]; cs != nil {
-			cs.sendWindow += int64(f.Increment)
-		}
-		cc.cond.Broadcast()
+		return cc.handleWindowUpdate(f)
 	case *http2.PingFrame:
 		if f.IsAck() {
 			return nil
@@ -1096,6 +1086,41 @@ func (cc *H2Conn) handle(f http2.Frame, push *pushBlock) error {
 		}
 	}
 	return nil
+}
+
+// handleWindowUpdate grows a send window. One grown past 2^31-1 is the
+// origin's flow-control error (RFC 9113 §6.9.1): the connection's ends
+// the connection, a stream's the stream.
+func (cc *H2Conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
+	cc.mu.Lock()
+	if f.StreamID == 0 {
+		cc.sendWindow += int64(f.Increment)
+		over := cc.sendWindow > maxWindow
+		cc.cond.Broadcast()
+		cc.mu.Unlock()
+		if over {
+			return http2.ConnectionError(http2.ErrCodeFlowControl)
+		}
+		return nil
+	}
+	cs := cc.streams[f.StreamID]
+	if cs == nil {
+		cc.mu.Unlock()
+		return nil
+	}
+	cs.sendWindow += int64(f.Increment)
+	if cs.sendWindow <= maxWindow {
+		cc.cond.Broadcast()
+		cc.mu.Unlock()
+		return nil
+	}
+	connInc := cs.discard()
+	cs.end(http2.StreamError{StreamID: cs.id, Code: http2.ErrCodeFlowControl})
+	cc.mu.Unlock()
+	if cs.body != nil {
+		cs.body.Close() // unblocks a writer stuck reading the request body
+	}
+	return cc.writeControl(cs.id, http2.ErrCodeFlowControl, 0, connInc)
 }
 
 func (cc *H2Conn) handleReset(f *http2.RSTStreamFrame) error {
@@ -1164,6 +1189,10 @@ func (cc *H2Conn) handleSettings(f *http2.SettingsFrame) error {
 			cc.peerInitWindow = int64(s.Val)
 			for _, cs := range cc.streams {
 				cs.sendWindow += delta
+				if cs.sendWindow > maxWindow {
+					// RFC 9113 §6.9.2: a connection error.
+					return http2.ConnectionError(http2.ErrCodeFlowControl)
+				}
 			}
 		case http2.SettingMaxFrameSize:
 			cc.peerMaxFrame = s.Val

@@ -276,3 +276,33 @@ func TestPaddingOnlyDataIsCredited(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestStreamWindowOverflow: a WINDOW_UPDATE that grows a stream's send
+// window past 2^31-1 is the origin's flow-control error (RFC 9113
+// §6.9.1): the stream is reset with FLOW_CONTROL_ERROR and its request
+// fails, while the connection goes on.
+func TestStreamWindowOverflow(t *testing.T) {
+	cc, p := newPeer(t, nil)
+	errc := make(chan error, 1)
+	go func() {
+		resp, err := cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "GET", "https://peer.test/", nil))
+		if err == nil {
+			resp.Body.Close()
+		}
+		errc <- err
+	}()
+	id := p.next(http2.FrameHeaders).Header().StreamID
+	if err := p.fr.WriteWindowUpdate(id, 1<<31-1); err != nil {
+		t.Fatal(err)
+	}
+	var se http2.StreamError
+	if err := <-errc; !errors.As(err, &se) || se.Code != http2.ErrCodeFlowControl {
+		t.Fatalf("request error %v, want the stream's FLOW_CONTROL_ERROR", err)
+	}
+	if w := p.sync(); w.rst[id] != http2.ErrCodeFlowControl {
+		t.Fatalf("stream reset with %v, want FLOW_CONTROL_ERROR", w.rst[id])
+	}
+	if !cc.CanTakeRequest() {
+		t.Fatal("the connection closed for one stream's error")
+	}
+}
