@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/asn1"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -144,7 +145,13 @@ func (a *Authority) mint(ctx context.Context, key string) (*tls.Certificate, err
 	if len(key) <= maxCommonNameLen {
 		tmpl.Subject = pkix.Name{CommonName: key}
 	}
-	if addr, err := netip.ParseAddr(key); err == nil {
+	if addr, err := netip.ParseAddr(key); err == nil && addr.Is4() {
+		san, err := ipv4SAN(addr)
+		if err != nil {
+			return nil, fmt.Errorf("sign leaf: %w", err)
+		}
+		tmpl.ExtraExtensions = []pkix.Extension{san}
+	} else if err == nil {
 		tmpl.IPAddresses = []net.IP{addr.AsSlice()}
 	} else {
 		tmpl.DNSNames = []string{key}
@@ -166,6 +173,26 @@ func (a *Authority) mint(ctx context.Context, key string) (*tls.Certificate, err
 		PrivateKey:  a.leafKey,
 		Leaf:        leaf,
 	}, nil
+}
+
+// oidSubjectAltName is the subjectAltName extension (RFC 5280 §4.2.1.6).
+var oidSubjectAltName = asn1.ObjectIdentifier{2, 5, 29, 17}
+
+// ipv4SAN is the subjectAltName of an IPv4 leaf: the address in 4 bytes
+// and as IPv4-mapped IPv6 in 16. A client that dialed [::ffff:a.b.c.d]
+// (normalizeHost gives both one leaf) is checked by OpenSSL, and so by
+// curl and Python, against the 16 bytes; x509.CreateCertificate writes
+// any IPv4 address in 4, hence the extension made here.
+func ipv4SAN(addr netip.Addr) (pkix.Extension, error) {
+	v4, v6 := addr.As4(), addr.As16()
+	value, err := asn1.Marshal([]asn1.RawValue{
+		{Class: asn1.ClassContextSpecific, Tag: 7, Bytes: v4[:]}, // iPAddress
+		{Class: asn1.ClassContextSpecific, Tag: 7, Bytes: v6[:]},
+	})
+	if err != nil {
+		return pkix.Extension{}, fmt.Errorf("encode subjectAltName: %w", err)
+	}
+	return pkix.Extension{Id: oidSubjectAltName, Value: value}, nil
 }
 
 // normalizeHost returns the cache key for host: the canonical form of an IP literal (brackets and zone dropped,

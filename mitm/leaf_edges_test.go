@@ -2,10 +2,17 @@ package mitm
 
 import (
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -69,5 +76,38 @@ func TestForeignCAWithoutServerAuthEKU(t *testing.T) {
 	}
 	if !strings.Contains(err.Error(), filepath.Join(dir, "ca.pem")) || !strings.Contains(err.Error(), "serverAuth") {
 		t.Errorf("load error does not name ca.pem and serverAuth: %v", err)
+	}
+}
+
+// TestIPv4MappedLeafWithCurl: a client that dials an IPv4 address in its
+// IPv4-mapped IPv6 form (CONNECT [::ffff:127.0.0.1]:443) gets the one
+// leaf of that address, and curl, which like OpenSSL compares the 16
+// bytes it dialed, accepts it; it rejected a leaf naming the 4 bytes
+// only ("no alternative certificate subject name matches").
+func TestIPv4MappedLeafWithCurl(t *testing.T) {
+	curl, err := exec.LookPath("curl")
+	if err != nil {
+		t.Skip("curl not installed")
+	}
+	a := newTestAuthority(t, Config{}, nil)
+	cert, err := a.Leaf(t.Context(), "::ffff:127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{*cert}}
+	srv.StartTLS()
+	defer srv.Close()
+	caFile := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(caFile, a.CertPEM(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, port, _ := net.SplitHostPort(srv.Listener.Addr().String())
+	for _, host := range []string{"[::ffff:127.0.0.1]", "127.0.0.1"} {
+		out, err := exec.CommandContext(t.Context(), curl, "-sS", "--max-time", "10", "--noproxy", "*",
+			"--cacert", caFile, "https://"+host+":"+port+"/").CombinedOutput()
+		if err != nil || string(out) != "ok" {
+			t.Errorf("curl https://%s: %v: %s", host, err, out)
+		}
 	}
 }
