@@ -88,6 +88,25 @@ const (
 	keepaliveCount    = 3
 )
 
+// keepIdle turns idle_session_timeout off on a connection of ours. A lock
+// session idles for as long as its leader fetches and the LISTEN
+// connection for as long as nothing happens: a server, role or database
+// that set it would end them, and with them their flights' locks (a
+// second leader) and the notifications sent meanwhile. Not a start-up
+// parameter: servers before PostgreSQL 14 have no such setting, and
+// refuse a connection that names one.
+func keepIdle(ctx context.Context, conn *pgx.Conn) error {
+	_, err := conn.Exec(ctx, "SET idle_session_timeout = 0")
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42704" { // undefined_object: before PostgreSQL 14
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("set idle_session_timeout: %w", err)
+	}
+	return nil
+}
+
 func newClient(cfg Config, logger *slog.Logger, tracer pgx.QueryTracer) (*client, error) {
 	base, err := pgxpool.ParseConfig(cfg.URL)
 	if err != nil {
@@ -118,6 +137,7 @@ func newClient(cfg Config, logger *slog.Logger, tracer pgx.QueryTracer) (*client
 		cc.RuntimeParams["application_name"] = "onceproxy"
 	}
 	cc.Tracer = tracer
+	base.AfterConnect = keepIdle
 
 	poolCfg := base.Copy()
 	poolCfg.MaxConns = int32(cfg.poolConns())

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -123,6 +124,8 @@ func (c Config) Validate() error {
 	}
 	if !schemaName.MatchString(c.Schema) {
 		errs = append(errs, fmt.Errorf("schema: %q must be a lower-case identifier (a-z, 0-9, _) of at most 48 characters", c.Schema))
+	} else if strings.HasPrefix(c.Schema, "pg_") {
+		errs = append(errs, fmt.Errorf("schema: %q starts with pg_, which PostgreSQL reserves for its own schemas", c.Schema))
 	}
 	for _, d := range []struct {
 		key string

@@ -27,7 +27,15 @@ func (b *Backend) listen(ctx context.Context) {
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			ctx, cancel := context.WithTimeout(ctx, b.c.cfg.DialTimeout+b.c.cfg.Timeout)
 			defer cancel()
-			return pgx.ConnectConfig(ctx, b.c.listen)
+			conn, err := pgx.ConnectConfig(ctx, b.c.listen)
+			if err != nil {
+				return nil, err
+			}
+			if err := keepIdle(ctx, conn); err != nil {
+				conn.Close(ctx)
+				return nil, err
+			}
+			return conn, nil
 		},
 		LogError: func(_ context.Context, err error) {
 			if ctx.Err() == nil {

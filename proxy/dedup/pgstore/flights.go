@@ -157,17 +157,25 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 // otherwise the slot is given back. size is the size of the value or
 // outcome found, whose bytes (val) come only up to max_value_bytes.
 func (s *Cache) step(ctx context.Context, key string, lock int64, waited, slot bool) (state int32, val []byte, size int32, l *lease, err error) {
+	ours := false
 	if slot && !s.held.take(lock) {
 		// One of our sessions holds this lock already (a key whose ID
 		// collides with a flight of ours): look, as if it were held
 		// elsewhere.
 		<-s.slots
-		slot = false
+		slot, ours = false, true
 	}
 	if !slot {
 		err = s.exec(ctx, func(ctx context.Context) error {
 			return s.pool.QueryRow(ctx, s.sql.acquire, lock, key, waited, false, int64(s.cfg.MaxValueBytes)).Scan(&state, &val, &size)
 		})
+		if ours && err == nil && state == stateFree {
+			// Free in the database, ours here: the session of a flight
+			// of ours lost it (its connection ended). Wait for that
+			// flight, as for anyone's, rather than look again at once,
+			// and again, until it ends.
+			state = stateWait
+		}
 		return state, val, size, nil, err
 	}
 	ls := s.session()

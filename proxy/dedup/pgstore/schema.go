@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // schemaVersion is the layout of onceproxy's tables and functions that this
@@ -43,9 +44,20 @@ CREATE UNLOGGED TABLE IF NOT EXISTS {s}.cache (
 	stored_at  timestamptz NOT NULL,
 	expires_at timestamptz NOT NULL
 );
-CREATE INDEX IF NOT EXISTS cache_url_key ON {s}.cache (url_key) WHERE url_key <> '';
-CREATE INDEX IF NOT EXISTS cache_expires_at ON {s}.cache (expires_at);
-CREATE INDEX IF NOT EXISTS cache_stored_at ON {s}.cache (stored_at);
+-- CREATE INDEX IF NOT EXISTS takes its SHARE lock on the table before it
+-- looks for the index: behind any open writer it would queue, and every
+-- instance's writes to the cache behind it, each time an instance starts.
+DO $do$ BEGIN
+	IF to_regclass('{s}.cache_url_key') IS NULL THEN
+		CREATE INDEX cache_url_key ON {s}.cache (url_key) WHERE url_key <> '';
+	END IF;
+	IF to_regclass('{s}.cache_expires_at') IS NULL THEN
+		CREATE INDEX cache_expires_at ON {s}.cache (expires_at);
+	END IF;
+	IF to_regclass('{s}.cache_stored_at') IS NULL THEN
+		CREATE INDEX cache_stored_at ON {s}.cache (stored_at);
+	END IF;
+END $do$;
 
 CREATE UNLOGGED TABLE IF NOT EXISTS {s}.outcomes (
 	key        text PRIMARY KEY,
@@ -238,6 +250,19 @@ const setupTimeout = 10 * time.Second
 func (c *client) setup(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, setupTimeout)
 	defer cancel()
+	err := c.createSchema(ctx)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && strings.HasPrefix(pe.Code, "42") {
+		// Access rule violations (no privilege on the database or the
+		// schema, a name PostgreSQL reserves): the same on every try,
+		// so the operator hears of it now instead of the instance
+		// running alone for good, the database taken for unreachable.
+		return fmt.Errorf("%w: postgres.schema %q cannot be set up by this role: %w", errSchema, c.cfg.Schema, err)
+	}
+	return err
+}
+
+func (c *client) createSchema(ctx context.Context) error {
 	return pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SET LOCAL statement_timeout = "+strconv.Itoa(int(setupTimeout.Milliseconds()))); err != nil {
 			return err
@@ -269,8 +294,13 @@ func (c *client) setup(ctx context.Context) error {
 					errSchema, c.cfg.Schema, v, schemaVersion)
 			}
 		}
+		// CREATE SCHEMA IF NOT EXISTS asks for the database's CREATE
+		// privilege before it looks: a role given its schema by a DBA,
+		// and no more, would never get past it.
 		stmts := schemaSQL(c.cfg.Schema, `
-CREATE SCHEMA IF NOT EXISTS {s};
+DO $do$ BEGIN
+	IF to_regnamespace('{s}') IS NULL THEN CREATE SCHEMA {s}; END IF;
+END $do$;
 CREATE TABLE IF NOT EXISTS {s}.meta (name text PRIMARY KEY, value text NOT NULL);
 INSERT INTO {s}.meta (name, value) VALUES ('schema_version', '`+strconv.Itoa(schemaVersion)+`') ON CONFLICT (name) DO NOTHING;
 `+ddl)

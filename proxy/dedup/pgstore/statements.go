@@ -172,12 +172,18 @@ func newStatements(schema string) statements {
 				expires_at = excluded.expires_at
 			RETURNING session`),
 		// A fixed window: the first hit (or the first after expiry) starts
-		// it.
+		// it. A row no window of this length could have left (ending after
+		// this one would, or a count below zero: written by something
+		// else) starts one too, and the count saturates instead of
+		// failing the statement, which the breaker would take for the
+		// database failing.
 		incr: s(`INSERT INTO {s}.counters AS c (key, n, expires_at)
 			VALUES ($1, 1, now() + $2::bigint * interval '1 millisecond')
 			ON CONFLICT (key) DO UPDATE SET
-				n = CASE WHEN c.expires_at <= now() THEN 1 ELSE c.n + 1 END,
-				expires_at = CASE WHEN c.expires_at <= now() THEN excluded.expires_at ELSE c.expires_at END
+				n = CASE WHEN c.expires_at <= now() OR c.expires_at > excluded.expires_at OR c.n < 0 THEN 1
+					ELSE least(c.n, 9223372036854775806) + 1 END,
+				expires_at = CASE WHEN c.expires_at <= now() OR c.expires_at > excluded.expires_at OR c.n < 0 THEN excluded.expires_at
+					ELSE c.expires_at END
 			RETURNING n`),
 
 		flushStats: s(`INSERT INTO {s}.stats AS t (day, hit, coalesced, miss, bypass, bytes_avoided, money_nano)

@@ -1,0 +1,210 @@
+package pgstore
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
+	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// TestIdleSessionTimeoutKeepsFlightLock: a server (or role, or database)
+// with idle_session_timeout set once ended a lock session that sat idle
+// while its leader fetched: the flight's lock went, and a second instance
+// led the same key while the first was still fetching. Our connections
+// turn the setting off.
+func TestIdleSessionTimeoutKeepsFlightLock(t *testing.T) {
+	pg := pgtest.Start(t, "idle_session_timeout=1000")
+	f := newFleetOn(t, pg, 2, Config{}, dedup.Config{}, nil)
+	a, b := f.insts[0], f.insts[1]
+	const key = "v1:review-idle-session"
+	l := lead(t, a, key)
+	defer l.Release()
+	// A fetch that takes a while, with no other flight on the session.
+	time.Sleep(2500 * time.Millisecond)
+	if n := lockHolders(t, f.conn(), l.lock); n != 1 {
+		t.Errorf("the flight's lock is held by %d sessions while its leader still fetches, want 1", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	l2, out, err := b.store.Join(ctx, key)
+	if l2 != nil {
+		defer l2.Release()
+		t.Fatalf("a second instance leads the key while the first still fetches (two leaders)")
+	}
+	t.Logf("second instance: out %v, err %v (waiting is right)", out, err)
+}
+
+// TestSchemaPrecreatedForTheRole: the usual least-privilege setup, a DBA
+// creating the schema for an application role that may not create schemas
+// in the database, brings the shared layer up. CREATE SCHEMA IF NOT EXISTS
+// checks the database's CREATE privilege before it looks whether the
+// schema exists, and so kept it down.
+func TestSchemaPrecreatedForTheRole(t *testing.T) {
+	pg := pgtest.Start(t)
+	pg.Exec(`CREATE ROLE review_app LOGIN`)
+	pg.Exec(`CREATE SCHEMA onceproxy AUTHORIZATION review_app`)
+	url := strings.Replace(pg.URL, "postgres@", "review_app@", 1)
+	logs := &logbuf.Buffer{}
+	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	local := dedup.NewMemoryStore(1 << 20)
+	defer local.Close()
+	be, err := Open(Config{URL: url, Schema: "onceproxy", MaxConns: 4, FlightConns: 1, Timeout: 2 * time.Second}, local, logger)
+	if err != nil {
+		t.Fatalf("open: %v", err)
+	}
+	defer be.Close()
+	if !be.Available() {
+		t.Fatalf("the role owns the schema, but the shared layer is not available; logs:\n%s", logs.String())
+	}
+}
+
+// TestStartingInstanceDoesNotStallFleetWrites: an instance starting (or
+// re-running setup) once ran CREATE INDEX IF NOT EXISTS on the cache
+// table, which takes a SHARE lock even when the index exists. Behind any
+// open writer (the sweep's or a big row's delete, each allowed 10s, a
+// DBA's UPDATE, autovacuum), that lock request queued, and every other
+// instance's writes to the cache behind it. Now an index that exists is
+// left alone: the instance starts at once, and the fleet's writes go on.
+func TestStartingInstanceDoesNotStallFleetWrites(t *testing.T) {
+	f := newFleet(t, 1, Config{}, dedup.Config{}, nil)
+	a := f.insts[0]
+	// A writer transaction on the cache table, open for a few seconds.
+	holder := f.conn()
+	ctx := context.Background()
+	if _, err := holder.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, schemaSQL(f.schema, `INSERT INTO {s}.cache VALUES ('held', '', ''::bytea, 0, now(), now() + interval '1 minute')`)); err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Exec(ctx, "ROLLBACK")
+
+	// A second instance starts meanwhile (a rolling deploy).
+	local := dedup.NewMemoryStore(1 << 20)
+	t.Cleanup(local.Close)
+	started := make(chan *Backend, 1)
+	go func() {
+		be, err := open(f.config(Config{}), local, slog.New(slog.NewTextHandler(f.logs, nil)), nil)
+		if err != nil {
+			started <- nil
+			return
+		}
+		started <- be
+	}()
+	t.Cleanup(func() {
+		if be := <-started; be != nil {
+			be.Close()
+		}
+	})
+	// It starts without waiting for the writer.
+	select {
+	case be := <-started:
+		started <- be // for the cleanup
+		if be == nil || !be.Available() {
+			t.Fatal("the second instance did not start sharing")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second instance's setup waits for a writer on the cache table")
+	}
+	// The running instance caches an unrelated response.
+	errs := a.be.Errors()
+	start := time.Now()
+	e := entry("unrelated")
+	_ = a.store.Set(ctx, "v1:review-unrelated", e, time.Minute)
+	took := time.Since(start)
+	if took > time.Second || a.be.Errors() != errs {
+		t.Fatalf("an unrelated write of a running instance took %s and failed %d statements while another instance started", took.Round(time.Millisecond), a.be.Errors()-errs)
+	}
+}
+
+// TestJoinWaitsOnALostLockOfItsOwn: a Join for a key whose flight this
+// instance still leads on a session whose connection ended (server
+// restart, pg_terminate_backend) finds the key held here and free in the
+// database. It waits for that flight, polling, instead of looking again at
+// once in a busy loop of statements until the stale flight ends.
+func TestJoinWaitsOnALostLockOfItsOwn(t *testing.T) {
+	f := newFleet(t, 1, Config{}, dedup.Config{}, nil)
+	a := f.insts[0]
+	const key = "v1:review-spin"
+	l := lead(t, a, key)
+	// The session's connection ends under the flight.
+	terminateSession(t, f, l.sess)
+	time.Sleep(200 * time.Millisecond)
+	a.trace.take()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	l2, out, err := a.store.Join(ctx, key)
+	if l2 != nil {
+		l2.Release()
+	}
+	stmts, trips := a.trace.take()
+	l.Release()
+	t.Logf("join: lease %v out %v err %v; %d round trips in 500ms", l2 != nil, out, err, trips)
+	// poll_interval is 100ms: a waiter sends a handful of statements in
+	// 500ms.
+	if trips > 20 {
+		t.Fatalf("a Join sent %d statements in 500ms (first: %q)", trips, stmts[0])
+	}
+}
+
+// TestGarbageCounterKeepsTheBreakerClosed: one counters row this build
+// never writes (n at the bigint maximum, from another version or psql)
+// made each IncrWindow on its key fail with "bigint out of range", which
+// the breaker counted as the database failing: after breaker_failures hits
+// of that one client, the whole shared layer was switched off.
+func TestGarbageCounterKeepsTheBreakerClosed(t *testing.T) {
+	f := newFleet(t, 1, Config{BreakerInterval: time.Minute}, dedup.Config{}, nil)
+	a := f.insts[0]
+	f.exec(`INSERT INTO {s}.counters VALUES ('client-x', 9223372036854775807, now() + interval '1 minute')`)
+	for range 5 {
+		_, _ = a.bus.IncrWindow(context.Background(), "client-x", time.Minute)
+	}
+	if !a.be.Available() {
+		t.Fatalf("one unreadable counters row switched the shared layer off (errors %d)", a.be.Errors())
+	}
+}
+
+// TestSchemaThisRoleCannotSetUp: postgres.schema "pg_..." is
+// refused by Validate (PostgreSQL refuses to create such a schema), and a
+// schema this role may not create fails Open naming the key, instead of
+// the instance running alone for good, the database logged as unreachable.
+func TestSchemaThisRoleCannotSetUp(t *testing.T) {
+	if err := (Config{URL: "postgres://x/y", Schema: "pg_review"}).WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "schema:") {
+		t.Errorf("Validate of schema pg_review: %v", err)
+	}
+	pg := pgtest.Start(t)
+	pg.Exec(`CREATE ROLE review_weak LOGIN`)
+	url := strings.Replace(pg.URL, "postgres@", "review_weak@", 1)
+	local := dedup.NewMemoryStore(1 << 20)
+	defer local.Close()
+	be, err := Open(Config{URL: url, Schema: "onceproxy", MaxConns: 4, FlightConns: 1, Timeout: 2 * time.Second}, local,
+		slog.New(slog.NewTextHandler(&logbuf.Buffer{}, nil)))
+	if err == nil {
+		be.Close()
+		t.Fatal("Open succeeded for a role that may not create its schema")
+	}
+	if !strings.Contains(err.Error(), "postgres.schema") || !strings.Contains(err.Error(), "permission denied") {
+		t.Errorf("Open error does not name the key and the cause: %v", err)
+	}
+}
+
+// TestCounterFromElsewhereStartsAWindow: a counters row ending far
+// beyond any window of this length, or counting below zero, starts a new
+// window at the next hit instead of holding the key for ever.
+func TestCounterFromElsewhereStartsAWindow(t *testing.T) {
+	f := newFleet(t, 1, Config{}, dedup.Config{}, nil)
+	a := f.insts[0]
+	f.exec(`INSERT INTO {s}.counters VALUES ('far', 1000, now() + interval '10 years'), ('negative', -5, now() + interval '1 minute')`)
+	for _, key := range []string{"far", "negative"} {
+		n, err := a.bus.IncrWindow(context.Background(), key, time.Minute)
+		if err != nil || n != 1 {
+			t.Errorf("%s: IncrWindow = %d, %v; want a new window (1)", key, n, err)
+		}
+	}
+}
