@@ -32,6 +32,11 @@ func (p *Pool) fetchList(ctx context.Context, pv *provider) fetched {
 func (p *Pool) refresh(ctx context.Context, pv *provider) error {
 	pv.fetch.Lock()
 	defer pv.fetch.Unlock()
+	return p.refreshLocked(ctx, pv)
+}
+
+// refreshLocked is refresh with pv.fetch held.
+func (p *Pool) refreshLocked(ctx context.Context, pv *provider) error {
 	f := p.fetchList(ctx, pv)
 	p.mu.Lock()
 	st := p.st.Load()
@@ -230,9 +235,20 @@ func (p *Pool) healthRound(ctx context.Context, hc HealthConfig) {
 	// thousands of sessions must not start thousands of goroutines that
 	// only wait.
 	defer wg.Wait()
+	// A benched gateway gets one probe a round, through its first session
+	// the round meets: every session of a provider may sit behind its
+	// one address, and a probe through each would dial the dead address
+	// once per session and round.
+	canaries := map[*gateway]bool{}
 	for _, s := range p.sessions.Load().list {
 		if s.h.coolingForOrigin(now) {
 			continue
+		}
+		if g := s.gw; g != nil && g.down(now.UnixNano()) {
+			if canaries[g] {
+				continue
+			}
+			canaries[g] = true
 		}
 		select {
 		case sem <- struct{}{}:

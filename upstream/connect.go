@@ -24,10 +24,16 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		return nil, &DialError{Op: "dial upstream proxy " + proxyURL.Host, Err: err}
 	}
 	// The CONNECT exchange must not hang on a proxy that accepts and then
-	// says nothing: use the context deadline, or the dial timeout.
+	// says nothing: the dial timeout bounds it, or the context's deadline
+	// when that comes first. Not the context's alone: a gateway that eats
+	// a caller's whole budget (a blind tunnel's 15 s) fails with the
+	// caller's deadline, which says nothing about the session, and no
+	// other session is tried.
 	deadline, ok := ctx.Deadline()
-	if !ok && d.Timeout > 0 {
-		deadline = time.Now().Add(d.Timeout)
+	if d.Timeout > 0 {
+		if own := time.Now().Add(d.Timeout); !ok || own.Before(deadline) {
+			deadline = own
+		}
 	}
 	_ = conn.SetDeadline(deadline)
 	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
@@ -68,7 +74,8 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		resp.Body.Close()
 		conn.Close()
-		var gerr error = &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)}
+		var gerr error = &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg),
+			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 		if st := targetStatusOfConnect(resp.StatusCode); st != 0 {
 			// "Bad gateway" to CONNECT is how a gateway says it could
 			// not reach addr: not proof that the session is at fault.

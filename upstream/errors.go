@@ -75,6 +75,9 @@ type gatewayStatusError struct {
 	StatusCode int
 	Status     string // "407 Proxy Authentication Required"
 	Detail     string // first line of the body, if any
+	// RetryAfter is the answer's Retry-After (a 429's): the session
+	// cools for it, as after the same answer to a plain-http request.
+	RetryAfter time.Duration
 }
 
 func (e *gatewayStatusError) Error() string {

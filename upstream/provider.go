@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -288,12 +289,18 @@ func (c *providerClient) rotate(ctx context.Context, id string) (string, error) 
 		return "", err
 	}
 	// Only exit_ip is read: the rest of the object may be anything, the
-	// rotation is done all the same.
+	// rotation is done all the same. No body says the same, without the
+	// IP; but a body that is not JSON (an overloaded front page, a
+	// captive portal) is no word from the provider that it rotated.
+	if len(bytes.TrimSpace(body)) == 0 {
+		return "", nil
+	}
 	var ws struct {
 		ExitIP string `json:"exit_ip"`
 	}
-	if json.Unmarshal(body, &ws) != nil {
-		return "", nil // rotated; the new IP is just not known
+	if err := json.Unmarshal(body, &ws); err != nil {
+		return "", &StatusError{Status: http.StatusBadGateway, Err: c.scrub(fmt.Errorf(
+			"provider API POST %s/api/session/%s/rotate: answer is not JSON (%v): %s", c.base, id, err, snippet(body)))}
 	}
 	return exitIPOf(ws.ExitIP), nil
 }
@@ -309,8 +316,14 @@ func (c *providerClient) scrub(err error) error {
 }
 
 // snippet is the start of an answer body, on one line, for error messages.
+// A JSON answer is quoted with the values of its credential-like fields
+// redacted: the session list and a session object carry the sessions'
+// passwords, and the message reaches logs and the admin API.
 func snippet(b []byte) string {
 	const n = 120
+	if red, ok := redactJSON(b); ok {
+		b = red
+	}
 	s := strings.Join(strings.Fields(string(b)), " ")
 	if len(s) > n {
 		s = s[:n] + "…"
@@ -319,4 +332,49 @@ func snippet(b []byte) string {
 		return "(empty body)"
 	}
 	return strconv.Quote(s)
+}
+
+// redactJSON re-encodes a JSON answer with every credential-like field's
+// value replaced; ok is false for an answer that is not JSON.
+func redactJSON(b []byte) (_ []byte, ok bool) {
+	var v any
+	if json.Unmarshal(b, &v) != nil {
+		return nil, false
+	}
+	out, err := json.Marshal(redactSecrets(v))
+	if err != nil {
+		return nil, false
+	}
+	return out, true
+}
+
+func redactSecrets(v any) any {
+	switch t := v.(type) {
+	case map[string]any:
+		for k, x := range t {
+			if secretField(k) {
+				t[k] = "<redacted>"
+			} else {
+				t[k] = redactSecrets(x)
+			}
+		}
+	case []any:
+		for i, x := range t {
+			t[i] = redactSecrets(x)
+		}
+	}
+	return v
+}
+
+// secretField reports a field name that may hold a credential: a
+// password, a user name (gateways put account and session in it), a key,
+// a token or a secret.
+func secretField(name string) bool {
+	name = strings.ToLower(name)
+	for _, w := range []string{"pass", "user", "key", "token", "secret", "auth", "cred"} {
+		if strings.Contains(name, w) {
+			return true
+		}
+	}
+	return false
 }

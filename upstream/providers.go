@@ -86,8 +86,14 @@ func (g *gateway) down(now int64) bool {
 	return u != 0 && now < u
 }
 
-// refused benches the gateway; it reports whether it was answering until now.
+// refused benches the gateway; it reports whether it was answering until
+// now. Refusals while it is benched (requests under way when it went
+// down, the round's probe) leave the benching as it is: one outage is one
+// strike, not one per connection that met it.
 func (g *gateway) refused(now time.Time) bool {
+	if g.down(now.UnixNano()) {
+		return false
+	}
 	n := g.strikes.Add(1)
 	d := gatewayCool << min(n-1, 8)
 	d = min(d, gatewayCoolMax)
@@ -381,16 +387,31 @@ func (p *Pool) Providers() []ProviderStatus {
 // unless such a fetch ran within minRefetch: whatever the store says, the
 // provider's API sees at most one extra call per minRefetch. It reports
 // whether the list was fetched.
+//
+// It runs on a request's path, so it never waits long: not for an API
+// known to be down, not behind a fetch already under way (the refresh
+// loop's, which may hang for the API's whole timeout), and not past
+// bindingFetchWait. A binding it cannot confirm in time is not final: the
+// request goes to another session, and the binding stays for later ones.
 func (p *Pool) refreshSoon(ctx context.Context, pv *provider) bool {
 	now := p.now().UnixNano()
 	last := pv.lastAsked.Load()
-	if pv.client == nil || time.Duration(now-last) < minRefetch || !pv.lastAsked.CompareAndSwap(last, now) {
+	if pv.client == nil || pv.apiDown.Load() || time.Duration(now-last) < minRefetch || !pv.lastAsked.CompareAndSwap(last, now) {
 		return false
 	}
-	ctx, cancel := context.WithTimeout(ctx, pv.cfg.Timeout)
+	if !pv.fetch.TryLock() {
+		return false
+	}
+	defer pv.fetch.Unlock()
+	ctx, cancel := context.WithTimeout(ctx, min(pv.cfg.Timeout, bindingFetchWait))
 	defer cancel()
-	return p.refresh(ctx, pv) == nil
+	return p.refreshLocked(ctx, pv) == nil
 }
+
+// bindingFetchWait bounds the list fetch a binding asks for on a request's
+// path: a provider API answers well within it, and one that does not
+// must not hold the request for its whole timeout.
+const bindingFetchWait = 500 * time.Millisecond
 
 // minRefetch bounds the refreshes bindings can ask for: one per provider
 // per this long, whatever the fleet's store says.

@@ -207,7 +207,7 @@ func classifyErr(ctx context.Context, err error) verdict {
 		// The origin's certificate is what it is from every exit IP.
 		return verdict{kind: outcomeNone, msg: err.Error()}
 	case errors.As(err, &gs) && gs.StatusCode == http.StatusTooManyRequests:
-		return verdict{kind: outcomeRateLimited, neverSent: true, msg: err.Error()}
+		return verdict{kind: outcomeRateLimited, neverSent: true, retryAfter: gs.RetryAfter, msg: err.Error()}
 	case errors.As(err, &tu):
 		// Nothing was sent (it failed at CONNECT), and whose fault it is
 		// is not known yet: the caller decides (targetMisses).
