@@ -69,7 +69,8 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		return nil, &DialError{Op: "read CONNECT response from upstream proxy", Err: err}
 	}
 	lr.N = maxConnectReplyBytes
-	if resp.StatusCode != http.StatusOK {
+	// Any 2xx opens the tunnel (RFC 9110 §9.3.6), not only 200.
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		// A short body often says why (bad credentials, host refused).
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		resp.Body.Close()
