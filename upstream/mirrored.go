@@ -103,7 +103,9 @@ type mconn struct {
 	h2     bool
 	active int  // requests using it (HTTP/1.1: at most one)
 	idle   bool // counted in nIdle, with timer running
-	timer  *time.Timer
+	// shunned: takes no new request (see shun); closes with its last.
+	shunned bool
+	timer   *time.Timer
 }
 
 // maxMirrorAttempts bounds how often one request is sent again on a new
@@ -291,7 +293,7 @@ func (t *mirroredTransport) takeLocked(key connKey) (mc *mconn, dead []*mconn) {
 	list := t.conns[key]
 	for i := len(list) - 1; i >= 0; i-- { // the most recently added first
 		c := list[i]
-		if c.gen != t.gen || !c.h2 && c.active > 0 {
+		if c.gen != t.gen || c.shunned || !c.h2 && c.active > 0 {
 			continue
 		}
 		if !c.cc.CanTakeRequest() {
@@ -441,6 +443,7 @@ func (t *mirroredTransport) send(mc *mconn, req *http.Request) (*http.Response, 
 	if err != nil {
 		if timedOut && errors.Is(context.Cause(ctx), errHeaderTimeout) && req.Context().Err() == nil {
 			err = errHeaderTimeout
+			t.shun(mc)
 		}
 		cancel(nil)
 		return nil, err
@@ -490,7 +493,7 @@ func (t *mirroredTransport) done(mc *mconn) {
 		t.mu.Unlock()
 		return
 	}
-	if !t.keepAlive || t.closed || mc.gen != t.gen || !mc.cc.CanTakeRequest() || !t.roomLocked(mc.key) {
+	if !t.keepAlive || t.closed || mc.gen != t.gen || mc.shunned || !mc.cc.CanTakeRequest() || !t.roomLocked(mc.key) {
 		t.removeLocked(mc)
 		t.mu.Unlock()
 		mc.cc.Close()
@@ -499,6 +502,19 @@ func (t *mirroredTransport) done(mc *mconn) {
 	mc.idle = true
 	t.nIdle++
 	mc.timer = time.AfterFunc(t.idleConnTimeout, func() { t.expire(mc) })
+	t.mu.Unlock()
+}
+
+// shun takes mc out of the choice for new requests: one of its requests
+// timed out waiting for its head. Nothing else tells a silent HTTP/2
+// connection (a NAT that forgot it, a peer that vanished) from a slow
+// answer, and a silent one would be handed every request that follows,
+// each costing a whole response_header_timeout, until the kernel gave up
+// on it. Its streams under way go on; it closes with the last (done). A
+// slow origin costs a new connection.
+func (t *mirroredTransport) shun(mc *mconn) {
+	t.mu.Lock()
+	mc.shunned = true
 	t.mu.Unlock()
 }
 

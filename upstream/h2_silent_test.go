@@ -1,0 +1,86 @@
+package upstream_test
+
+import (
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// silentListener hands out connections of which the first stops reading
+// once silent is set: an origin connection gone dead without a close (a
+// NAT that forgot it, a peer that vanished).
+type silentListener struct {
+	net.Listener
+	silent atomic.Bool
+	n      atomic.Int32
+	stop   chan struct{}
+	once   sync.Once
+}
+
+func (l *silentListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	return &silentConn{Conn: c, l: l, first: l.n.Add(1) == 1}, nil
+}
+
+func (l *silentListener) Close() error {
+	l.once.Do(func() { close(l.stop) })
+	return l.Listener.Close()
+}
+
+type silentConn struct {
+	net.Conn
+	l     *silentListener
+	first bool
+}
+
+// Read swallows what arrives once silent is set (a read may be under way
+// when it is) and never returns again.
+func (c *silentConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if c.first && c.l.silent.Load() {
+		<-c.l.stop
+		return 0, net.ErrClosed
+	}
+	return n, err
+}
+
+// TestSilentH2ConnectionIsLeft: an HTTP/2 origin connection on which a
+// request times out waiting for its head takes no new request: the next
+// one opens a connection of its own. It went on being handed the silent
+// connection, each request costing a whole response_header_timeout, until
+// the kernel gave up on it.
+func TestSilentH2ConnectionIsLeft(t *testing.T) {
+	origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Proto", r.Proto)
+	}))
+	ln := &silentListener{Listener: origin.Listener, stop: make(chan struct{})}
+	origin.Listener = ln
+	origin.EnableHTTP2 = true
+	origin.StartTLS()
+	defer origin.Close()
+	c := client{name: "mirrored", fp: goFingerprint(t, "h2", "http/1.1")}
+	p := newPool(t, upstream.Config{ResponseHeaderTimeout: 300 * time.Millisecond, CAFiles: []string{originCAFile(t, origin)}}, quiet)
+	if resp, _, err := c.get(t, p, origin.URL+"/a"); err != nil || resp.Header.Get("X-Proto") != "HTTP/2.0" {
+		t.Fatalf("first request: %v", err)
+	}
+	ln.silent.Store(true)
+	if _, _, err := c.get(t, p, origin.URL+"/b"); err == nil {
+		t.Fatal("a request on the silent connection got an answer")
+	}
+	start := time.Now()
+	if _, _, err := c.get(t, p, origin.URL+"/c"); err != nil {
+		t.Fatalf("after the timeout, after %v: %v", time.Since(start), err)
+	}
+	if n := ln.n.Load(); n != 2 {
+		t.Errorf("%d origin connections, want 2", n)
+	}
+}
