@@ -3,10 +3,10 @@ package proxy
 import (
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
+	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
 )
 
 // Config is the `proxy:` section of config.yaml. Zero values mean the
@@ -82,8 +82,8 @@ func (c Config) WithDefaults() Config {
 // Validate reports every problem in c, each prefixed with its yaml key.
 func (c Config) Validate() error {
 	var errs []error
-	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		errs = append(errs, fmt.Errorf("listen: %q is not host:port: %w", c.Listen, err))
+	if err := listenaddr.Check(c.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("listen: %w", err))
 	}
 	if c.MaxConns < 1 {
 		errs = append(errs, fmt.Errorf("max_conns: must be at least 1, got %d", c.MaxConns))

@@ -448,6 +448,10 @@ const maxIdleHandlers = 256
 // Inflight returns the number of requests being served.
 func (s *Server) Inflight() int64 { return s.inflight.Load() }
 
+// ShuttingDown reports whether Shutdown has begun: the ports take no new
+// client while the requests in flight drain.
+func (s *Server) ShuttingDown() bool { return s.closing.Load() }
+
 // goproxyLogger sends goproxy's printf-style warnings to slog.
 type goproxyLogger struct{ l *slog.Logger }
 

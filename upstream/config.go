@@ -14,6 +14,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 )
 
 // Config is the `upstream:` section of config.yaml. Zero values mean the
@@ -547,7 +548,7 @@ func (p ProviderConfig) validate(key string, listed bool, getenv func(string) st
 		// would swallow them.
 		if u, err := url.Parse(p.API); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
 			u.RawQuery != "" || u.ForceQuery || u.Fragment != "" {
-			add("api", "must be an http(s) URL with a host and no credentials, query or fragment, got %q", redact(p.API))
+			add("api", "must be an http(s) URL with a host and no credentials, query or fragment, got %q", redact.URL(p.API))
 		}
 		switch {
 		case p.APIKey != "" && p.APIKeyEnv != "":
@@ -649,41 +650,28 @@ func parseProxyURL(raw string) (*url.URL, error) {
 		if errors.As(err, &ue) {
 			err = ue.Err
 		}
-		return nil, fmt.Errorf("parse %q: %w", redact(raw), err)
+		return nil, fmt.Errorf("parse %q: %w", redact.URL(raw), err)
 	}
 	switch u.Scheme {
 	case "http", "socks5", "socks5h":
 	default:
-		return nil, fmt.Errorf("%s: scheme must be http, socks5 or socks5h, got %q", redact(raw), u.Scheme)
+		return nil, fmt.Errorf("%s: scheme must be http, socks5 or socks5h, got %q", redact.URL(raw), u.Scheme)
 	}
 	if u.Hostname() == "" {
-		return nil, fmt.Errorf("%s: missing host", redact(raw))
+		return nil, fmt.Errorf("%s: missing host", redact.URL(raw))
 	}
 	if u.Port() == "" {
-		return nil, fmt.Errorf("%s: missing port", redact(raw))
+		return nil, fmt.Errorf("%s: missing port", redact.URL(raw))
 	}
 	if _, _, err := net.SplitHostPort(u.Host); err != nil {
-		return nil, fmt.Errorf("%s: %w", redact(raw), err)
+		return nil, fmt.Errorf("%s: %w", redact.URL(raw), err)
 	}
 	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
-		return nil, fmt.Errorf("%s: must not have a path or query", redact(raw))
+		return nil, fmt.Errorf("%s: must not have a path or query", redact.URL(raw))
 	}
 	if u.Scheme == "socks5h" {
 		u.Scheme = "socks5"
 	}
 	u.Path = ""
 	return u, nil
-}
-
-// redact hides the password of a proxy URL so it never reaches a log or an
-// error message a client can see.
-func redact(raw string) string {
-	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
-		if i := strings.LastIndex(raw, "@"); i >= 0 {
-			return "<redacted>@" + raw[i+1:]
-		}
-		return raw
-	}
-	return u.Redacted()
 }

@@ -236,6 +236,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 			Reloader:     a,
 			Pprof:        cfg.Admin.Pprof,
 			ProxyAddr:    a.lns.proxy.Addr().String(),
+			LocalOnly:    loopbackListen(cfg.Admin.Listen),
 		}
 		if a.shared != nil {
 			ao.Fleet = a.shared

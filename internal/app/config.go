@@ -18,6 +18,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
 	"github.com/seed-a3c387e8/onceproxy/internal/logtext"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
@@ -165,8 +166,8 @@ func (c *Config) validate(getenv func(string) string) error {
 		errs = append(errs, fmt.Errorf("log.format: must be text or json, got %q", c.Log.Format))
 	}
 	if c.Admin.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Admin.Listen); err != nil {
-			errs = append(errs, fmt.Errorf("admin.listen: %q is not host:port: %w", c.Admin.Listen, err))
+		if err := listenaddr.Check(c.Admin.Listen); err != nil {
+			errs = append(errs, fmt.Errorf("admin.listen: %w", err))
 		} else if c.Admin.Listen == c.Proxy.Listen && !strings.HasSuffix(c.Admin.Listen, ":0") {
 			errs = append(errs, fmt.Errorf("admin.listen: must differ from proxy.listen (%s)", c.Proxy.Listen))
 		}
@@ -492,10 +493,13 @@ func envKeys(cfg *Config) map[string]configKey {
 }
 
 // applyEnv sets configuration fields from ONCEPROXY_* variables. An unknown
-// ONCEPROXY_ variable is an error: a typo must not silently do nothing.
+// ONCEPROXY_ variable is an error (a typo must not silently do nothing),
+// unless a *_env key names it: ONCEPROXY_FLEET_PASSWORD holding a user's
+// password is the config's own example.
 func applyEnv(cfg *Config, environ []string) error {
 	keys := envKeys(cfg)
 	var errs []error
+	var unknown []string
 	for _, kv := range environ {
 		name, val, ok := strings.Cut(kv, "=")
 		if !ok || !strings.HasPrefix(name, envPrefix) {
@@ -504,7 +508,7 @@ func applyEnv(cfg *Config, environ []string) error {
 		k, known := keys[name]
 		field := k.field
 		if !known {
-			errs = append(errs, fmt.Errorf("%s: unknown variable (see README, Configuration)", name))
+			unknown = append(unknown, name)
 			continue
 		}
 		if val == "" {
@@ -513,14 +517,78 @@ func applyEnv(cfg *Config, environ []string) error {
 			field.Set(reflect.Zero(field.Type()))
 			continue
 		}
+		if literal(field) {
+			// A string is taken as it is: read as YAML, a password
+			// "s3cret #1" would lose its "comment", and "~" would be
+			// no password at all.
+			field.SetString(val)
+			continue
+		}
 		if err := decodeStrict(strings.NewReader(val), field.Addr().Interface()); err != nil {
 			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		}
+	}
+	named := envReferences(reflect.ValueOf(cfg).Elem())
+	for _, name := range unknown {
+		if !named[name] {
+			errs = append(errs, fmt.Errorf("%s: unknown variable (see README, Configuration)", name))
 		}
 	}
 	if len(errs) == 0 {
 		return nil
 	}
 	return &configError{errs: errs}
+}
+
+// literal reports a string key that a variable sets as it is: a plain
+// string, not a type that parses its value.
+func literal(field reflect.Value) bool {
+	if field.Kind() != reflect.String {
+		return false
+	}
+	switch field.Addr().Interface().(type) {
+	case yaml.Unmarshaler, encoding.TextUnmarshaler:
+		return false
+	}
+	return true
+}
+
+// envReferences collects the variable names the *_env keys of v name
+// (auth.users[].password_env, admin.token_env, ...), wherever they are.
+func envReferences(v reflect.Value) map[string]bool {
+	out := map[string]bool{}
+	var walk func(v reflect.Value)
+	walk = func(v reflect.Value) {
+		switch v.Kind() {
+		case reflect.Pointer, reflect.Interface:
+			if !v.IsNil() {
+				walk(v.Elem())
+			}
+		case reflect.Slice, reflect.Array:
+			for i := range v.Len() {
+				walk(v.Index(i))
+			}
+		case reflect.Map:
+			for _, k := range v.MapKeys() {
+				walk(v.MapIndex(k))
+			}
+		case reflect.Struct:
+			t := v.Type()
+			for i := range t.NumField() {
+				name := yamlName(t.Field(i))
+				if name == "" {
+					continue
+				}
+				if f := v.Field(i); strings.HasSuffix(name, "_env") && f.Kind() == reflect.String {
+					out[f.String()] = true
+				} else {
+					walk(f)
+				}
+			}
+		}
+	}
+	walk(v)
+	return out
 }
 
 // loopbackListen reports whether a listen address accepts loopback

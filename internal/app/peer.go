@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
+	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -70,9 +71,10 @@ func (c *Config) validateFleet(getenv func(string) string) []error {
 		}
 		return errs
 	}
-	host, _, err := net.SplitHostPort(f.PeerListen)
+	host, _, _ := net.SplitHostPort(f.PeerListen)
+	err := listenaddr.Check(f.PeerListen)
 	if err != nil {
-		errs = append(errs, fmt.Errorf("fleet.peer_listen: %q is not host:port: %w", f.PeerListen, err))
+		errs = append(errs, fmt.Errorf("fleet.peer_listen: %w", err))
 	}
 	if !c.Redis.Enabled() && !c.Postgres.Enabled() {
 		errs = append(errs, errors.New("fleet.peer_listen: set without a shared store (redis.url, redis.addrs or postgres.url): an instance alone has no peers"))

@@ -12,8 +12,10 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"strings"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
@@ -68,9 +70,11 @@ type Fingerprints interface {
 	ClientFingerprints() []fingerprint.Seen
 }
 
-// Inflight counts the requests being served (the proxy server).
+// Inflight counts the requests being served (the proxy server), and says
+// when it has begun shutting down.
 type Inflight interface {
 	Inflight() int64
+	ShuttingDown() bool
 }
 
 // Options are what the admin API shows. Nil parts turn their endpoints
@@ -101,6 +105,10 @@ type Options struct {
 	ProxyAddr string
 	// Reloader serves POST /config/reload.
 	Reloader Reloader
+	// LocalOnly answers requests whose Host is localhost or a loopback
+	// address only, when there is no Token: the port listens on
+	// loopback, and no other name reaches it but a rebound one.
+	LocalOnly bool
 	// Pprof serves net/http/pprof under /debug/pprof/ (admin.pprof), so
 	// operators can profile their own traffic. Off by default: a profile
 	// costs CPU while it runs, and reveals the program's internals.
@@ -112,15 +120,20 @@ func New(o Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /{$}", statusPage(o))
 	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {
-		body := map[string]any{"status": "ok"}
+		body, status := map[string]any{"status": "ok"}, http.StatusOK
 		if o.Proxy != nil {
 			body["inflight"] = o.Proxy.Inflight()
+			if o.Proxy.ShuttingDown() {
+				// The proxy ports take no new client while the requests
+				// in flight drain: a balancer must stop sending them.
+				body["status"], status = "shutting_down", http.StatusServiceUnavailable
+			}
 		}
 		if o.Fleet != nil {
 			body["store"] = o.Fleet.Name()
 			body["store_available"] = o.Fleet.Available()
 		}
-		WriteJSON(w, http.StatusOK, body)
+		WriteJSON(w, status, body)
 	})
 	mux.HandleFunc("GET /ca.pem", func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/x-pem-file")
@@ -171,10 +184,39 @@ func New(o Options) http.Handler {
 			invalidate(w, r, o.Cache)
 		})
 	}
-	if o.Token == "" {
-		return mux
+	// A web page the operator's browser opens must not drop the cache or
+	// reload the configuration: a form or fetch to 127.0.0.1:9090 is a
+	// "simple" request no preflight stops. Cross-origin POSTs (by
+	// Sec-Fetch-Site or Origin) are refused; curl sends neither.
+	var h http.Handler = http.NewCrossOriginProtection().Handler(mux)
+	if o.Token != "" {
+		return requireToken(o.Token, h)
 	}
-	return requireToken(o.Token, mux)
+	if o.LocalOnly {
+		return requireLocalHost(h)
+	}
+	return h
+}
+
+// requireLocalHost answers only requests that name this machine in Host
+// (localhost, a loopback address): a page that points a name of its own
+// at 127.0.0.1 (DNS rebinding) is same-origin to the browser, and would
+// otherwise read what a token-less admin port serves.
+func requireLocalHost(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if h, _, err := net.SplitHostPort(host); err == nil {
+			host = h
+		}
+		host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+		ip, err := netip.ParseAddr(host)
+		if !strings.EqualFold(host, "localhost") && (err != nil || !ip.IsLoopback()) {
+			WriteJSON(w, http.StatusMisdirectedRequest, map[string]string{
+				"error": "this admin port answers requests to localhost or a loopback address only (Host: " + r.Host + ")"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // sessionRoutes serves the upstream sessions API.

@@ -3,9 +3,10 @@ package socks
 import (
 	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
 )
 
 // DefaultListen is the SOCKS5 address of the shipped configuration.
@@ -66,8 +67,8 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	var errs []error
 	if c.Listen != "" {
-		if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-			errs = append(errs, fmt.Errorf("listen: %q is not host:port (\"\" turns SOCKS5 off): %w", c.Listen, err))
+		if err := listenaddr.Check(c.Listen); err != nil {
+			errs = append(errs, fmt.Errorf(`listen: %w ("" turns SOCKS5 off)`, err))
 		}
 	}
 	for i, p := range c.MITMPorts {

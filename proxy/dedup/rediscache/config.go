@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 )
 
 // Config is the `redis:` section of config.yaml. With neither URL nor
@@ -111,7 +113,13 @@ func (c Config) Validate() error {
 	}
 	if c.URL != "" {
 		if _, err := redis.ParseURL(c.URL); err != nil {
-			errs = append(errs, fmt.Errorf("url: %w", err))
+			// *url.Error repeats the whole URL, password included: keep
+			// only its reason, and mask the URL wherever else it shows.
+			var ue *url.Error
+			if errors.As(err, &ue) {
+				err = ue.Err
+			}
+			errs = append(errs, fmt.Errorf("url: %s: %s", redact.URL(c.URL), redact.Error(err, c.URL)))
 		}
 	}
 	for i, a := range c.Addrs {
