@@ -206,6 +206,14 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 
 	upgrade := isUpgrade(req.Header)
 	removeHopHeaders(req.Header, upgrade)
+	if s.cfg.TrustForwardedFor {
+		// The balancer's word to the proxy about who the client is, read
+		// by clientAddr: passed on, it would tell every origin the
+		// scraper's own address behind the exit IP.
+		for _, name := range forwardedHeaders {
+			delete(req.Header, name)
+		}
+	}
 	req.RequestURI = ""
 	req.Header.Del(headerProxyError)
 
@@ -245,6 +253,16 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 			"kind", kindUpstream, "err", "the origin switched protocols on a request without Upgrade")
 		return errorResponse(req, http.StatusBadGateway, kindUpstream,
 			"the origin answered 101 Switching Protocols to a request that asked for no upgrade")
+	}
+	if up.StatusCode < 100 || up.StatusCode > 999 || up.StatusCode < 200 && up.StatusCode != http.StatusSwitchingProtocols {
+		// Three digits the parser took (000, 099) or an interim status
+		// as the final answer: no response a client can be given, and
+		// writing it would panic in net/http.
+		up.Body.Close()
+		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", http.StatusBadGateway,
+			"kind", kindUpstream, "err", fmt.Sprintf("the origin answered with status %d", up.StatusCode))
+		return errorResponse(req, http.StatusBadGateway, kindUpstream,
+			fmt.Sprintf("the origin answered with status %d, which is no final HTTP status", up.StatusCode))
 	}
 	if up.StatusCode != http.StatusSwitchingProtocols {
 		removeHopHeaders(up.Header, false)

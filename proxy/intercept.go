@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -22,6 +23,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/capture"
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
 )
 
 // The requests inside an intercepted CONNECT tunnel are read by an
@@ -329,8 +331,17 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 		t.tap = capture.NewConn(tc, hello)
 		h2 = tc.ConnectionState().NegotiatedProtocol == "h2"
 	} else {
+		// Still under the read deadline: enough of the first line to
+		// tell HTTP from anything else a client speaks first (SSH's
+		// banner, a Redis or IRC client), which goes to the target
+		// blind instead of to an HTTP loop that would never answer it.
+		c, isHTTP := peekHTTP(stream)
 		_ = client.SetReadDeadline(time.Time{})
-		t.tap = capture.NewConn(stream, nil)
+		if !isHTTP {
+			s.tunnelBlind(client, c, t)
+			return
+		}
+		t.tap = capture.NewConn(c, nil)
 	}
 	conn := &tappedConn{Conn: t.tap, t: t}
 	if !h2 {
@@ -340,6 +351,39 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 		return
 	}
 	s.pushInner(conn)
+}
+
+// peekHTTP reads ahead of stream, not past the first line, until its
+// first bytes say whether it is HTTP; the returned connection replays
+// them. A stream that stops before that (the deadline, a hang-up) counts
+// as HTTP: the HTTP loop answers it as it answers any cut request.
+func peekHTTP(stream net.Conn) (net.Conn, bool) {
+	br := bufio.NewReaderSize(stream, 64)
+	for n := 1; ; n++ {
+		b, err := br.Peek(n)
+		if isHTTP, decided := socks.HTTPStart(b); decided {
+			return readahead.Buffered(stream, br), isHTTP
+		}
+		if err != nil {
+			return readahead.Buffered(stream, br), true
+		}
+		n = max(n, br.Buffered()-1) // look at all that came before asking for more
+	}
+}
+
+// tunnelBlind carries a tunnel that is neither TLS nor HTTP to its target
+// byte for byte, through the upstream a blind CONNECT would take. The
+// client was told 200 already: a failed dial can only close it.
+func (s *Server) tunnelBlind(client, fromClient net.Conn, t *tunnel) {
+	up, err := s.dialBlind(context.Background(), t.host, t.info, t.remoteAddr)
+	if err != nil {
+		s.logger.Warn("tunnel to a non-HTTP service failed", "target", t.host, "client", t.remoteAddr, "err", err)
+		client.Close()
+		return
+	}
+	if err := socks.Splice(context.Background(), client, fromClient, up, up); err != nil {
+		s.logger.Debug("tunnel to a non-HTTP service ended with an error", "target", t.host, "err", err)
+	}
 }
 
 // pushInner hands a tunnel's connection to the inner server.

@@ -208,3 +208,12 @@ func (r *firstReader) Read(p []byte) (int, error) {
 	}
 	return r.up.Read(p)
 }
+
+// HTTPStart reports whether b, the first bytes of a client stream that is
+// not TLS, start an HTTP/1 request or the h2c preface; decided is false
+// while more bytes are needed to tell. The HTTP proxy's CONNECT tunnels
+// use it to send every other protocol through blind, as this door does.
+func HTTPStart(b []byte) (isHTTP, decided bool) {
+	k, more := classifyStream(b)
+	return k == sniffHTTP, !more
+}

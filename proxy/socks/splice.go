@@ -57,3 +57,10 @@ func halfClose(c net.Conn) {
 		_ = halfclose.CloseWrite(c)
 	}
 }
+
+// Splice copies client to up and up to client (fromClient and fromUp
+// replay bytes read ahead of them) until both directions end, passing
+// half-closes on; ctx's end cuts both. It returns the first error.
+func Splice(ctx context.Context, client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
+	return splice(ctx, client, fromClient, up, fromUp)
+}
