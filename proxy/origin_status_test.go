@@ -13,9 +13,9 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
-// reviewRawOrigin answers every request on a plain loopback port with raw
+// rawOrigin answers every request on a plain loopback port with raw
 // bytes, then closes the connection.
-func reviewRawOrigin(t *testing.T, answer string) string {
+func rawOrigin(t *testing.T, answer string) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -50,7 +50,7 @@ func TestOriginStatusBelow100(t *testing.T) {
 	for _, code := range []string{"000", "099"} {
 		for _, d := range []*dedup.Config{nil, dedupOn(dedup.Config{})} {
 			t.Run(fmt.Sprintf("%s/dedup=%v", code, d != nil), func(t *testing.T) {
-				origin := reviewRawOrigin(t, "HTTP/1.1 "+code+" Odd\r\nContent-Length: 2\r\n\r\nhi")
+				origin := rawOrigin(t, "HTTP/1.1 "+code+" Odd\r\nContent-Length: 2\r\n\r\nhi")
 				w := newWorld(t, worldOpts{dedup: d})
 				for _, via := range []string{"lean loop", "net/http"} {
 					c, err := net.Dial("tcp", w.proxyURL.Host)

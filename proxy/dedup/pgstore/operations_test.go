@@ -21,7 +21,7 @@ func TestIdleSessionTimeoutKeepsFlightLock(t *testing.T) {
 	pg := pgtest.Start(t, "idle_session_timeout=1000")
 	f := newFleetOn(t, pg, 2, Config{}, dedup.Config{}, nil)
 	a, b := f.insts[0], f.insts[1]
-	const key = "v1:review-idle-session"
+	const key = "v1:ops-idle-session"
 	l := lead(t, a, key)
 	defer l.Release()
 	// A fetch that takes a while, with no other flight on the session.
@@ -46,9 +46,9 @@ func TestIdleSessionTimeoutKeepsFlightLock(t *testing.T) {
 // schema exists, and so kept it down.
 func TestSchemaPrecreatedForTheRole(t *testing.T) {
 	pg := pgtest.Start(t)
-	pg.Exec(`CREATE ROLE review_app LOGIN`)
-	pg.Exec(`CREATE SCHEMA onceproxy AUTHORIZATION review_app`)
-	url := strings.Replace(pg.URL, "postgres@", "review_app@", 1)
+	pg.Exec(`CREATE ROLE limited_app LOGIN`)
+	pg.Exec(`CREATE SCHEMA onceproxy AUTHORIZATION limited_app`)
+	url := strings.Replace(pg.URL, "postgres@", "limited_app@", 1)
 	logs := &logbuf.Buffer{}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	local := dedup.NewMemoryStore(1 << 20)
@@ -115,7 +115,7 @@ func TestStartingInstanceDoesNotStallFleetWrites(t *testing.T) {
 	errs := a.be.Errors()
 	start := time.Now()
 	e := entry("unrelated")
-	_ = a.store.Set(ctx, "v1:review-unrelated", e, time.Minute)
+	_ = a.store.Set(ctx, "v1:ops-unrelated", e, time.Minute)
 	took := time.Since(start)
 	if took > time.Second || a.be.Errors() != errs {
 		t.Fatalf("an unrelated write of a running instance took %s and failed %d statements while another instance started", took.Round(time.Millisecond), a.be.Errors()-errs)
@@ -130,7 +130,7 @@ func TestStartingInstanceDoesNotStallFleetWrites(t *testing.T) {
 func TestJoinWaitsOnALostLockOfItsOwn(t *testing.T) {
 	f := newFleet(t, 1, Config{}, dedup.Config{}, nil)
 	a := f.insts[0]
-	const key = "v1:review-spin"
+	const key = "v1:ops-spin"
 	l := lead(t, a, key)
 	// The session's connection ends under the flight.
 	terminateSession(t, f, l.sess)
@@ -175,12 +175,12 @@ func TestGarbageCounterKeepsTheBreakerClosed(t *testing.T) {
 // schema this role may not create fails Open naming the key, instead of
 // the instance running alone for good, the database logged as unreachable.
 func TestSchemaThisRoleCannotSetUp(t *testing.T) {
-	if err := (Config{URL: "postgres://x/y", Schema: "pg_review"}).WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "schema:") {
-		t.Errorf("Validate of schema pg_review: %v", err)
+	if err := (Config{URL: "postgres://x/y", Schema: "pg_onceproxy"}).WithDefaults().Validate(); err == nil || !strings.Contains(err.Error(), "schema:") {
+		t.Errorf("Validate of schema pg_onceproxy: %v", err)
 	}
 	pg := pgtest.Start(t)
-	pg.Exec(`CREATE ROLE review_weak LOGIN`)
-	url := strings.Replace(pg.URL, "postgres@", "review_weak@", 1)
+	pg.Exec(`CREATE ROLE weak_app LOGIN`)
+	url := strings.Replace(pg.URL, "postgres@", "weak_app@", 1)
 	local := dedup.NewMemoryStore(1 << 20)
 	defer local.Close()
 	be, err := Open(Config{URL: url, Schema: "onceproxy", MaxConns: 4, FlightConns: 1, Timeout: 2 * time.Second}, local,
