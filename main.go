@@ -34,6 +34,10 @@ var shippedConfig []byte
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// The first signal starts the graceful shutdown; the next one gets the
+	// default action back and ends the process at once, as an operator who
+	// sends it means.
+	context.AfterFunc(ctx, stop)
 	if err := run(ctx, os.Args[1:], os.Environ(), os.Stderr, nil); err != nil {
 		fmt.Fprintln(os.Stderr, "onceproxy:", err)
 		os.Exit(1)

@@ -1,11 +1,11 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -135,64 +135,36 @@ func TestRunRejectsBadConfig(t *testing.T) {
 	}
 }
 
-// TestSIGTERMDrainsInFlight runs the real binary, sends SIGTERM while a
-// request is in flight through the MITM, and expects the request to finish
-// and the process to exit 0.
-func TestSIGTERMDrainsInFlight(t *testing.T) {
+// running is the real binary serving (startBinary), with a client
+// through its proxy.
+type running struct {
+	*proc
+	client *http.Client
+}
+
+// startServing runs onceproxy (startBinary) in front of origin, with a
+// client that trusts its CA.
+func startServing(t *testing.T, origin *httptest.Server) *running {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds the binary")
 	}
-	bin := filepath.Join(t.TempDir(), "onceproxy")
-	if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	started := make(chan struct{}, 1)
-	release := make(chan struct{})
-	origin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		started <- struct{}{}
-		<-release
-		io.WriteString(w, "drained")
-	}))
-	defer origin.Close()
-
-	cmd := exec.Command(bin, "-config", writeConfig(t, "log: {format: json}\n"))
-	cmd.Env = append(os.Environ(), testEnv(t, origin)...)
-	stderr, _ := cmd.StderrPipe()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
-
-	// Read the bound addresses from the log.
-	var proxyAddr, adminAddr string
-	sc := bufio.NewScanner(stderr)
-	var logLines []string
-	for (proxyAddr == "" || adminAddr == "") && sc.Scan() {
-		line := sc.Text()
-		logLines = append(logLines, line)
-		if strings.Contains(line, `"msg":"proxy listening"`) {
-			proxyAddr = jsonField(line, "addr")
-		}
-		if strings.Contains(line, `"msg":"admin listening"`) {
-			adminAddr = jsonField(line, "addr")
-		}
-	}
-	if proxyAddr == "" || adminAddr == "" {
-		t.Fatalf("no listen lines in:\n%s", strings.Join(logLines, "\n"))
-	}
-	go io.Copy(io.Discard, stderr)
-
-	resp, err := http.Get("http://" + adminAddr + "/ca.pem")
+	p := startBinary(t, "", testEnv(t, origin))
+	resp, err := http.Get("http://" + p.admin + "/ca.pem")
 	if err != nil {
 		t.Fatal(err)
 	}
 	caPEM, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	c := proxyClient(t, proxyAddr, caPEM)
+	return &running{proc: p, client: proxyClient(t, p.proxyAddr, caPEM)}
+}
 
+// get fetches url through the proxy in the background: "status body", or
+// "error: ...".
+func (r *running) get(url string) <-chan string {
 	result := make(chan string, 1)
 	go func() {
-		resp, err := c.Get(origin.URL + "/slow")
+		resp, err := r.client.Get(url)
 		if err != nil {
 			result <- "error: " + err.Error()
 			return
@@ -201,8 +173,39 @@ func TestSIGTERMDrainsInFlight(t *testing.T) {
 		resp.Body.Close()
 		result <- fmt.Sprintf("%d %s", resp.StatusCode, b)
 	}()
+	return result
+}
+
+// exited waits up to d for the process to end and returns how it did.
+func (r *running) exited(t *testing.T, d time.Duration) error {
+	t.Helper()
+	waitErr := make(chan error, 1)
+	go func() { waitErr <- r.cmd.Wait() }()
+	select {
+	case err := <-waitErr:
+		return err
+	case <-time.After(d):
+		t.Fatalf("process still running %v after the signal", d)
+		return nil
+	}
+}
+
+// TestSIGTERMDrainsInFlight runs the real binary, sends SIGTERM while a
+// request is in flight through the MITM, and expects the request to finish
+// and the process to exit 0.
+func TestSIGTERMDrainsInFlight(t *testing.T) {
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	origin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		<-release
+		io.WriteString(w, "drained")
+	}))
+	defer origin.Close()
+	r := startServing(t, origin)
+	result := r.get(origin.URL + "/slow")
 	<-started
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	// Give the signal a moment to be delivered before the origin answers;
@@ -212,15 +215,47 @@ func TestSIGTERMDrainsInFlight(t *testing.T) {
 	if got := <-result; got != "200 drained" {
 		t.Fatalf("in-flight request during SIGTERM: %s", got)
 	}
-	waitErr := make(chan error, 1)
-	go func() { waitErr <- cmd.Wait() }()
-	select {
-	case err := <-waitErr:
-		if err != nil {
-			t.Fatalf("process exit: %v", err)
+	if err := r.exited(t, 15*time.Second); err != nil {
+		t.Fatalf("process exit: %v", err)
+	}
+}
+
+// TestSecondSignalEndsAtOnce: a second SIGTERM (or Ctrl-C) during the
+// drain ends the process at once, as an operator who sends it means. The
+// first one's graceful shutdown held it for the whole
+// proxy.shutdown_grace (20 s) whatever followed.
+func TestSecondSignalEndsAtOnce(t *testing.T) {
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	origin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
 		}
-	case <-time.After(15 * time.Second):
-		t.Fatal("process did not exit after SIGTERM")
+	}))
+	defer origin.Close()
+	defer close(release)
+	r := startServing(t, origin)
+	result := r.get(origin.URL + "/stuck")
+	<-started
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The drain has begun once the port refuses new clients.
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		return strings.HasPrefix(<-r.get(origin.URL+"/new"), "error:")
+	}, "the proxy port to close")
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	err := r.exited(t, 5*time.Second)
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) {
+		t.Fatalf("process exit after the second signal: %v, want it killed by the signal", err)
+	}
+	if got := <-result; !strings.HasPrefix(got, "error:") {
+		t.Logf("in-flight request: %s", got)
 	}
 }
 

@@ -314,6 +314,9 @@ func (a *App) Serve(ctx context.Context) error {
 		sctx, cancel := context.WithTimeout(context.Background(), cfg.Proxy.ShutdownGrace)
 		defer cancel()
 		err := a.Proxy.Shutdown(sctx)
+		if errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("shutdown: proxy.shutdown_grace (%s) ran out with requests in flight, which were cut: %w", cfg.Proxy.ShutdownGrace, err)
+		}
 		if a.admin != nil {
 			_ = a.admin.Shutdown(sctx)
 		}
