@@ -3,6 +3,7 @@ package upstream
 import (
 	"context"
 	"crypto/tls"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -167,7 +168,10 @@ func (s *session) scrub(msg string) string {
 	if esc := url.QueryEscape(pass); esc != pass {
 		msg = strings.ReplaceAll(msg, esc, "xxxxx")
 	}
-	return msg
+	// A gateway that echoes the request in its refusal quotes the
+	// Proxy-Authorization it got: user and password in base64.
+	basic := base64.StdEncoding.EncodeToString([]byte(s.proxyURL.User.Username() + ":" + pass))
+	return strings.ReplaceAll(msg, basic, "xxxxx")
 }
 
 // connKit is what every transport of the pool is built from.
