@@ -248,6 +248,7 @@ type h2Stream struct {
 	resp        *http.Response
 	wantLen     int64 // the response's Content-Length, -1 if none
 	gotLen      int64
+	noBody      bool // the response has no content (HEAD, 204, 304): DATA on it is malformed
 	sendWindow  int64
 	recvWindow  int64
 	recvUnacked int64
@@ -1312,6 +1313,7 @@ func (cs *h2Stream) headers(f *http2.MetaHeadersFrame) http2.ErrCode {
 	}
 	if cs.req.Method == http.MethodHead || status == http.StatusNoContent || status == http.StatusNotModified {
 		cs.wantLen = -1 // no body whatever Content-Length says
+		cs.noBody = true
 	}
 	if f.StreamEnded() {
 		cs.recvEnded = true
@@ -1351,6 +1353,12 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 		rst = http2.ErrCodeProtocol
 		connInc = cc.consumeConn(n) + cs.discard()
 		cs.end(errors.New("mirror: h2 DATA before the response headers"))
+	case cs.noBody && len(data) > 0:
+		// RFC 9113 §8.1.1: content on a response that has none is
+		// malformed; passed on, it would become a body no client expects.
+		rst = http2.ErrCodeProtocol
+		connInc = cc.consumeConn(n) + cs.discard()
+		cs.end(errors.New("mirror: h2 DATA on a response that has no content (HEAD, 204 or 304)"))
 	case n > cs.recvWindow:
 		rst = http2.ErrCodeFlowControl
 		connInc = cc.consumeConn(n) + cs.discard()

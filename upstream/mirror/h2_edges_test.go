@@ -306,3 +306,37 @@ func TestStreamWindowOverflow(t *testing.T) {
 		t.Fatal("the connection closed for one stream's error")
 	}
 }
+
+// TestDataOnHeadIsMalformed: DATA on the response to a HEAD is malformed
+// (RFC 9113 §8.1.1). The stream is reset with PROTOCOL_ERROR and the
+// bytes never become a body; they were passed on as one.
+func TestDataOnHeadIsMalformed(t *testing.T) {
+	cc, p := newPeer(t, nil)
+	type result struct {
+		body []byte
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := cc.RoundTrip(newRequest(t, ctxTimeout(t, 10*time.Second), "HEAD", "https://peer.test/", nil))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{b, err}
+	}()
+	id := p.next(http2.FrameHeaders).Header().StreamID
+	p.respond(id, false, ":status", "200", "content-length", "5")
+	if err := p.fr.WriteData(id, true, []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if len(r.body) != 0 {
+		t.Fatalf("a HEAD response gave a body of %q", r.body)
+	}
+	if w := p.sync(); w.rst[id] != http2.ErrCodeProtocol {
+		t.Fatalf("stream reset with %v, want PROTOCOL_ERROR", w.rst[id])
+	}
+}
