@@ -207,12 +207,7 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 	upgrade := isUpgrade(req.Header)
 	removeHopHeaders(req.Header, upgrade)
 	if s.cfg.TrustForwardedFor {
-		// The balancer's word to the proxy about who the client is, read
-		// by clientAddr: passed on, it would tell every origin the
-		// scraper's own address behind the exit IP.
-		for _, name := range forwardedHeaders {
-			delete(req.Header, name)
-		}
+		clientinfo.DropForwarded(req.Header) // read by clientAddr
 	}
 	req.RequestURI = ""
 	req.Header.Del(headerProxyError)
@@ -254,7 +249,7 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 		return errorResponse(req, http.StatusBadGateway, kindUpstream,
 			"the origin answered 101 Switching Protocols to a request that asked for no upgrade")
 	}
-	if up.StatusCode < 100 || up.StatusCode > 999 || up.StatusCode < 200 && up.StatusCode != http.StatusSwitchingProtocols {
+	if up.StatusCode < 200 && up.StatusCode != http.StatusSwitchingProtocols || up.StatusCode > 999 {
 		// Three digits the parser took (000, 099) or an interim status
 		// as the final answer: no response a client can be given, and
 		// writing it would panic in net/http.

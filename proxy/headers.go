@@ -22,10 +22,6 @@ var hopHeaders = []string{
 	"Upgrade",
 }
 
-// forwardedHeaders are what a balancer in front of the proxy says about
-// the client (clientinfo.ForwardedFor reads them), canonically spelled.
-var forwardedHeaders = []string{"X-Forwarded-For", "X-Real-Ip", "Forwarded"}
-
 // removeHopHeaders deletes hop-by-hop headers, including those the
 // Connection header names. When keepUpgrade is set (a WebSocket handshake)
 // Connection: Upgrade and Upgrade survive, as the handshake needs them.
@@ -50,12 +46,10 @@ func removeHopHeaders(h http.Header, keepUpgrade bool) {
 	}
 }
 
-// isUpgrade reports whether r asks to switch protocols (a WebSocket
-// handshake, in practice). Such requests are never deduplicated: the
-// response is a live two-way stream.
 // isUpgrade reports a WebSocket handshake, the one protocol switch the
-// proxy carries (goproxy splices a 101 for it). Other upgrades (h2c,
-// SPDY/3.1, tcp) go out as plain requests, their Upgrade stripped with the
+// proxy carries (goproxy splices a 101 for it); it is never deduplicated:
+// the response is a live two-way stream. Other upgrades (h2c, SPDY/3.1,
+// tcp) go out as plain requests, their Upgrade stripped with the
 // hop-by-hop headers: forwarded, an origin's 101 to them left the client
 // waiting on a connection nothing spliced.
 func isUpgrade(h http.Header) bool {

@@ -644,13 +644,7 @@ func (p ProviderConfig) apiKey(getenv func(string) string) string {
 func parseProxyURL(raw string) (*url.URL, error) {
 	u, err := url.Parse(raw)
 	if err != nil {
-		// *url.Error repeats the whole URL, password included: keep only
-		// its reason.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		return nil, fmt.Errorf("parse %q: %w", redact.URL(raw), err)
+		return nil, fmt.Errorf("parse %q: %w", redact.URL(raw), redact.Error(err, raw))
 	}
 	switch u.Scheme {
 	case "http", "socks5", "socks5h":

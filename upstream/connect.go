@@ -71,12 +71,8 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 	lr.N = maxConnectReplyBytes
 	// Any 2xx opens the tunnel (RFC 9110 §9.3.6), not only 200.
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		// A short body often says why (bad credentials, host refused).
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-		resp.Body.Close()
+		var gerr error = gatewayAnswer(resp)
 		conn.Close()
-		var gerr error = &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg),
-			RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 		if st := targetStatusOfConnect(resp.StatusCode); st != 0 {
 			// "Bad gateway" to CONNECT is how a gateway says it could
 			// not reach addr: not proof that the session is at fault.

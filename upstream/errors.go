@@ -3,6 +3,7 @@ package upstream
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"time"
 )
@@ -78,6 +79,17 @@ type gatewayStatusError struct {
 	// RetryAfter is the answer's Retry-After (a 429's): the session
 	// cools for it, as after the same answer to a plain-http request.
 	RetryAfter time.Duration
+}
+
+// gatewayAnswer is the error a gateway's own answer makes, to CONNECT or
+// to a plain-http request: its status, its Retry-After, and the first line
+// of its body, which often says why (bad credentials, host refused); the
+// body is read (256 bytes at most) and closed.
+func gatewayAnswer(resp *http.Response) *gatewayStatusError {
+	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
+	resp.Body.Close()
+	return &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg),
+		RetryAfter: retryAfter(resp.Header.Get("Retry-After"), time.Now())}
 }
 
 func (e *gatewayStatusError) Error() string {

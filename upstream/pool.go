@@ -569,9 +569,7 @@ func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Resp
 	if resp.StatusCode != http.StatusProxyAuthRequired && reason == "" {
 		return resp, nil
 	}
-	msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
-	resp.Body.Close()
-	var gerr error = &gatewayStatusError{StatusCode: resp.StatusCode, Status: resp.Status, Detail: trimLine(msg)}
+	var gerr error = gatewayAnswer(resp)
 	if reason != "" {
 		// As for CONNECT (a 500 too says bad gateway here), and a
 		// gateway that names a timeout timed out whatever its status.

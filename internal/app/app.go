@@ -16,6 +16,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
@@ -236,7 +237,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 			Reloader:     a,
 			Pprof:        cfg.Admin.Pprof,
 			ProxyAddr:    a.lns.proxy.Addr().String(),
-			LocalOnly:    loopbackListen(cfg.Admin.Listen),
+			LocalOnly:    listenaddr.Loopback(cfg.Admin.Listen),
 		}
 		if a.shared != nil {
 			ao.Fleet = a.shared

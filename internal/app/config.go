@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/netip"
 	"os"
 	"reflect"
 	"regexp"
@@ -198,7 +196,7 @@ func (c *Config) validate(getenv func(string) string) error {
 		// An open MITM proxy on a network is a liability: without users,
 		// only loopback listeners are accepted.
 		for _, l := range []struct{ key, addr string }{{"proxy.listen", c.Proxy.Listen}, {"socks5.listen", c.SOCKS5.Listen}} {
-			if l.addr != "" && !loopbackListen(l.addr) {
+			if l.addr != "" && !listenaddr.Loopback(l.addr) {
 				errs = append(errs, fmt.Errorf("auth.users: none configured while %s (%s) is not a loopback address: add users, or set auth.allow_unauthenticated: true if the port is protected otherwise", l.key, l.addr))
 			}
 		}
@@ -206,7 +204,7 @@ func (c *Config) validate(getenv func(string) string) error {
 	switch {
 	case c.Admin.TokenEnv != "" && adminToken(c.Admin, getenv) == "":
 		errs = append(errs, fmt.Errorf("admin.token_env: %s is unset or empty", c.Admin.TokenEnv))
-	case c.Admin.TokenEnv == "" && c.Admin.Listen != "" && !loopbackListen(c.Admin.Listen) && !c.Auth.AllowUnauthenticated:
+	case c.Admin.TokenEnv == "" && c.Admin.Listen != "" && !listenaddr.Loopback(c.Admin.Listen) && !c.Auth.AllowUnauthenticated:
 		// The admin API reloads the configuration, rotates sessions and
 		// drops the cache: open to a network, it is anyone's. The switch
 		// that opens the proxy ports (a container published on the
@@ -589,20 +587,6 @@ func envReferences(v reflect.Value) map[string]bool {
 	}
 	walk(v)
 	return out
-}
-
-// loopbackListen reports whether a listen address accepts loopback
-// connections only.
-func loopbackListen(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip, err := netip.ParseAddr(host)
-	return err == nil && ip.IsLoopback()
 }
 
 // LookupEnv returns the value of name in environ ("" if unset).

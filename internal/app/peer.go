@@ -95,7 +95,7 @@ func (c *Config) validateFleet(getenv func(string) string) []error {
 	switch {
 	case f.PeerTokenEnv != "" && peerToken(f, getenv) == "":
 		errs = append(errs, fmt.Errorf("fleet.peer_token_env: %s is unset or empty", f.PeerTokenEnv))
-	case f.PeerTokenEnv == "" && !loopbackListen(f.PeerListen):
+	case f.PeerTokenEnv == "" && !listenaddr.Loopback(f.PeerListen):
 		errs = append(errs, fmt.Errorf("fleet.peer_token_env: none configured while fleet.peer_listen (%s) is not a loopback address: anyone who reaches it could read the bodies this instance holds; name a variable holding the fleet's shared token", f.PeerListen))
 	}
 	if f.PeerMaxConns < 1 {

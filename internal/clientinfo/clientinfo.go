@@ -235,3 +235,16 @@ func ForwardedFor(h http.Header) string {
 	}
 	return ""
 }
+
+// forwardedFields are where a balancer tells the client's address: the
+// two ForwardedFor reads, and RFC 7239's Forwarded. Canonically spelled.
+var forwardedFields = []string{"X-Forwarded-For", "X-Real-Ip", "Forwarded"}
+
+// DropForwarded removes from h what a trusted balancer said about the
+// client, once ForwardedFor has read it: it was said to the proxy, and
+// passed on it would tell every origin the client's own address.
+func DropForwarded(h http.Header) {
+	for _, name := range forwardedFields {
+		delete(h, name)
+	}
+}

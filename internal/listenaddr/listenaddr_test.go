@@ -14,3 +14,16 @@ func TestCheck(t *testing.T) {
 		}
 	}
 }
+
+func TestLoopback(t *testing.T) {
+	for _, yes := range []string{"127.0.0.1:9090", "localhost:9090", "LOCALHOST", "[::1]:9090", "::1", "127.0.0.2", "localhost."} {
+		if !Loopback(yes) {
+			t.Errorf("Loopback(%q) = false", yes)
+		}
+	}
+	for _, no := range []string{"0.0.0.0:9090", "evil.example:9090", "10.0.0.1", "[::]:80", "localhost.evil.example", ""} {
+		if Loopback(no) {
+			t.Errorf("Loopback(%q) = true", no)
+		}
+	}
+}

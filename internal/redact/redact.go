@@ -3,6 +3,7 @@
 package redact
 
 import (
+	"errors"
 	"net/url"
 	"strings"
 )
@@ -21,12 +22,16 @@ func URL(raw string) string {
 	return u.Redacted()
 }
 
-// Error returns err's message with every occurrence of the URL raw in it
-// masked as URL masks it.
-func Error(err error, raw string) string {
-	msg := err.Error()
-	if raw == "" {
-		return msg
+// Error returns err, the failure to parse the URL raw, without raw in
+// clear: the reason of a *url.Error (which quotes its whole URL, password
+// included), or err with every occurrence of raw masked as URL masks it.
+func Error(err error, raw string) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
 	}
-	return strings.ReplaceAll(msg, raw, URL(raw))
+	if raw == "" || !strings.Contains(err.Error(), raw) {
+		return err
+	}
+	return errors.New(strings.ReplaceAll(err.Error(), raw, URL(raw)))
 }

@@ -2,6 +2,7 @@ package redact
 
 import (
 	"errors"
+	"net/url"
 	"strings"
 	"testing"
 )
@@ -19,7 +20,11 @@ func TestURL(t *testing.T) {
 		}
 	}
 	raw := "redis://:s3cret@127.0.0.1:abc/0"
-	if msg := Error(errors.New(`parse "`+raw+`": invalid port`), raw); strings.Contains(msg, "s3cret") {
-		t.Errorf("Error kept the password: %s", msg)
+	if err := Error(errors.New(`parse "`+raw+`": invalid port`), raw); strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("Error kept the password: %v", err)
+	}
+	perr := &url.Error{Op: "parse", URL: raw, Err: errors.New(`invalid port ":abc" after host`)}
+	if err := Error(perr, raw); strings.Contains(err.Error(), "s3cret") {
+		t.Errorf("Error kept the password of a *url.Error: %v", err)
 	}
 }

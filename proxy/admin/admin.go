@@ -12,14 +12,13 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/pprof"
-	"net/netip"
 	"strings"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
+	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
@@ -204,13 +203,7 @@ func New(o Options) http.Handler {
 // otherwise read what a token-less admin port serves.
 func requireLocalHost(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		host := r.Host
-		if h, _, err := net.SplitHostPort(host); err == nil {
-			host = h
-		}
-		host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
-		ip, err := netip.ParseAddr(host)
-		if !strings.EqualFold(host, "localhost") && (err != nil || !ip.IsLoopback()) {
+		if !listenaddr.Loopback(r.Host) {
 			WriteJSON(w, http.StatusMisdirectedRequest, map[string]string{
 				"error": "this admin port answers requests to localhost or a loopback address only (Host: " + r.Host + ")"})
 			return

@@ -580,25 +580,24 @@ func (e *Engine) serve(req *http.Request, ent *Entry, key, xcache string, sole b
 	}
 	resp := ent.response(req, body, header)
 	markCache(resp.Header, xcache, key)
-	avoided := 0
-	if xcache == CacheHit || xcache == CacheCoalesced {
-		if xcache == CacheHit {
-			resp.Header.Set("Age", age(ent))
-		}
-		avoided = bodyAvoided(req, len(ent.Body))
+	if xcache == CacheHit {
+		resp.Header.Set("Age", age(ent))
 	}
-	e.tally(req, xcache, avoided, e.moneySaved(ent, xcache, avoided))
+	e.tallyAnswer(req, ent, xcache, len(ent.Body))
 	return resp, true
 }
 
-// bodyAvoided is the body bytes an answer of n bytes spared upstream: none
-// for a HEAD, which would have fetched none (a HEAD answered from a GET
-// must not count the GET's body as saved).
-func bodyAvoided(req *http.Request, n int) int {
-	if req.Method == http.MethodHead {
-		return 0
+// tallyAnswer counts one client's answer of n body bytes to a response
+// meta describes. A HIT or COALESCED spared upstream those bytes, but for
+// a HEAD, which would have fetched none (a HEAD answered from a GET must
+// not count the GET's body as saved); a MISS (the leader of a whole
+// object's flight for bytes=0- included) spared nothing.
+func (e *Engine) tallyAnswer(req *http.Request, meta *Entry, xcache string, n int) {
+	avoided := 0
+	if (xcache == CacheHit || xcache == CacheCoalesced) && req.Method != http.MethodHead {
+		avoided = n
 	}
-	return n
+	e.tally(req, xcache, avoided, e.moneySaved(meta, xcache, avoided))
 }
 
 // moneySaved prices an answer that spared an upstream request (HIT,

@@ -169,11 +169,7 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 	if xcache == CacheHit {
 		header.Set("Age", age(meta))
 	}
-	avoided := 0
-	if xcache == CacheHit || xcache == CacheCoalesced {
-		avoided = int(n) // the leader of a whole object's flight (bytes=0-) avoided nothing
-	}
-	e.tally(req, xcache, avoided, e.moneySaved(meta, xcache, avoided))
+	e.tallyAnswer(req, meta, xcache, int(n))
 	return &http.Response{Status: httpstatus.Line(http.StatusPartialContent), StatusCode: http.StatusPartialContent,
 		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Header: header, Body: body, ContentLength: n, Request: req}, true
 }

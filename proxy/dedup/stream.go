@@ -91,10 +91,6 @@ func (e *Engine) streamResponse(req *http.Request, meta *Entry, body io.ReadClos
 		Request:       req,
 	}
 	markCache(resp.Header, xcache, key)
-	avoided := 0
-	if xcache == CacheHit || xcache == CacheCoalesced {
-		avoided = bodyAvoided(req, int(max(size, 0)))
-	}
-	e.tally(req, xcache, avoided, e.moneySaved(meta, xcache, avoided))
+	e.tallyAnswer(req, meta, xcache, int(max(size, 0)))
 	return resp, true
 }

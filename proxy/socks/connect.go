@@ -180,7 +180,7 @@ func discard(c net.Conn) {
 // splice tunnels the client, read through fromClient (which replays what
 // sniffing read), and up, read through fromUp.
 func (st *stream) splice(fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
-	if err := splice(st.s.ctx, st.conn, fromClient, up, fromUp); err != nil && st.s.ctx.Err() == nil {
+	if err := Splice(st.s.ctx, st.conn, fromClient, up, fromUp); err != nil && st.s.ctx.Err() == nil {
 		st.s.o.Logger.Debug("socks5: tunnel ended with an error", "target", st.t.Target, "client", st.t.Client, "err", err)
 	}
 	return nil

@@ -8,7 +8,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/halfclose"
 )
 
-// splice copies both ways between the client and the upstream until both
+// Splice copies both ways between the client and the upstream until both
 // directions end, byte for byte. An EOF from one side becomes a half-close
 // (CloseWrite) towards the other, so request-then-response protocols that
 // shut their sending side still get their answer; an error on either side
@@ -16,8 +16,9 @@ import (
 // fromClient and fromUp read the two connections (with bytes already
 // buffered by sniffing). When ctx ends (Shutdown) both are closed: cutting
 // the client alone would leave a copy blocked on an upstream that has
-// nothing to say.
-func splice(ctx context.Context, client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
+// nothing to say. The HTTP proxy's CONNECT tunnels that turn out to be
+// neither TLS nor HTTP are spliced with it too.
+func Splice(ctx context.Context, client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
 	stop := context.AfterFunc(ctx, func() {
 		client.Close()
 		up.Close()
@@ -56,11 +57,4 @@ func halfClose(c net.Conn) {
 	if halfclose.Supported(c) {
 		_ = halfclose.CloseWrite(c)
 	}
-}
-
-// Splice copies client to up and up to client (fromClient and fromUp
-// replay bytes read ahead of them) until both directions end, passing
-// half-closes on; ctx's end cuts both. It returns the first error.
-func Splice(ctx context.Context, client net.Conn, fromClient io.Reader, up net.Conn, fromUp io.Reader) error {
-	return splice(ctx, client, fromClient, up, fromUp)
 }

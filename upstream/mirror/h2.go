@@ -365,7 +365,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	cc.wmu.Unlock()
 	if err != nil {
-		cs.abort(err, false)
+		cs.abort(err, 0)
 		closeBody()
 		if errors.Is(err, errHeaderListSize) {
 			return nil, err
@@ -377,7 +377,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 		go cs.writeBody(length, req.Trailer, expect)
 	}
-	stop := context.AfterFunc(ctx, func() { cs.abort(ctx.Err(), true) })
+	stop := context.AfterFunc(ctx, func() { cs.abort(ctx.Err(), http2.ErrCodeCancel) })
 	cc.mu.Lock()
 	if cs.over {
 		stop()
@@ -666,7 +666,7 @@ func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
 			sent += k
 			end := length >= 0 && sent == length && len(trailer) == 0
 			if length >= 0 && sent > length {
-				cs.abort(fmt.Errorf("mirror: request body longer than its Content-Length %d", length), true)
+				cs.abort(fmt.Errorf("mirror: request body longer than its Content-Length %d", length), http2.ErrCodeCancel)
 				return
 			}
 			cc.lockWrite()
@@ -689,12 +689,12 @@ func (cs *h2Stream) writeBody(length int64, trailer http.Header, expect bool) {
 			break
 		}
 		if rerr != nil {
-			cs.abort(fmt.Errorf("mirror: read request body: %w", rerr), true)
+			cs.abort(fmt.Errorf("mirror: read request body: %w", rerr), http2.ErrCodeCancel)
 			return
 		}
 	}
 	if length >= 0 && sent != length {
-		cs.abort(fmt.Errorf("mirror: request body of %d bytes, Content-Length %d", sent, length), true)
+		cs.abort(fmt.Errorf("mirror: request body of %d bytes, Content-Length %d", sent, length), http2.ErrCodeCancel)
 		return
 	}
 	cc.lockWrite()
@@ -798,11 +798,12 @@ func (cs *h2Stream) end(err error) {
 	cs.cc.cond.Broadcast()
 }
 
-// abort ends the stream with err; sendRST resets it at the origin
-// (CANCEL). Buffered response bytes go back to the connection window,
+// abort ends the stream with err and resets it at the origin with rst
+// (CANCEL when the proxy gives up, FLOW_CONTROL_ERROR for the origin's
+// own fault; 0: no reset). Buffered response bytes go back to the connection window,
 // also those of a stream already over (ended by an error the reader has
 // not read up to yet): nobody will read them now.
-func (cs *h2Stream) abort(err error, sendRST bool) {
+func (cs *h2Stream) abort(err error, rst http2.ErrCode) {
 	cc := cs.cc
 	cc.mu.Lock()
 	connInc := cs.discard()
@@ -819,9 +820,8 @@ func (cs *h2Stream) abort(err error, sendRST bool) {
 	if cs.body != nil {
 		cs.body.Close() // unblocks a writer stuck reading the request body
 	}
-	var rst http2.ErrCode // 0 (NO_ERROR): none
-	if sendRST && !ended {
-		rst = http2.ErrCodeCancel
+	if ended {
+		rst = 0 // the stream is closed both ways: nothing to reset
 	}
 	if err := cc.writeControl(cs.id, rst, 0, connInc); err != nil {
 		cc.fatal(err)
@@ -973,7 +973,7 @@ func (b h2Body) Close() error {
 	}
 	cc.mu.Unlock()
 	if !complete {
-		cs.abort(errBodyClosed, true)
+		cs.abort(errBodyClosed, http2.ErrCodeCancel)
 		return nil
 	}
 	if err := cc.writeControl(cs.id, 0, 0, connInc); err != nil {
@@ -995,7 +995,7 @@ func (cc *H2Conn) readLoop() {
 			var se http2.StreamError
 			if errors.As(err, &se) {
 				if cs := cc.stream(se.StreamID); cs != nil {
-					cs.abort(se, true)
+					cs.abort(se, http2.ErrCodeCancel)
 				}
 				continue
 			}
@@ -1110,18 +1110,15 @@ func (cc *H2Conn) handleWindowUpdate(f *http2.WindowUpdateFrame) error {
 		return nil
 	}
 	cs.sendWindow += int64(f.Increment)
-	if cs.sendWindow <= maxWindow {
+	over := cs.sendWindow > maxWindow
+	if !over {
 		cc.cond.Broadcast()
-		cc.mu.Unlock()
-		return nil
 	}
-	connInc := cs.discard()
-	cs.end(http2.StreamError{StreamID: cs.id, Code: http2.ErrCodeFlowControl})
 	cc.mu.Unlock()
-	if cs.body != nil {
-		cs.body.Close() // unblocks a writer stuck reading the request body
+	if over {
+		cs.abort(http2.StreamError{StreamID: cs.id, Code: http2.ErrCodeFlowControl}, http2.ErrCodeFlowControl)
 	}
-	return cc.writeControl(cs.id, http2.ErrCodeFlowControl, 0, connInc)
+	return nil
 }
 
 func (cc *H2Conn) handleReset(f *http2.RSTStreamFrame) error {
@@ -1365,13 +1362,14 @@ func (cc *H2Conn) handleData(f *http2.DataFrame) error {
 		cs.end(http2.StreamError{StreamID: cs.id, Code: http2.ErrCodeFlowControl})
 	default:
 		cs.recvWindow -= n
-		if pad := n - int64(len(data)); pad > 0 && !f.StreamEnded() {
+		if pad := n - int64(len(data)); pad > 0 {
 			// Padding is flow-controlled but never read: credit it now,
-			// or frames of padding alone would use the window up.
-			streamInc = cs.credit(pad)
+			// or frames of padding alone would use the window up (the
+			// stream's, unless this frame ends it).
 			connInc = cc.consumeConn(pad)
-		} else if pad > 0 {
-			connInc = cc.consumeConn(pad)
+			if !f.StreamEnded() {
+				streamInc = cs.credit(pad)
+			}
 		}
 		if len(data) > 0 {
 			cs.buf = append(cs.buf, append([]byte(nil), data...))

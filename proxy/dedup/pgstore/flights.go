@@ -534,13 +534,7 @@ func (s *Cache) finish(ctx context.Context, l *lease, out dedup.Outcome, ttl tim
 		sql = s.sql.finishValue
 		args = []any{l.key, out.Entry.URLKey, value, out.Entry.StoredAt, ttl.Milliseconds(), s.channel, payload, waitRowKey(l.key)}
 	} else {
-		outcome = storecodec.EncodeOutcome(out)
-		if int64(len(outcome)) > int64(s.cfg.MaxValueBytes) || out.Entry != nil && int64(len(out.Entry.Body)) > s.maxBody() {
-			// Too big for the table, or for a reader: the waiters
-			// fetch their own copy, rather than answer their clients
-			// with an error for a response that is there to fetch.
-			outcome = storecodec.EncodeOutcome(dedup.TooLarge(nil))
-		}
+		outcome = storecodec.EncodeSharedOutcome(out, int64(s.cfg.MaxValueBytes), int64(s.cfg.MaxValueBytes))
 		// Written only while no other session holds the lock (see
 		// setOutcome): on the lock's session as a check that costs
 		// nothing, and through the pool, for a lease without it, as the

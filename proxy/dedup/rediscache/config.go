@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/url"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -113,13 +112,7 @@ func (c Config) Validate() error {
 	}
 	if c.URL != "" {
 		if _, err := redis.ParseURL(c.URL); err != nil {
-			// *url.Error repeats the whole URL, password included: keep
-			// only its reason, and mask the URL wherever else it shows.
-			var ue *url.Error
-			if errors.As(err, &ue) {
-				err = ue.Err
-			}
-			errs = append(errs, fmt.Errorf("url: %s: %s", redact.URL(c.URL), redact.Error(err, c.URL)))
+			errs = append(errs, fmt.Errorf("url: %s: %w", redact.URL(c.URL), redact.Error(err, c.URL)))
 		}
 	}
 	for i, a := range c.Addrs {

@@ -628,12 +628,7 @@ func (s *Cache) finishValue(ctx context.Context, l *lease, value []byte, urlKey 
 // second trip when someone does.
 func (s *Cache) finishOutcome(ctx context.Context, l *lease, out dedup.Outcome) error {
 	keys := l.keys
-	outcome := storecodec.EncodeOutcome(out)
-	if len(outcome) > maxOutcomeBytes || out.Entry != nil && int64(len(out.Entry.Body)) > s.maxBody() {
-		// Too big to send, or for a reader: the waiters fetch their
-		// own copy rather than answer their clients with an error.
-		outcome = storecodec.EncodeOutcome(dedup.TooLarge(nil))
-	}
+	outcome := storecodec.EncodeSharedOutcome(out, maxOutcomeBytes, int64(s.cfg.MaxValueBytes))
 	blind, follows := outcome, ""
 	if len(outcome) > inlineOutcomeBytes {
 		blind, follows = nil, "1"

@@ -15,6 +15,19 @@ const (
 	outcomeTimeout = 'T'
 )
 
+// EncodeSharedOutcome is EncodeOutcome for a store that takes at most
+// maxOutcome bytes of it and whose readers decode bodies of at most
+// BodyLimit(maxValue): an outcome past either is shared as TooLarge, so
+// that the waiters fetch their own copy rather than answer their clients
+// with an error for a response that is there to fetch.
+func EncodeSharedOutcome(out dedup.Outcome, maxOutcome, maxValue int64) []byte {
+	b := EncodeOutcome(out)
+	if int64(len(b)) > maxOutcome || out.Entry != nil && int64(len(out.Entry.Body)) > BodyLimit(maxValue) {
+		return EncodeOutcome(dedup.TooLarge(nil))
+	}
+	return b
+}
+
 // EncodeOutcome serializes a flight's outcome. Cached is not kept: it
 // describes how a reader found the outcome, not the outcome.
 func EncodeOutcome(out dedup.Outcome) []byte {
