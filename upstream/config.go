@@ -38,6 +38,13 @@ type Config struct {
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// IdleConnTimeout closes pooled keep-alive connections unused this long. Default 90s.
 	IdleConnTimeout time.Duration `yaml:"idle_conn_timeout"`
+	// PingTimeout checks an HTTP/2 origin connection that has read nothing
+	// for this long: its next request goes out behind a PING, and when
+	// nothing comes back within PingTimeout the connection is closed and
+	// the request (one that may be repeated) goes out on a new one. A
+	// connection a NAT or gateway dropped silently would otherwise hold
+	// the request for response_header_timeout. Default 10s, as Chromium.
+	PingTimeout time.Duration `yaml:"ping_timeout"`
 	// MaxIdleConnsPerHost caps pooled keep-alive connections per origin and
 	// session. Default 32.
 	MaxIdleConnsPerHost int `yaml:"max_idle_conns_per_host"`
@@ -269,6 +276,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.ResponseHeaderTimeout, 30*time.Second)
 	def(&c.IdleTimeout, 2*time.Minute)
 	def(&c.IdleConnTimeout, 90*time.Second)
+	def(&c.PingTimeout, 10*time.Second)
 	if c.MaxIdleConnsPerHost == 0 {
 		c.MaxIdleConnsPerHost = 32
 	}
@@ -369,6 +377,7 @@ func (c Config) Validate(getenv func(string) string) error {
 		{"response_header_timeout", c.ResponseHeaderTimeout},
 		{"idle_timeout", c.IdleTimeout},
 		{"idle_conn_timeout", c.IdleConnTimeout},
+		{"ping_timeout", c.PingTimeout},
 		{"health.interval", c.Health.Interval},
 		{"health.timeout", c.Health.Timeout},
 	} {

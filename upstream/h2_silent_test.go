@@ -84,3 +84,34 @@ func TestSilentH2ConnectionIsLeft(t *testing.T) {
 		t.Errorf("%d origin connections, want 2", n)
 	}
 }
+
+// TestDroppedH2ConnectionIsPinged: a request on an HTTP/2 origin
+// connection that idled past ping_timeout goes out behind a PING. When the
+// connection was dropped without a word, nothing answers it: within
+// ping_timeout the request goes out again on a new connection and gets its
+// answer, where it used to wait out response_header_timeout and fail.
+func TestDroppedH2ConnectionIsPinged(t *testing.T) {
+	origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Proto", r.Proto)
+	}))
+	ln := &silentListener{Listener: origin.Listener, stop: make(chan struct{})}
+	origin.Listener = ln
+	origin.EnableHTTP2 = true
+	origin.StartTLS()
+	defer origin.Close()
+	const ping = 200 * time.Millisecond
+	c := client{name: "mirrored", fp: goFingerprint(t, "h2", "http/1.1")}
+	p := newPool(t, upstream.Config{ResponseHeaderTimeout: 10 * time.Second, PingTimeout: ping,
+		CAFiles: []string{originCAFile(t, origin)}}, quiet)
+	if resp, _, err := c.get(t, p, origin.URL+"/a"); err != nil || resp.Header.Get("X-Proto") != "HTTP/2.0" {
+		t.Fatalf("first request: %v", err)
+	}
+	ln.silent.Store(true)
+	time.Sleep(ping + 100*time.Millisecond) // idle past ping_timeout
+	if resp, _, err := c.get(t, p, origin.URL+"/b"); err != nil || resp.Header.Get("X-Proto") != "HTTP/2.0" {
+		t.Fatalf("request on the dropped connection: %v", err)
+	}
+	if n := ln.n.Load(); n != 2 {
+		t.Errorf("%d origin connections, want 2", n)
+	}
+}

@@ -77,6 +77,7 @@ type mirroredTransport struct {
 	maxIdlePerHost  int
 	maxIdle         int
 	headerTimeout   time.Duration
+	opts            mirror.Options // of every connection
 	hellos          *helloCounts
 	log             *slog.Logger
 
@@ -141,6 +142,7 @@ func (k *connKit) mirroredTransport(dial func(ctx context.Context, network, addr
 		maxIdlePerHost:  k.cfg.MaxIdleConnsPerHost,
 		maxIdle:         k.cfg.MaxIdleConnsPerHost * 64,
 		headerTimeout:   k.cfg.ResponseHeaderTimeout,
+		opts:            mirror.Options{PingTimeout: k.cfg.PingTimeout},
 		hellos:          &k.hellos,
 		log:             k.log,
 		conns:           make(map[connKey][]*mconn),
@@ -360,7 +362,7 @@ func (t *mirroredTransport) open(ctx context.Context, key connKey, fp *fingerpri
 		if err != nil {
 			return nil, err
 		}
-		mc.cc = mirror.NewH1Conn(c, mirror.Options{})
+		mc.cc = mirror.NewH1Conn(c, t.opts)
 		return mc, nil
 	}
 	c, err := t.dialer.DialTLS(ctx, "tcp", key.addr, fp.Hello)
@@ -374,7 +376,7 @@ func (t *mirroredTransport) open(ctx context.Context, key connKey, fp *fingerpri
 			"addr", key.addr, "changes", rep.Changes, "failed", rep.Failed)
 	}
 	proto := c.ConnectionState().NegotiatedProtocol
-	cc, err := mirror.NewClientConn(c, proto, fp.H2, mirror.Options{})
+	cc, err := mirror.NewClientConn(c, proto, fp.H2, t.opts)
 	if err != nil {
 		c.Close()
 		return nil, err

@@ -305,7 +305,7 @@ func (p *Pool) Reconfigure(cfg Config) error {
 // RestartKeys are the upstream keys Reconfigure keeps as the pool was
 // built: they shape the connections every session holds.
 var RestartKeys = []string{"dial_timeout", "tls_handshake_timeout", "response_header_timeout", "idle_timeout",
-	"idle_conn_timeout", "max_idle_conns_per_host", "ca_files", "insecure_skip_verify_hosts"}
+	"idle_conn_timeout", "ping_timeout", "max_idle_conns_per_host", "ca_files", "insecure_skip_verify_hosts"}
 
 // keepRestartKeys returns next with the RestartKeys of running.
 func keepRestartKeys(next, running Config) Config {
@@ -313,6 +313,7 @@ func keepRestartKeys(next, running Config) Config {
 	next.TLSHandshakeTimeout = running.TLSHandshakeTimeout
 	next.ResponseHeaderTimeout = running.ResponseHeaderTimeout
 	next.IdleTimeout = running.IdleTimeout
+	next.PingTimeout = running.PingTimeout
 	next.IdleConnTimeout = running.IdleConnTimeout
 	next.MaxIdleConnsPerHost = running.MaxIdleConnsPerHost
 	next.CAFiles = running.CAFiles

@@ -32,6 +32,24 @@ type Options struct {
 	// WriteTimeout bounds each write to the connection; a peer that stops
 	// reading fails the connection after it. If zero, 30 seconds.
 	WriteTimeout time.Duration
+	// PingTimeout is how long an HTTP/2 connection may have read nothing
+	// before its next request goes out behind a PING, and how long the
+	// PING then has to bring something back. A connection a NAT or a
+	// proxy gateway dropped without a word takes writes and answers
+	// nothing: without the PING, the request on it would wait for the
+	// whole response-header timeout. Silent past it, the connection is
+	// closed and its requests without a response fail with ErrNoResponse,
+	// to be sent again on a new one. Chromium's "preface PING" works the
+	// same way, with 10 seconds for both. If zero, 10 seconds; negative
+	// turns it off.
+	PingTimeout time.Duration
+}
+
+func (o Options) pingTimeout() time.Duration {
+	if o.PingTimeout == 0 {
+		return 10 * time.Second
+	}
+	return o.PingTimeout
 }
 
 func (o Options) expectTimeout() time.Duration {

@@ -91,6 +91,13 @@ type H2Conn struct {
 	ourConnWindow    int64  // the connection window we announced
 
 	readDone chan struct{}
+
+	// Liveness (see Options.PingTimeout): when the read loop last read a
+	// frame, as time since born (monotonic), and whether a PING is out.
+	born     time.Time
+	lastRead atomic.Int64
+	pinging  atomic.Bool
+	pings    uint64 // PINGs sent, the payload of the next; wmu
 }
 
 // NewH2Conn sends the preface on c, an established connection to the
@@ -112,6 +119,7 @@ func NewH2Conn(c net.Conn, pre *fingerprint.H2, opts Options) (*H2Conn, error) {
 		sendWindow:     initialWindow,
 		recvWindow:     initialWindow,
 		readDone:       make(chan struct{}),
+		born:           time.Now(),
 	}
 	cc.cond = sync.NewCond(&cc.mu)
 	cc.bw = bufio.NewWriterSize(socketWriter{cc}, 32<<10)
@@ -357,7 +365,10 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	cc.streams[cs.id] = cs
 	maxFrame, headerLimit := cc.peerMaxFrame, cc.peerMaxHeaderLst
 	cc.mu.Unlock()
-	err = cc.writeHeaders(cs.id, fields, prio, body == nil, maxFrame, headerLimit)
+	pinged, err := cc.maybePing()
+	if err == nil {
+		err = cc.writeHeaders(cs.id, fields, prio, body == nil, maxFrame, headerLimit)
+	}
 	if errors.Is(err, errHeaderListSize) {
 		// Nothing of ours went out, but frames another writer left for
 		// us to flush did not either.
@@ -372,6 +383,9 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		cc.fatal(err)
 		return nil, fmt.Errorf("mirror: h2 write headers: %w", err)
+	}
+	if pinged {
+		cc.awaitPing()
 	}
 	if body != nil {
 		expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue")
@@ -982,8 +996,43 @@ func (b h2Body) Close() error {
 	return nil
 }
 
+// maybePing writes a PING ahead of a request when the connection has read
+// nothing for the ping timeout and no PING is out yet. wmu held; the
+// caller's flush sends it with the request's HEADERS.
+func (cc *H2Conn) maybePing() (bool, error) {
+	timeout := cc.opts.pingTimeout()
+	if timeout < 0 || time.Since(cc.born)-time.Duration(cc.lastRead.Load()) < timeout || !cc.pinging.CompareAndSwap(false, true) {
+		return false, nil
+	}
+	cc.pings++
+	var data [8]byte
+	binary.BigEndian.PutUint64(data[:], cc.pings)
+	if err := cc.fr.WritePing(false, data); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// awaitPing closes the connection when nothing at all (the PING's answer
+// or any other frame) arrives within the ping timeout: the connection is
+// dead, and the requests on it that have no response yet fail with
+// ErrNoResponse (see readLoop).
+func (cc *H2Conn) awaitPing() {
+	timeout := cc.opts.pingTimeout()
+	sent := time.Since(cc.born)
+	time.AfterFunc(timeout, func() {
+		if time.Duration(cc.lastRead.Load()) < sent {
+			cc.fatal(fmt.Errorf("mirror: h2 origin answered nothing within %v of a PING", timeout))
+		}
+		cc.pinging.Store(false)
+	})
+}
+
 // readLoop reads frames until the connection ends, then fails what is
-// left.
+// left. A stream that had no response yet fails with ErrNoResponse: the
+// origin (or a gateway between) dropped the connection before answering
+// it, most likely while it idled, and a caller may send it again as it
+// would on HTTP/1.1.
 func (cc *H2Conn) readLoop() {
 	defer close(cc.readDone)
 	var push pushBlock
@@ -991,6 +1040,7 @@ func (cc *H2Conn) readLoop() {
 	for {
 		var f http2.Frame
 		f, err = cc.fr.ReadFrame()
+		cc.lastRead.Store(int64(time.Since(cc.born)))
 		if err != nil {
 			var se http2.StreamError
 			if errors.As(err, &se) {
@@ -1012,8 +1062,13 @@ func (cc *H2Conn) readLoop() {
 	}
 	cc.closed = true
 	streamErr := fmt.Errorf("mirror: h2 connection lost: %w", cc.err)
+	unanswered := fmt.Errorf("mirror: h2 connection lost: %w: %w", ErrNoResponse, cc.err)
 	for _, cs := range cc.streams {
-		cs.end(streamErr)
+		if cs.resp == nil && cs.interim == 0 {
+			cs.end(unanswered)
+		} else {
+			cs.end(streamErr)
+		}
 	}
 	cc.cond.Broadcast()
 	cc.mu.Unlock()
