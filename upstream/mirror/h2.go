@@ -365,7 +365,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	cc.streams[cs.id] = cs
 	maxFrame, headerLimit := cc.peerMaxFrame, cc.peerMaxHeaderLst
 	cc.mu.Unlock()
-	pinged, err := cc.maybePing()
+	pingSent, err := cc.maybePing()
 	if err == nil {
 		err = cc.writeHeaders(cs.id, fields, prio, body == nil, maxFrame, headerLimit)
 	}
@@ -375,6 +375,11 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		_ = cc.flush()
 	}
 	cc.wmu.Unlock()
+	if pingSent > 0 {
+		// Whatever became of the HEADERS, the PING went out (a refused
+		// header list still flushed it) or the connection is done.
+		cc.awaitPing(pingSent)
+	}
 	if err != nil {
 		cs.abort(err, 0)
 		closeBody()
@@ -383,9 +388,6 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		cc.fatal(err)
 		return nil, fmt.Errorf("mirror: h2 write headers: %w", err)
-	}
-	if pinged {
-		cc.awaitPing()
 	}
 	if body != nil {
 		expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue")
@@ -997,29 +999,30 @@ func (b h2Body) Close() error {
 }
 
 // maybePing writes a PING ahead of a request when the connection has read
-// nothing for the ping timeout and no PING is out yet. wmu held; the
-// caller's flush sends it with the request's HEADERS.
-func (cc *H2Conn) maybePing() (bool, error) {
+// nothing for the ping timeout and no PING is out yet, and returns when
+// (as time since born; 0: no PING). wmu held; the caller's flush sends it
+// with the request's HEADERS.
+func (cc *H2Conn) maybePing() (time.Duration, error) {
 	timeout := cc.opts.pingTimeout()
-	if timeout < 0 || time.Since(cc.born)-time.Duration(cc.lastRead.Load()) < timeout || !cc.pinging.CompareAndSwap(false, true) {
-		return false, nil
+	now := time.Since(cc.born)
+	if timeout < 0 || now-time.Duration(cc.lastRead.Load()) < timeout || !cc.pinging.CompareAndSwap(false, true) {
+		return 0, nil
 	}
 	cc.pings++
 	var data [8]byte
 	binary.BigEndian.PutUint64(data[:], cc.pings)
-	if err := cc.fr.WritePing(false, data); err != nil {
-		return false, err
-	}
-	return true, nil
+	// Taken before the PING goes out: its answer may be read before the
+	// writer gets on.
+	err := cc.fr.WritePing(false, data)
+	return now, err
 }
 
 // awaitPing closes the connection when nothing at all (the PING's answer
-// or any other frame) arrives within the ping timeout: the connection is
+// or any other frame) arrives within the ping timeout of sent: it is
 // dead, and the requests on it that have no response yet fail with
 // ErrNoResponse (see readLoop).
-func (cc *H2Conn) awaitPing() {
+func (cc *H2Conn) awaitPing(sent time.Duration) {
 	timeout := cc.opts.pingTimeout()
-	sent := time.Since(cc.born)
 	time.AfterFunc(timeout, func() {
 		if time.Duration(cc.lastRead.Load()) < sent {
 			cc.fatal(fmt.Errorf("mirror: h2 origin answered nothing within %v of a PING", timeout))
