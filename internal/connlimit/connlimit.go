@@ -41,6 +41,12 @@ type Config struct {
 	// MaxPerClient caps the live connections of one client: its address
 	// when accepted, its account once Attribute names it. 0 means no cap.
 	MaxPerClient int
+	// RefuseInProtocol hands a connection over its client's cap to the
+	// server, marked (see OverCap), instead of answering it with an HTTP
+	// 429 and closing it: a SOCKS5 client cannot parse HTTP, and its
+	// refusal (05 FF) must follow the greeting it sends first. The
+	// connection holds its slot until the server closes it.
+	RefuseInProtocol bool
 }
 
 // shedIdle is how long a connection must have moved nothing, and not be
@@ -135,6 +141,10 @@ func (l *Listener) accept() (net.Conn, error) {
 	l.shedAll(victims)
 	if over {
 		l.refused.Add(1)
+		if l.cfg.RefuseInProtocol {
+			tc.overCap = l.cfg.MaxPerClient
+			return tc, nil
+		}
 		refuse(c, l.cfg.MaxPerClient)
 		tc.Close()
 		return nil, nil
@@ -178,9 +188,8 @@ func (l *Listener) acquire() bool {
 	}
 }
 
-// refuse tells a client over its connection cap why, in HTTP (the SOCKS5
-// door's clients see a closed connection: there is no reply before a
-// greeting), briefly: the connection is closed right after.
+// refuse tells a client over its connection cap why, in HTTP, briefly:
+// the connection is closed right after.
 func refuse(c net.Conn, max int) {
 	_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 	msg := fmt.Sprintf("onceproxy: 429 too many connections from this client (proxy.max_conns_per_client = %d)\n", max)
@@ -251,6 +260,16 @@ func find(c net.Conn) *conn {
 		}
 	}
 	return nil
+}
+
+// OverCap returns the cap the client of c was over when c was accepted by
+// a RefuseInProtocol listener, which the server must refuse; 0 for any
+// other connection.
+func OverCap(c net.Conn) int {
+	if tc := find(c); tc != nil {
+		return tc.overCap
+	}
+	return 0
 }
 
 // SetBusy marks the listener connection under c as serving a request (never
@@ -361,6 +380,8 @@ type conn struct {
 	last atomic.Int64 // unix nanos of the last byte moved
 	busy atomic.Bool  // its server is serving a request on it
 	once sync.Once
+
+	overCap int // the per-client cap it was over when accepted (RefuseInProtocol); 0 if none
 }
 
 func (c *conn) Read(p []byte) (int, error) {

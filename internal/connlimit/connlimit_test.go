@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -280,5 +281,34 @@ func TestClientAtItsCapGivesUpAnIdleConnection(t *testing.T) {
 	}
 	if st := l.Stats(); st.Shed != 2 || st.Refused != 2 {
 		t.Fatalf("stats %+v, want 2 shed, 2 refused", st)
+	}
+}
+
+// TestRefuseInProtocol: with RefuseInProtocol, a connection over its
+// client's cap is handed to the server marked with the cap (OverCap), sent
+// nothing by the listener, counted as refused, and holds its slot until
+// the server closes it; the others are unmarked.
+func TestRefuseInProtocol(t *testing.T) {
+	ln, l := listen(t, Config{MaxConns: 100, MaxPerClient: 1, RefuseInProtocol: true})
+	dialFrom(t, ln, "127.0.0.1")
+	first := acceptOne(t, l, "127.0.0.1")
+	if n := OverCap(first); n != 0 {
+		t.Fatalf("the first connection is marked over a cap of %d", n)
+	}
+	over := dialFrom(t, ln, "127.0.0.1")
+	s := acceptOne(t, l, "127.0.0.1")
+	if n := OverCap(halfclose.Conn{Conn: s}); n != 1 {
+		t.Fatalf("OverCap of the second connection (through a wrapper) = %d, want 1", n)
+	}
+	if got := l.Stats(); got.Live != 2 || got.Refused != 1 {
+		t.Fatalf("stats %+v, want 2 live (the refused one until its server closes it), 1 refused", got)
+	}
+	_ = over.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, err := over.Read(make([]byte, 1)); n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the listener wrote to the refused connection itself: %d bytes, %v", n, err)
+	}
+	s.Close()
+	if got := l.Stats(); got.Live != 1 {
+		t.Fatalf("after the server closed the refused connection: %+v, want 1 live", got)
 	}
 }

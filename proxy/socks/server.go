@@ -116,7 +116,8 @@ func New(cfg Config, o Options) (*Server, error) {
 // nil after those, or the error that stopped it. It may run more than once
 // on different listeners, each with a connection cap of its own.
 func (s *Server) Serve(ln net.Listener) error {
-	cl := connlimit.New(ln, connlimit.Config{MaxConns: s.o.MaxConns, IdleTimeout: s.o.IdleTimeout, MaxPerClient: s.o.MaxPerClient})
+	cl := connlimit.New(ln, connlimit.Config{MaxConns: s.o.MaxConns, IdleTimeout: s.o.IdleTimeout,
+		MaxPerClient: s.o.MaxPerClient, RefuseInProtocol: true})
 	if !s.add(cl) {
 		cl.Close()
 		return nil
@@ -289,6 +290,8 @@ func (s *Server) serveConn(c net.Conn) {
 			reason = "no user store is configured and socks5.allow_no_auth is false"
 		}
 		s.o.Logger.Warn("socks5: client refused", "client", client, "reason", reason)
+	case errors.Is(err, connlimit.ErrTooManyConns):
+		s.o.Logger.Warn("socks5: client refused", "client", client, "reason", err.Error())
 	case errors.Is(err, errCommandRefused):
 		s.o.Logger.Info("socks5: refused a command other than CONNECT", "client", client, "err", err)
 	case s.ctx.Err() != nil, errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
@@ -317,6 +320,12 @@ func (s *Server) handshake(c net.Conn, handedOver *bool) error {
 	mr, err := statute.ParseMethodRequest(br)
 	if err != nil {
 		return fmt.Errorf("read greeting: %w", err)
+	}
+	if n := connlimit.OverCap(c); n > 0 {
+		// Its client holds its share of the port's connections: refused
+		// in SOCKS5, as the answer to the greeting it sent.
+		_, _ = c.Write([]byte{statute.VersionSocks5, statute.MethodNoAcceptable})
+		return fmt.Errorf("%w (proxy.max_conns_per_client = %d)", connlimit.ErrTooManyConns, n)
 	}
 	ac, err := s.authenticate(br, c, mr.Methods)
 	if err != nil {
@@ -351,7 +360,7 @@ func (s *Server) handshake(c net.Conn, handedOver *bool) error {
 // authenticate picks the first of the door's methods the client offers
 // (RFC 1928 §3) and runs it. With no user store and no allow_no_auth the
 // door has no method: every client gets "no acceptable methods" (0xFF).
-func (s *Server) authenticate(r io.Reader, w io.Writer, offered []byte) (*socks5.AuthContext, error) {
+func (s *Server) authenticate(r io.Reader, w net.Conn, offered []byte) (*socks5.AuthContext, error) {
 	var methods []socks5.Authenticator
 	switch {
 	case s.o.Users != nil:
@@ -370,7 +379,9 @@ func (s *Server) authenticate(r io.Reader, w io.Writer, offered []byte) (*socks5
 	for _, m := range methods {
 		for _, code := range offered {
 			if m.GetCode() == code {
-				return m.Authenticate(r, w, "")
+				// The client's address: the user store limits the
+				// failed logins of each client (auth.max_failures_per_minute).
+				return m.Authenticate(r, w, w.RemoteAddr().String())
 			}
 		}
 	}

@@ -1,0 +1,79 @@
+package proxy_test
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/proxy"
+	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
+)
+
+// dialRawFrom is dialRaw from a chosen loopback source address (another
+// "client" as far as the proxy's per-client accounting goes).
+func dialRawFrom(t testing.TB, w *world, src string) *rawSOCKS {
+	t.Helper()
+	d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+	c, err := d.Dial("tcp", w.socksAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	return &rawSOCKS{t, c}
+}
+
+// TestSocksFailedLoginsCountPerClientAddress: auth.max_failures_per_minute
+// counts the failures of a client (its address), on the SOCKS5 port as on
+// the HTTP port: a guesser at 127.0.0.2 does not lock out an honest client
+// at 127.0.0.1 whose credentials have not been checked yet.
+func TestSocksFailedLoginsCountPerClientAddress(t *testing.T) {
+	w := newWorld(t, worldOpts{
+		users:        map[string]string{"alice": "right", "bob": "right2"},
+		authFailures: 2,
+		socks5:       socksOn(socks.Config{}),
+	})
+	for _, pw := range []string{"guess1", "guess2", "guess3"} {
+		r := dialRawFrom(t, w, "127.0.0.2")
+		if got := r.greet(2); !bytes.Equal(got, []byte{5, 2}) {
+			t.Fatalf("guesser method reply % x", got)
+		}
+		if got := r.login("alice", pw); !bytes.Equal(got, []byte{1, 1}) {
+			t.Fatalf("guess %q: % x, want 01 01", pw, got)
+		}
+		r.c.Close()
+	}
+	// Another address, credentials never tried before: checked, accepted.
+	r := dialRawFrom(t, w, "127.0.0.1")
+	if got := r.greet(2); !bytes.Equal(got, []byte{5, 2}) {
+		t.Fatalf("honest client method reply % x", got)
+	}
+	if got := r.login("bob", "right2"); !bytes.Equal(got, []byte{1, 0}) {
+		t.Fatalf("honest client at 127.0.0.1 with right credentials got % x, want 01 00: "+
+			"the guesser at 127.0.0.2 locked out every SOCKS5 client", got)
+	}
+}
+
+// TestSocksPerClientCapAnswersInSOCKS5: a client past
+// proxy.max_conns_per_client on the SOCKS5 port gets a SOCKS5 refusal (the
+// method reply 05 FF), not an HTTP/1.1 429 that no SOCKS5 client can parse.
+func TestSocksPerClientCapAnswersInSOCKS5(t *testing.T) {
+	w := newWorld(t, worldOpts{
+		proxy:  proxy.Config{MaxConnsPerClient: 1},
+		socks5: socksOn(socks.Config{AllowNoAuth: true}),
+	})
+	a := dialRaw(t, w)
+	if got := a.greet(0); !bytes.Equal(got, []byte{5, 0}) {
+		t.Fatalf("first: % x", got)
+	}
+	// At once (well within the second after which an idle first
+	// connection would give way).
+	b := dialRaw(t, w)
+	_, _ = b.c.Write([]byte{5, 1, 0})
+	got, _ := io.ReadAll(b.c)
+	if !bytes.Equal(got, []byte{5, 0xff}) {
+		t.Fatalf("second connection from the same client: got %q, want the SOCKS5 refusal 05 ff", got)
+	}
+}
