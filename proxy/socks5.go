@@ -28,6 +28,7 @@ func (s *Server) ServeSOCKS5(ln net.Listener, cfg socks.Config) error {
 		MaxPerClient:     s.cfg.MaxConnsPerClient,
 		IdleTimeout:      s.cfg.IdleTimeout,
 		HandshakeTimeout: s.cfg.ReadHeaderTimeout,
+		AuthFailed:       s.metrics.AuthFailed,
 	}
 	if s.users != nil {
 		o.Users = s.users

@@ -77,3 +77,40 @@ func TestSocksPerClientCapAnswersInSOCKS5(t *testing.T) {
 		t.Fatalf("second connection from the same client: got %q, want the SOCKS5 refusal 05 ff", got)
 	}
 }
+
+// TestSocksAuthFailuresAreCounted: onceproxy_auth_failures_total counts the
+// clients the SOCKS5 door refused for their credentials, as it counts the
+// HTTP port's 407s: a wrong login, and a client that offers no
+// user/password at all where a user store is configured.
+func TestSocksAuthFailuresAreCounted(t *testing.T) {
+	w := newWorld(t, worldOpts{
+		users:  map[string]string{"alice": "right"},
+		socks5: socksOn(socks.Config{}),
+	})
+	r := dialRaw(t, w)
+	if got := r.greet(2); !bytes.Equal(got, []byte{5, 2}) {
+		t.Fatalf("method reply % x", got)
+	}
+	if got := r.login("alice", "wrong"); !bytes.Equal(got, []byte{1, 1}) {
+		t.Fatalf("wrong login: % x, want 01 01", got)
+	}
+	r.c.Close()
+	n := dialRaw(t, w)
+	if got := n.greet(0); !bytes.Equal(got, []byte{5, 0xff}) {
+		t.Fatalf("no-auth offer: % x, want 05 ff", got)
+	}
+	n.c.Close()
+	ok := dialRaw(t, w)
+	ok.greet(2)
+	if got := ok.login("alice", "right"); !bytes.Equal(got, []byte{1, 0}) {
+		t.Fatalf("right login: % x, want 01 00", got)
+	}
+	// The door counts after it answered: wait for the count to land.
+	deadline := time.Now().Add(5 * time.Second)
+	for w.metricLine("onceproxy_auth_failures_total") != "onceproxy_auth_failures_total 2" {
+		if time.Now().After(deadline) {
+			t.Fatalf("%q, want 2 failures counted", w.metricLine("onceproxy_auth_failures_total"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

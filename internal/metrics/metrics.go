@@ -74,7 +74,7 @@ func New() *Metrics {
 		}),
 		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "auth_failures_total",
-			Help: "Proxy requests refused with 407 (missing or wrong credentials).",
+			Help: "Clients refused for missing or wrong credentials: a 407 (or a 429 past auth.max_failures_per_minute) on the HTTP port, a failed login or no user/password offer on the SOCKS5 port.",
 		}),
 		tunnels: prometheus.NewCounter(prometheus.CounterOpts{
 			Namespace: namespace, Name: "tunnels_total",
@@ -135,7 +135,7 @@ func (m *Metrics) SSRFRefused() {
 	}
 }
 
-// AuthFailed counts a 407.
+// AuthFailed counts a client refused for its credentials, on either door.
 func (m *Metrics) AuthFailed() {
 	if m != nil {
 		m.authFailures.Inc()

@@ -83,6 +83,10 @@ type Options struct {
 	// HandshakeTimeout bounds the greeting, authentication and request
 	// (proxy.read_header_timeout). Required.
 	HandshakeTimeout time.Duration
+	// AuthFailed, if set, hears of each client the user store refused: a
+	// wrong login, or no offer of user/password at all (the HTTP port's
+	// 407), for onceproxy_auth_failures_total.
+	AuthFailed func()
 }
 
 // Server is the SOCKS5 door. Create it with New, run it with Serve, stop
@@ -283,10 +287,13 @@ func (s *Server) serveConn(c net.Conn) {
 	switch {
 	case err == nil:
 	case errors.Is(err, statute.ErrUserAuthFailed):
+		s.authFailed()
 		s.o.Logger.Warn("socks5: authentication failed", "client", client)
 	case errors.Is(err, statute.ErrNoSupportedAuth), errors.Is(err, errNoAuthConfigured):
 		reason := "client offers no acceptable authentication method"
-		if s.o.Users == nil && !s.cfg.AllowNoAuth {
+		if s.o.Users != nil {
+			s.authFailed()
+		} else if !s.cfg.AllowNoAuth {
 			reason = "no user store is configured and socks5.allow_no_auth is false"
 		}
 		s.o.Logger.Warn("socks5: client refused", "client", client, "reason", reason)
@@ -299,6 +306,13 @@ func (s *Server) serveConn(c net.Conn) {
 	default:
 		// Malformed requests and clients that hang up mid-handshake.
 		s.o.Logger.Info("socks5: connection failed", "client", client, "err", err)
+	}
+}
+
+// authFailed counts a client the user store refused, if anyone listens.
+func (s *Server) authFailed() {
+	if s.o.AuthFailed != nil {
+		s.o.AuthFailed()
 	}
 }
 
