@@ -96,8 +96,9 @@ type Options struct {
 	Fingerprints Fingerprints
 	// Metrics serves GET /metrics (Prometheus).
 	Metrics http.Handler
-	// Token, when set, is required as "Authorization: Bearer <token>" on
-	// every endpoint but /health and /ca.pem (which hold nothing secret).
+	// Token, when set, is required as "Authorization: Bearer <token>", or
+	// as the password of Basic credentials (a browser's prompt), on every
+	// endpoint but /health and /ca.pem (which hold nothing secret).
 	Token string
 	// ProxyAddr is the proxy port's address, shown in the status page's
 	// recipes.
@@ -253,7 +254,12 @@ func sessionRoutes(mux *http.ServeMux, up Sessions) {
 }
 
 // requireToken guards every admin route except the two public ones with a
-// bearer token, compared in constant time.
+// token, compared in constant time: "Authorization: Bearer <token>" for
+// scripts, or Basic credentials with the token as the password (any user
+// name) for a browser, which can send no bearer token and would otherwise
+// never open the status page. Cross-site POSTs, which a browser would send
+// with its remembered Basic credentials, are still refused behind this
+// (http.CrossOriginProtection).
 func requireToken(token string, next http.Handler) http.Handler {
 	want := sha256.Sum256([]byte(token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -264,11 +270,18 @@ func requireToken(token string, next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		scheme, got, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		got, ok := "", false
+		if _, password, basic := r.BasicAuth(); basic {
+			got, ok = password, true
+		} else if scheme, bearer, _ := strings.Cut(r.Header.Get("Authorization"), " "); strings.EqualFold(scheme, "Bearer") {
+			got, ok = bearer, true
+		}
 		sum := sha256.Sum256([]byte(strings.TrimSpace(got)))
-		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="onceproxy admin"`)
-			WriteJSON(w, http.StatusUnauthorized, map[string]string{"error": "admin token required (Authorization: Bearer ...)"})
+		if !ok || subtle.ConstantTimeCompare(sum[:], want[:]) != 1 {
+			w.Header().Add("WWW-Authenticate", `Bearer realm="onceproxy admin"`)
+			w.Header().Add("WWW-Authenticate", `Basic realm="onceproxy admin: the admin token as the password", charset="UTF-8"`)
+			WriteJSON(w, http.StatusUnauthorized, map[string]string{
+				"error": "admin token required (Authorization: Bearer <token>, or Basic with the token as the password)"})
 			return
 		}
 		next.ServeHTTP(w, r)

@@ -84,3 +84,41 @@ func TestAdminAnswersLocalNamesAndCurl(t *testing.T) {
 		t.Errorf("%d reloads, want 4", rel.n)
 	}
 }
+
+// TestBrowserOpensTheStatusPageWithTheToken: with admin.token_env set, a
+// browser (which cannot send a bearer token) is challenged for Basic
+// credentials and gets the status page with the token as the password;
+// a wrong password is refused, and so is a cross-site POST the browser
+// would send with the credentials it remembers.
+func TestBrowserOpensTheStatusPageWithTheToken(t *testing.T) {
+	rel := &opsReloader{}
+	h := admin.New(admin.Options{CAPEM: []byte("PEM"), Cache: &opsCache{}, Reloader: rel, Token: "tok"})
+	do := func(method, path, user, password, origin string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(method, "http://10.0.0.5:9090"+path, nil)
+		if user != "" || password != "" {
+			req.SetBasicAuth(user, password)
+		}
+		if origin != "" {
+			req.Header.Set("Origin", origin)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	rec := do(http.MethodGet, "/", "", "", "")
+	if rec.Code != http.StatusUnauthorized || !strings.Contains(strings.Join(rec.Header().Values("WWW-Authenticate"), "\n"), "Basic ") {
+		t.Fatalf("GET / without credentials: %d, challenges %q; want 401 with a Basic challenge", rec.Code, rec.Header().Values("WWW-Authenticate"))
+	}
+	if rec := do(http.MethodGet, "/", "operator", "wrong", ""); rec.Code != http.StatusUnauthorized {
+		t.Errorf("GET / with a wrong password: %d, want 401", rec.Code)
+	}
+	if rec := do(http.MethodGet, "/", "operator", "tok", ""); rec.Code != http.StatusOK || !strings.Contains(rec.Header().Get("Content-Type"), "text/html") {
+		t.Errorf("GET / with the token as the password: %d %q, want the status page", rec.Code, rec.Header().Get("Content-Type"))
+	}
+	if rec := do(http.MethodPost, "/config/reload", "operator", "tok", "https://evil.example"); rec.Code == http.StatusOK || rel.n > 0 {
+		t.Errorf("cross-site POST with remembered Basic credentials: %d, reloads %d", rec.Code, rel.n)
+	}
+	if rec := do(http.MethodPost, "/config/reload", "operator", "tok", ""); rec.Code != http.StatusOK || rel.n != 1 {
+		t.Errorf("POST /config/reload with Basic credentials: %d, reloads %d", rec.Code, rel.n)
+	}
+}
