@@ -522,8 +522,16 @@ func applyEnv(cfg *Config, environ []string) error {
 			field.SetString(val)
 			continue
 		}
-		if err := decodeStrict(strings.NewReader(val), field.Addr().Interface()); err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", name, err))
+		if list, ok := commaList(field, val); ok {
+			field.Set(list)
+			continue
+		}
+		doc := val
+		if scalarList(field.Type()) && !yamlList(val) {
+			doc = "[" + val + "]" // "200, 404" as [200, 404]
+		}
+		if err := decodeStrict(strings.NewReader(doc), field.Addr().Interface()); err != nil {
+			errs = append(errs, envValueError(name, val, field.Type(), err))
 		}
 	}
 	named := envReferences(reflect.ValueOf(cfg).Elem())
@@ -536,6 +544,77 @@ func applyEnv(cfg *Config, environ []string) error {
 		return nil
 	}
 	return &configError{errs: errs}
+}
+
+// commaList reads val as a list of strings written as NO_PROXY is
+// ("a.com, b.com"), for a key that holds plain strings and a value that is
+// not YAML's list syntax ("[a.com]", "- a.com").
+func commaList(field reflect.Value, val string) (reflect.Value, bool) {
+	t := field.Type()
+	if t.Kind() != reflect.Slice || t.Elem().Kind() != reflect.String || !literal(reflect.New(t.Elem()).Elem()) {
+		return reflect.Value{}, false
+	}
+	if yamlList(val) {
+		return reflect.Value{}, false
+	}
+	list := reflect.MakeSlice(t, 0, strings.Count(val, ",")+1)
+	for item := range strings.SplitSeq(val, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			list = reflect.Append(list, reflect.ValueOf(item).Convert(t.Elem()))
+		}
+	}
+	return list, true
+}
+
+// yamlList reports a value written in YAML's list syntax.
+func yamlList(val string) bool {
+	trimmed := strings.TrimSpace(val)
+	return strings.HasPrefix(trimmed, "[") || strings.HasPrefix(trimmed, "-")
+}
+
+// scalarList reports a list of values that are neither sections nor
+// lists (numbers, durations, sizes): a variable may set it comma-separated.
+func scalarList(t reflect.Type) bool {
+	if t.Kind() != reflect.Slice {
+		return false
+	}
+	switch e := t.Elem(); e.Kind() {
+	case reflect.Slice, reflect.Map, reflect.Pointer, reflect.Interface:
+		return false
+	case reflect.Struct:
+		return !isSection(e)
+	}
+	return true
+}
+
+// envValueError says what the key a variable sets expects, when YAML's
+// own message ("cannot unmarshal !!str `lots` into int") names a Go type
+// and no key; a value type that explains itself (a byte size) keeps its
+// message.
+func envValueError(name, val string, t reflect.Type, err error) error {
+	want, ok := wantOf[t.String()]
+	switch {
+	case ok:
+	case scalarList(t):
+		want = "a list: a, b or [a, b]"
+		if w, ok := wantOf[t.Elem().String()]; ok {
+			want = "a list (a, b or [a, b]), each " + w
+		}
+	case t.Kind() == reflect.Slice:
+		want = "a YAML list such as [{...}, {...}]"
+	case t.Kind() == reflect.Map || t.Kind() == reflect.Struct && !reflect.PointerTo(t).Implements(reflect.TypeFor[encoding.TextUnmarshaler]()):
+		want = "a YAML mapping such as {key: value}"
+	default:
+		var ce *configError
+		if errors.As(err, &ce) {
+			return fmt.Errorf("%s: %s", name, strings.Join(ce.Problems(), "; "))
+		}
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	if len(val) > 60 {
+		val = val[:60] + "..."
+	}
+	return fmt.Errorf("%s: %q is not %s", name, val, want)
 }
 
 // literal reports a string key that a variable sets as it is: a plain

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -180,6 +181,39 @@ func TestEnvBoolWords(t *testing.T) {
 		cfg, err := LoadConfig(shippedConfig, "", []string{"ONCEPROXY_LOG_ACCESS=" + v})
 		if err == nil && cfg.Log.Access {
 			t.Errorf("ONCEPROXY_LOG_ACCESS=%s accepted as true", v)
+		}
+	}
+}
+
+// TestEnvListsAndTypeErrors: a list key takes a comma-separated variable
+// as NO_PROXY is written (a string list item by item, so "*.b.example"
+// is no YAML alias; numbers as a YAML flow list), and a value of the wrong
+// type names what the key expects rather than a Go type.
+func TestEnvListsAndTypeErrors(t *testing.T) {
+	cfg, err := LoadConfig(shippedConfig, "", []string{
+		"ONCEPROXY_PROXY_BYPASS_HOSTS=a.example, *.b.example,",
+		"ONCEPROXY_DEDUP_CACHEABLE_STATUSES=200,404",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Proxy.BypassHosts; !slices.Equal(got, []string{"a.example", "*.b.example"}) {
+		t.Errorf("bypass_hosts from a comma-separated variable: %q", got)
+	}
+	if got := cfg.Dedup.CacheableStatuses; !slices.Equal(got, []int{200, 404}) {
+		t.Errorf("cacheable_statuses from a comma-separated variable: %v", got)
+	}
+	for _, tc := range []struct{ env, want string }{
+		{"ONCEPROXY_PROXY_MAX_CONNS=lots", `ONCEPROXY_PROXY_MAX_CONNS: "lots" is not a whole number`},
+		{"ONCEPROXY_UPSTREAM_DIAL_TIMEOUT=5", `ONCEPROXY_UPSTREAM_DIAL_TIMEOUT: "5" is not a duration such as 45s`},
+		{"ONCEPROXY_DEDUP_CACHEABLE_STATUSES=200, ok", `ONCEPROXY_DEDUP_CACHEABLE_STATUSES: "200, ok" is not a list (a, b or [a, b]), each a whole number`},
+		{"ONCEPROXY_PROXY_BYPASS_HOSTS=[a.example", `ONCEPROXY_PROXY_BYPASS_HOSTS: "[a.example" is not a list (a, b or [a, b]), each a string`},
+		{"ONCEPROXY_UPSTREAM_SESSIONS=gw.example:8000", `ONCEPROXY_UPSTREAM_SESSIONS: "gw.example:8000" is not a YAML list such as [{...}, {...}]`},
+		{"ONCEPROXY_DEDUP_MAX_BODY_BYTES=12 potatoes", `ONCEPROXY_DEDUP_MAX_BODY_BYTES: invalid size "12 potatoes"`},
+	} {
+		_, err := LoadConfig(shippedConfig, "", []string{tc.env})
+		if err == nil || !strings.Contains(err.Error(), tc.want) || strings.Count(err.Error(), "invalid configuration") != 1 {
+			t.Errorf("%s: %v\nwant one problem saying %s", tc.env, err, tc.want)
 		}
 	}
 }
