@@ -930,7 +930,17 @@ func (e *Engine) metaFor(req *http.Request, rule *Rule, resp *http.Response) (*E
 }
 
 // keepEntry caches a whole response and shares it with the fleet.
+//
+// The stores keep it until its ExpiresAt, which counts from the response
+// headers (metaFor), not from now: a body that took a while to arrive
+// must not leave a value behind that every reader refuses as expired (a
+// PostgreSQL reader gives up on the fleet's flight over one, and fetches
+// on its own). What expired while its body arrived is not stored at all;
+// the lease still hands it to the flight's waiters.
 func (e *Engine) keepEntry(key string, ent *Entry, ttl time.Duration, lease Lease) {
+	if !ent.ExpiresAt.IsZero() {
+		ttl = max(min(ttl, time.Until(ent.ExpiresAt)), 0)
+	}
 	switch {
 	case lease != nil:
 		// Finish stores the value (when ttl > 0) with the outcome.

@@ -36,6 +36,12 @@ const upsertValue = `INSERT INTO {s}.cache AS c (key, url_key, value, size, stor
 // someone else ('infinity' by hand), and counts as expired.
 var lastingLimit = "(now() + " + strconv.FormatInt(maxLasting.Milliseconds(), 10) + "::bigint * interval '1 millisecond')"
 
+// satAdd is the stats table's column plus the excluded row's, clamped to
+// bigint.
+func satAdd(col string) string {
+	return "greatest(least(t." + col + "::numeric + excluded." + col + ", 9223372036854775807), -9223372036854775808)::bigint"
+}
+
 // maxPeerRow bounds a peer row read back: "p1 <instance> <address>" is
 // far shorter, and a bigger row is not read (as none: fetch our own).
 const maxPeerRow = 1024
@@ -139,7 +145,7 @@ func newStatements(schema string) statements {
 			VALUES ($1, $2, $3, now() + $4::bigint * interval '1 millisecond')
 			ON CONFLICT (topic, key) DO UPDATE SET msg = excluded.msg, expires_at = excluded.expires_at
 			WHERE o.expires_at < excluded.expires_at OR o.expires_at > ` + lastingLimit + `)
-			SELECT pg_notify($5, $6)`),
+			SELECT pg_notify($5, $6) WHERE $6::text <> ''`),
 		// What is left of each note, in ms; 0 (refused by recalledNote)
 		// for a note lasting past lastingLimit, whose time left may not
 		// even be a number ('infinity' - now() is an error).
@@ -186,11 +192,14 @@ func newStatements(schema string) statements {
 					ELSE c.expires_at END
 			RETURNING n`),
 
+		// Sums saturate: a row no build writes (a count at the bigint
+		// maximum) must not fail every flush, which the breaker would
+		// take for the database failing.
 		flushStats: s(`INSERT INTO {s}.stats AS t (day, hit, coalesced, miss, bypass, bytes_avoided, money_nano)
 			VALUES ($1, $2, $3, $4, $5, $6, $7)
-			ON CONFLICT (day) DO UPDATE SET hit = t.hit + excluded.hit, coalesced = t.coalesced + excluded.coalesced,
-				miss = t.miss + excluded.miss, bypass = t.bypass + excluded.bypass,
-				bytes_avoided = t.bytes_avoided + excluded.bytes_avoided, money_nano = t.money_nano + excluded.money_nano`),
+			ON CONFLICT (day) DO UPDATE SET hit = ` + satAdd("hit") + `, coalesced = ` + satAdd("coalesced") + `,
+				miss = ` + satAdd("miss") + `, bypass = ` + satAdd("bypass") + `,
+				bytes_avoided = ` + satAdd("bytes_avoided") + `, money_nano = ` + satAdd("money_nano")),
 		readStats: s(`SELECT day, hit, coalesced, miss, bypass, bytes_avoided, money_nano FROM {s}.stats WHERE day >= $1 AND day <= $2`),
 		sweep:     s(`SELECT swept, expired, evicted FROM {s}.sweep($1, $2, $3)`),
 		// What the sweep function leaves for good, up to $1 rows of each

@@ -10,7 +10,8 @@ import (
 )
 
 // sweepBatch is how many rows one sweep statement deletes at most per
-// table; sweepRounds bounds the statements of one sweep.
+// table; a sweep with work left runs sweepRounds statements, and more
+// while half its interval lasts.
 const (
 	sweepBatch   = 1000
 	sweepRounds  = 20
@@ -46,7 +47,11 @@ func (w *sweeper) run(ctx context.Context) {
 // take longer than a request's statement, and says nothing about an
 // outage.
 func (w *sweeper) once(ctx context.Context) {
-	for range sweepRounds {
+	// Rounds go on while there is work, for half an interval at most: a
+	// fixed count capped the sweep at sweepRounds × sweepBatch rows per
+	// interval, which a fleet writing faster outran for good.
+	deadline := time.Now().Add(w.c.cfg.SweepInterval / 2)
+	for round := 0; round < sweepRounds || time.Now().Before(deadline); round++ {
 		var swept bool
 		var expired, evicted int
 		err := func() error {
