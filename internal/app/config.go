@@ -602,7 +602,7 @@ func envValueError(name, val string, t reflect.Type, err error) error {
 		}
 	case t.Kind() == reflect.Slice:
 		want = "a YAML list such as [{...}, {...}]"
-	case t.Kind() == reflect.Map || t.Kind() == reflect.Struct && !reflect.PointerTo(t).Implements(reflect.TypeFor[encoding.TextUnmarshaler]()):
+	case t.Kind() == reflect.Map || isSection(t):
 		want = "a YAML mapping such as {key: value}"
 	default:
 		var ce *configError
