@@ -88,6 +88,9 @@ const (
 	keepaliveCount    = 3
 )
 
+// keepIdleSQL is keepIdle's statement: once per new connection.
+const keepIdleSQL = "SET idle_session_timeout = 0"
+
 // keepIdle turns idle_session_timeout off on a connection of ours. A lock
 // session idles for as long as its leader fetches and the LISTEN
 // connection for as long as nothing happens: a server, role or database
@@ -96,7 +99,7 @@ const (
 // parameter: servers before PostgreSQL 14 have no such setting, and
 // refuse a connection that names one.
 func keepIdle(ctx context.Context, conn *pgx.Conn) error {
-	_, err := conn.Exec(ctx, "SET idle_session_timeout = 0")
+	_, err := conn.Exec(ctx, keepIdleSQL)
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && pe.Code == "42704" { // undefined_object: before PostgreSQL 14
 		return nil

@@ -228,8 +228,9 @@ type tracer struct {
 }
 
 func (tr *tracer) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	if strings.Contains(d.SQL, "schema_version") {
-		// The probe of an instance without traffic, not a request's.
+	if strings.Contains(d.SQL, "schema_version") || d.SQL == keepIdleSQL {
+		// The probe of an instance without traffic, or the set-up of a
+		// connection the pool opened meanwhile: not a request's.
 		return ctx
 	}
 	tr.mu.Lock()
