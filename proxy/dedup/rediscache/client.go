@@ -250,7 +250,7 @@ func (c *client) run(ctx context.Context, op func(context.Context) error, bounde
 // (dropForeign) rather than let it fail every request for it.
 var errWrongType = errors.New("rediscache: a key holds another type than this package writes")
 
-func isWrongType(err error) bool { return redis.HasErrorPrefix(err, "WRONGTYPE") }
+func isWrongType(err error) bool { return err != nil && redis.HasErrorPrefix(err, "WRONGTYPE") }
 
 // dropForeign removes those of keys that hold another type than a string,
 // the only type this package keeps in them, and counts them as rejected

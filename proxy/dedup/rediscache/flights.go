@@ -363,7 +363,8 @@ func (c *client) evalWith(ctx context.Context, script *redis.Script, keys []stri
 // does not have one (restarted, flushed), once more with them sent whole.
 func byHash(send func(whole bool) error) error {
 	err := send(false)
-	if redis.HasErrorPrefix(err, "NOSCRIPT") {
+	// HasErrorPrefix allocates, even for no error at all.
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
 		err = send(true)
 	}
 	return err
