@@ -82,6 +82,9 @@ func TestHitOnAnotherInstance(t *testing.T) {
 // gets an answer. The session reconnects for the leader's next flight.
 func TestLeaderSessionEndsTakeover(t *testing.T) {
 	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open() // a failure must not leave the origin's handler (and Close) waiting
 	arrived := make(chan struct{}, 4)
 	// One lock session: the next flight is on the one that ended.
 	f := newFleet(t, 2, Config{FlightConns: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
@@ -104,12 +107,15 @@ func TestLeaderSessionEndsTakeover(t *testing.T) {
 		return b.engine.Stats().Waiters == n && b.store.fleetWaits.Load() == 1
 	})
 	// End the session that holds the flight's lock, as the death of A's
-	// process would.
+	// process would: that lock's holder only, not the sessions of other
+	// packages' tests that share the database.
+	lock := heldLock(t, a.store)
 	c := f.conn()
 	var ended int
 	if err := c.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
 		WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND pid IN (SELECT pid FROM pg_stat_activity WHERE application_name = 'onceproxy')`).Scan(&ended); err != nil || ended != 1 {
+		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`,
+		lock).Scan(&ended); err != nil || ended != 1 {
 		t.Fatalf("ended %d lock-holding sessions (%v), want 1", ended, err)
 	}
 	select {
@@ -117,7 +123,7 @@ func TestLeaderSessionEndsTakeover(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no instance took over the dead leader's flight")
 	}
-	close(release)
+	open()
 	for range n {
 		if g := <-resB; g.err != nil || g.status != 200 || g.body != "answer" {
 			t.Fatalf("B client: %+v", g)
@@ -442,4 +448,18 @@ func TestFlightEndWakesOnlyWhenWaitedOn(t *testing.T) {
 	if n := ends[fleetevent.Format(fleetevent.FlightEnded, waited.key)]; n != 1 {
 		t.Errorf("the flight B waited on notified the fleet %d times, want 1 (heard: %v)", n, ends)
 	}
+}
+
+// heldLock is the one flight lock st holds.
+func heldLock(t *testing.T, st *Cache) int64 {
+	t.Helper()
+	st.held.mu.Lock()
+	defer st.held.mu.Unlock()
+	if len(st.held.m) != 1 {
+		t.Fatalf("the instance holds %d flight locks, want 1", len(st.held.m))
+	}
+	for lock := range st.held.m {
+		return lock
+	}
+	return 0
 }
