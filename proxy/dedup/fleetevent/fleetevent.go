@@ -204,6 +204,17 @@ func (w *Waiters) Remove(key string, ch chan struct{}) {
 	w.mu.Unlock()
 }
 
+// Keys returns the keys that have waiters now.
+func (w *Waiters) Keys() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	keys := make([]string, 0, len(w.m))
+	for k := range w.m {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
 // Wake wakes key's waiters.
 func (w *Waiters) Wake(key string) {
 	w.mu.Lock()

@@ -45,8 +45,9 @@ type Config struct {
 	// BreakerInterval is how long the database is skipped once the breaker
 	// opens, before one probe. Default 5s.
 	BreakerInterval time.Duration `yaml:"breaker_interval"`
-	// PollInterval is the waiters' safety net when a notification is lost
-	// and how soon they notice a dead leader. Default 100ms.
+	// PollInterval is how often the instance re-checks, in one statement,
+	// every key it waits on: the safety net when a notification is lost,
+	// and how soon its waiters notice a dead leader. Default 100ms.
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// FailureTTL keeps a failed or uncacheable flight's outcome for its
 	// waiters. Default 5s.

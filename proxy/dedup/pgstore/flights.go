@@ -46,9 +46,9 @@ var errUnreadable = errors.New("pgstore: the shared store keeps returning values
 // leader dies, because its connections end. The others wait for the
 // leader's notification on the instance's one LISTEN connection,
 // re-checking on a pooled connection after each notification, after the
-// listener reconnects, and every poll_interval (which is also how they
-// notice that the lock is free again). A waiter never holds a connection
-// while it waits.
+// listener reconnects, and when the instance's poll (pollWaits, every
+// poll_interval) finds their flight over or its lock free again. A waiter
+// never holds a connection while it waits.
 //
 // With flight_locks flights of this instance leading already, a step only
 // looks, on a pooled connection: a value, an outcome or a lock held
@@ -67,7 +67,6 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	mark := s.waiters.Mark(key)
 	var wake chan struct{}
 	lock := s.lockID(key)
-	var poll *time.Ticker
 	// slot: this Join holds a flight slot (of flight_locks) for its next step.
 	waited, take, slot, unreadable := false, true, false, 0
 	for {
@@ -122,14 +121,13 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			s.rejected.Add(1)
 			return nil, nil, errUnreadable
 		}
-		// Someone else leads: wait for the notification, with polling as
-		// the safety net for a lost one or a dead leader.
-		waited = true
-		if poll == nil {
+		// Someone else leads: wait for the notification, with the
+		// instance's poll (pollWaits) as the safety net for a lost one or
+		// a dead leader.
+		if !waited {
+			waited = true
 			wake = s.waiters.Add(key, mark)
 			defer s.waiters.Remove(key, wake)
-			poll = time.NewTicker(s.cfg.PollInterval)
-			defer poll.Stop()
 			// Registered first: a wake-up right after the mark finds us.
 			// Counted as waiting once marked: the leader's end wakes us
 			// from then on (or, when the two cross, the next poll does).
@@ -142,12 +140,69 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		}
 		select {
 		case <-wake:
-		case <-poll.C:
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		case <-s.life.Done():
 			return nil, nil, dedup.ErrUnavailable
 		}
+	}
+}
+
+// pollBatch bounds the keys one pollWaits statement asks about.
+const pollBatch = 512
+
+// pollWaits is the waiters' safety net: every poll_interval, one statement
+// per pollBatch keys asks about every key this instance waits on, and the
+// waiters of those whose flight ended (a lost notification, or a mark and
+// an end that crossed) or lost its leader (its lock is free: the leader
+// died) look again with a step of their own. A waiter polling on its own
+// cost a statement per poll_interval each: 500 waits on a slow origin
+// were 5,000 statements a second on a pool of a few connections, for an
+// answer the notification brings anyway.
+func (s *Cache) pollWaits(ctx context.Context) {
+	t := time.NewTicker(s.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		keys := s.waiters.Keys()
+		for len(keys) > 0 && ctx.Err() == nil {
+			n := min(len(keys), pollBatch)
+			s.poll(ctx, keys[:n])
+			keys = keys[n:]
+		}
+	}
+}
+
+// poll wakes the waiters of those of keys whose flight ended or has no
+// leader. A poll that fails wakes them all: each then meets the failure
+// in its own step, and fetches without the fleet, as it would have
+// polling on its own.
+func (s *Cache) poll(ctx context.Context, keys []string) {
+	locks := make([]int64, len(keys))
+	for i, k := range keys {
+		locks[i] = s.lockID(k)
+	}
+	var ready []string
+	err := s.exec(ctx, func(ctx context.Context) error {
+		rows, err := s.pool.Query(ctx, s.sql.pollWaits, keys, locks)
+		if err != nil {
+			return err
+		}
+		ready, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	if err != nil {
+		if ctx.Err() != nil {
+			return
+		}
+		ready = keys
+	}
+	for _, k := range ready {
+		s.waiters.Wake(k)
 	}
 }
 

@@ -100,6 +100,7 @@ func (b *Backend) Run(ctx context.Context) error {
 	g.Go(func() error { b.sweep.run(ctx); return nil })
 	g.Go(func() error { b.c.probe(ctx); return nil })
 	g.Go(func() error { b.Cache.share(ctx); return nil })
+	g.Go(func() error { b.Cache.pollWaits(ctx); return nil })
 	return g.Wait()
 }
 

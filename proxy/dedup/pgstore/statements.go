@@ -12,7 +12,8 @@ type statements struct {
 	get, set, resync, del, delURL, dropValue, dropBigValue string
 
 	// Flights.
-	acquire, dropOutcome, dropBigOutcome, finishValue, setOutcome, unlock, release, markWaiting string
+	acquire, dropOutcome, dropBigOutcome, finishValue, setOutcome, unlock, release string
+	markWaiting, pollWaits                                                         string
 	// Streaming a body from the leader's peer listener.
 	stream, peer, expirePeer string
 
@@ -92,6 +93,14 @@ func newStatements(schema string) statements {
 			VALUES ($1, ''::bytea, now() + $2::bigint * interval '1 millisecond')
 			ON CONFLICT (key) DO UPDATE SET expires_at = greatest(o.expires_at, excluded.expires_at))
 			SELECT EXISTS (SELECT 1 FROM {s}.cache WHERE key = $3 AND expires_at > now())`),
+		// Of the keys waited on ($1, their locks $2), those whose flight
+		// ended (a value, or an outcome) or has no leader any more (the
+		// lock is free: a transaction lock, gone at the statement's end,
+		// as acquire's look takes it).
+		pollWaits: s(`SELECT k.key FROM unnest($1::text[], $2::bigint[]) AS k(key, lock)
+			WHERE EXISTS (SELECT 1 FROM {s}.cache c WHERE c.key = k.key AND c.expires_at > now())
+				OR EXISTS (SELECT 1 FROM {s}.outcomes o WHERE o.key = k.key AND o.expires_at > now())
+				OR pg_try_advisory_xact_lock(k.lock)`),
 		// The size of a value or an outcome found comes back with it, and
 		// the bytes only up to $5 (max_value_bytes).
 		acquire:        s(`SELECT state, val, coalesce(val_size, 0) FROM {s}.acquire_bounded($1, $2, $3, $4, $5)`),

@@ -27,7 +27,8 @@ var budget = map[string]struct{ roundTrips, statements int }{
 	dedup.CacheHit: {1, 1},
 	// read-or-lock (the lock is held elsewhere), the mark that makes the
 	// leader's end wake the fleet, and one re-check after the leader's
-	// notification; each poll_interval of waiting adds one.
+	// notification; without one, the instance's poll adds one statement
+	// per poll_interval for all its waits (TestWaitersPollTogether).
 	dedup.CacheCoalesced: {3, 3},
 }
 
