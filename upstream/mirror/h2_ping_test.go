@@ -100,6 +100,10 @@ func TestH2PingAfterIdle(t *testing.T) {
 func TestH2PingAnsweredSlowOrigin(t *testing.T) {
 	const timeout = 200 * time.Millisecond
 	cc, p := newPeerWith(t, nil, Options{PingTimeout: timeout})
+	// The client has read the peer's SETTINGS (and this PING) before the
+	// idle time starts: read late on a loaded machine, they made the
+	// connection too fresh for a PING, and the peer waited for one.
+	p.sync()
 	time.Sleep(timeout + 100*time.Millisecond)
 	res := make(chan error, 1)
 	go func() {
