@@ -51,8 +51,9 @@ type Config struct {
 	// flight whose leader's key has lapsed. At least 3 × Timeout; 0 means
 	// 1.5s, or 3 × Timeout when that is longer.
 	PresenceTTL time.Duration `yaml:"presence_ttl"`
-	// PollInterval is the waiters' safety net when a completion message is
-	// lost. Default 100ms.
+	// PollInterval is how often the instance re-checks, in one pipeline,
+	// every flight it waits on: the safety net when a completion message
+	// is lost or a leader died. Default 100ms.
 	PollInterval time.Duration `yaml:"poll_interval"`
 	// FailureTTL keeps a failed or uncacheable flight's outcome for waiters
 	// that poll. Default 5s.

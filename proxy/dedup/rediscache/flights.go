@@ -179,12 +179,12 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	token := s.leaseToken()
 	keys := s.flightKeys(tag)
 	var (
-		poll   *time.Ticker
-		waited bool
-		holder string // the lock's holder as last seen, if it keeps a presence key
-		seen   string // the lock's holder as last seen
-		gone   string // a holder found gone: take its lock over
-		again  int    // looks in a row without waiting
+		registered bool // with the waiters, for messages and the instance's poll
+		waited     bool
+		holder     string // the lock's holder as last seen, if it keeps a presence key
+		seen       string // the lock's holder as last seen
+		gone       string // a holder found gone: take its lock over
+		again      int    // looks in a row without waiting
 	)
 	for {
 		// A value or outcome that keeps coming back unreadable (written
@@ -262,24 +262,116 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 		if _, ok := holderOf(h); ok {
 			holder = h
 		}
-		// Wait for the completion message, with polling as the safety net
-		// for a lost message or a dead leader.
+		// Wait for the completion message, with the instance's poll
+		// (pollWaits) as the safety net for a lost message or a dead
+		// leader.
 		waited, again = true, 0
-		if poll == nil {
+		if !registered {
+			registered = true
 			wake = s.waiters.Add(tag, mark)
 			defer s.waiters.Remove(tag, wake)
-			poll = time.NewTicker(s.cfg.PollInterval)
-			defer poll.Stop()
 			s.fleetWaits.Add(1)
 			defer s.fleetWaits.Add(-1)
 		}
 		select {
 		case <-wake:
-		case <-poll.C:
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		case <-s.life.Done():
 			return nil, nil, dedup.ErrUnavailable
+		}
+	}
+}
+
+// pollBatch bounds the flights one poll asks about in one pipeline.
+const pollBatch = 512
+
+// pollWaits is the waiters' safety net: every poll_interval, one pipeline
+// asks about every flight this instance waits on (per pollBatch of them)
+// and wakes the waiters of those that ended (a completion message lost),
+// lost their lock (its lease lapsed) or their leader (its presence key
+// lapsed), for a look of their own. It also keeps each flight's waiters
+// flag alive, so that the leader's end still sends the message however
+// long the flight takes. A waiter polling on its own ran the join script
+// every poll_interval: 1,000 waits on slow origins were 10,000 scripts a
+// second, for an answer the completion message brings anyway.
+func (s *Cache) pollWaits(ctx context.Context) {
+	t := time.NewTicker(s.cfg.PollInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		tags := s.waiters.Keys()
+		for len(tags) > 0 && ctx.Err() == nil {
+			n := min(len(tags), pollBatch)
+			s.poll(ctx, tags[:n])
+			tags = tags[n:]
+		}
+	}
+}
+
+// poll wakes the waiters of those of tags whose flight needs a look: its
+// value or outcome is there, its lock is not, or the lock's holder is
+// gone. A poll that fails wakes them all: each then meets the failure in
+// its own step, as it would have polling on its own.
+func (s *Cache) poll(ctx context.Context, tags []string) {
+	ready := make([]bool, len(tags))
+	err := s.exec(ctx, func(ctx context.Context) error {
+		ended := make([]*redis.IntCmd, len(tags))
+		locks := make([]*redis.StringCmd, len(tags))
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, tag := range tags {
+				keys := s.flightKeys(tag)
+				ended[i] = p.Exists(ctx, keys[1], keys[2]) // one slot: the tag's
+				locks[i] = p.Get(ctx, keys[0])
+				p.PExpire(ctx, keys[3], s.cfg.Lease)
+			}
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return err
+		}
+		holders := map[string][]int{} // a present-looking holder → its flights
+		for i := range tags {
+			lock, err := locks[i].Result()
+			switch {
+			case errors.Is(err, redis.Nil) || ended[i].Val() > 0:
+				ready[i] = true
+			case err != nil:
+				return err
+			default:
+				if instance, ok := holderOf(lock); ok {
+					holders[instance] = append(holders[instance], i)
+				}
+			}
+		}
+		if len(holders) == 0 {
+			return nil
+		}
+		present := make(map[string]*redis.IntCmd, len(holders))
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for instance := range holders {
+				present[instance] = p.Exists(ctx, s.presenceKey(instance))
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		for instance, flights := range holders {
+			if present[instance].Val() == 0 {
+				for _, i := range flights {
+					ready[i] = true
+				}
+			}
+		}
+		return nil
+	})
+	for i, tag := range tags {
+		if ready[i] || err != nil && ctx.Err() == nil {
+			s.waiters.Wake(tag)
 		}
 	}
 }

@@ -87,6 +87,7 @@ func (b *Backend) Run(ctx context.Context) error {
 	g.Go(func() error { b.subscribe(ctx); return nil })
 	g.Go(func() error { b.Bus.flushStats(ctx); return nil })
 	g.Go(func() error { b.Bus.sendNotes(ctx); return nil })
+	g.Go(func() error { b.Cache.pollWaits(ctx); return nil })
 	return g.Wait()
 }
 
