@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -176,9 +175,7 @@ func helloRefused(ctx context.Context, err error) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	var ne net.Error
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
-		errors.As(err, &ne) && ne.Timeout() {
+	if errors.Is(err, context.DeadlineExceeded) || timedOut(err) {
 		return false
 	}
 	var ve *utls.CertificateVerificationError

@@ -15,7 +15,9 @@
 package fleetevent
 
 import (
+	"context"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,15 +206,42 @@ func (w *Waiters) Remove(key string, ch chan struct{}) {
 	w.mu.Unlock()
 }
 
-// Keys returns the keys that have waiters now.
-func (w *Waiters) Keys() []string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	keys := make([]string, 0, len(w.m))
-	for k := range w.m {
-		keys = append(keys, k)
+// PollBatch bounds the keys one check of Poll is asked about.
+const PollBatch = 512
+
+// Poll is the waiters' safety net, for a lost message or a dead leader:
+// every interval until ctx ends, check is asked about the keys that have
+// waiters (PollBatch at a time, in one statement or pipeline of the
+// store's), and the waiters of the keys it returns look again with a
+// step of their own. A check that fails wakes them all: each then meets
+// the failure in its own step. One check per instance replaces a look by
+// every waiter: 500 waits on a slow origin were 5,000 store round trips
+// or scripts a second, for an answer the message brings anyway.
+func (w *Waiters) Poll(ctx context.Context, interval time.Duration, check func(ctx context.Context, keys []string) (ready []string, err error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		w.mu.Lock()
+		keys := slices.Collect(maps.Keys(w.m))
+		w.mu.Unlock()
+		for batch := range slices.Chunk(keys, PollBatch) {
+			ready, err := check(ctx, batch)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				ready = batch
+			}
+			for _, k := range ready {
+				w.Wake(k)
+			}
+		}
 	}
-	return keys
 }
 
 // Wake wakes key's waiters.

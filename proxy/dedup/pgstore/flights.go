@@ -148,62 +148,26 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	}
 }
 
-// pollBatch bounds the keys one pollWaits statement asks about.
-const pollBatch = 512
-
-// pollWaits is the waiters' safety net: every poll_interval, one statement
-// per pollBatch keys asks about every key this instance waits on, and the
-// waiters of those whose flight ended (a lost notification, or a mark and
-// an end that crossed) or lost its leader (its lock is free: the leader
-// died) look again with a step of their own. A waiter polling on its own
-// cost a statement per poll_interval each: 500 waits on a slow origin
-// were 5,000 statements a second on a pool of a few connections, for an
-// answer the notification brings anyway.
+// pollWaits is the waiters' safety net (fleetevent.Waiters.Poll): one
+// statement per poll_interval finds the keys this instance waits on whose
+// flight ended (a lost notification, or a mark and an end that crossed)
+// or lost its leader (its lock is free: the leader died).
 func (s *Cache) pollWaits(ctx context.Context) {
-	t := time.NewTicker(s.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
+	s.waiters.Poll(ctx, s.cfg.PollInterval, func(ctx context.Context, keys []string) (ready []string, err error) {
+		locks := make([]int64, len(keys))
+		for i, k := range keys {
+			locks[i] = s.lockID(k)
 		}
-		keys := s.waiters.Keys()
-		for len(keys) > 0 && ctx.Err() == nil {
-			n := min(len(keys), pollBatch)
-			s.poll(ctx, keys[:n])
-			keys = keys[n:]
-		}
-	}
-}
-
-// poll wakes the waiters of those of keys whose flight ended or has no
-// leader. A poll that fails wakes them all: each then meets the failure
-// in its own step, and fetches without the fleet, as it would have
-// polling on its own.
-func (s *Cache) poll(ctx context.Context, keys []string) {
-	locks := make([]int64, len(keys))
-	for i, k := range keys {
-		locks[i] = s.lockID(k)
-	}
-	var ready []string
-	err := s.exec(ctx, func(ctx context.Context) error {
-		rows, err := s.pool.Query(ctx, s.sql.pollWaits, keys, locks)
-		if err != nil {
+		err = s.exec(ctx, func(ctx context.Context) error {
+			rows, err := s.pool.Query(ctx, s.sql.pollWaits, keys, locks)
+			if err != nil {
+				return err
+			}
+			ready, err = pgx.CollectRows(rows, pgx.RowTo[string])
 			return err
-		}
-		ready, err = pgx.CollectRows(rows, pgx.RowTo[string])
-		return err
+		})
+		return ready, err
 	})
-	if err != nil {
-		if ctx.Err() != nil {
-			return
-		}
-		ready = keys
-	}
-	for _, k := range ready {
-		s.waiters.Wake(k)
-	}
 }
 
 // step runs the acquire function once: with a flight slot, on one of the

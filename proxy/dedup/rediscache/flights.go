@@ -283,43 +283,22 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 	}
 }
 
-// pollBatch bounds the flights one poll asks about in one pipeline.
-const pollBatch = 512
-
-// pollWaits is the waiters' safety net: every poll_interval, one pipeline
-// asks about every flight this instance waits on (per pollBatch of them)
-// and wakes the waiters of those that ended (a completion message lost),
-// lost their lock (its lease lapsed) or their leader (its presence key
-// lapsed), for a look of their own. It also keeps each flight's waiters
-// flag alive, so that the leader's end still sends the message however
-// long the flight takes. A waiter polling on its own ran the join script
-// every poll_interval: 1,000 waits on slow origins were 10,000 scripts a
-// second, for an answer the completion message brings anyway.
+// pollWaits is the waiters' safety net (fleetevent.Waiters.Poll): one
+// pipeline per poll_interval finds the flights this instance waits on
+// that ended (a completion message lost), lost their lock (its lease
+// lapsed) or their leader (its presence key lapsed). It also keeps each
+// flight's waiters flag alive, so that the leader's end still sends the
+// message however long the flight takes (the join script a waiter ran at
+// every poll used to).
 func (s *Cache) pollWaits(ctx context.Context) {
-	t := time.NewTicker(s.cfg.PollInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			return
-		}
-		tags := s.waiters.Keys()
-		for len(tags) > 0 && ctx.Err() == nil {
-			n := min(len(tags), pollBatch)
-			s.poll(ctx, tags[:n])
-			tags = tags[n:]
-		}
-	}
+	s.waiters.Poll(ctx, s.cfg.PollInterval, s.flightsToLook)
 }
 
-// poll wakes the waiters of those of tags whose flight needs a look: its
+// flightsToLook returns those of tags whose flight needs a look: its
 // value or outcome is there, its lock is not, or the lock's holder is
-// gone. A poll that fails wakes them all: each then meets the failure in
-// its own step, as it would have polling on its own.
-func (s *Cache) poll(ctx context.Context, tags []string) {
-	ready := make([]bool, len(tags))
-	err := s.exec(ctx, func(ctx context.Context) error {
+// gone.
+func (s *Cache) flightsToLook(ctx context.Context, tags []string) (ready []string, err error) {
+	err = s.exec(ctx, func(ctx context.Context) error {
 		ended := make([]*redis.IntCmd, len(tags))
 		locks := make([]*redis.StringCmd, len(tags))
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -334,17 +313,17 @@ func (s *Cache) poll(ctx context.Context, tags []string) {
 		if err != nil && !errors.Is(err, redis.Nil) {
 			return err
 		}
-		holders := map[string][]int{} // a present-looking holder → its flights
-		for i := range tags {
+		holders := map[string][]string{} // a holder with a presence key → its flights
+		for i, tag := range tags {
 			lock, err := locks[i].Result()
 			switch {
 			case errors.Is(err, redis.Nil) || ended[i].Val() > 0:
-				ready[i] = true
+				ready = append(ready, tag)
 			case err != nil:
 				return err
 			default:
 				if instance, ok := holderOf(lock); ok {
-					holders[instance] = append(holders[instance], i)
+					holders[instance] = append(holders[instance], tag)
 				}
 			}
 		}
@@ -362,18 +341,12 @@ func (s *Cache) poll(ctx context.Context, tags []string) {
 		}
 		for instance, flights := range holders {
 			if present[instance].Val() == 0 {
-				for _, i := range flights {
-					ready[i] = true
-				}
+				ready = append(ready, flights...)
 			}
 		}
 		return nil
 	})
-	for i, tag := range tags {
-		if ready[i] || err != nil && ctx.Err() == nil {
-			s.waiters.Wake(tag)
-		}
-	}
+	return ready, err
 }
 
 // joinStep runs the join script once, after a GET of the value in the same
