@@ -289,15 +289,54 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 // lapsed) or their leader (its presence key lapsed). It also keeps each
 // flight's waiters flag alive, so that the leader's end still sends the
 // message however long the flight takes (the join script a waiter ran at
-// every poll used to).
+// every poll used to), every third of the lease (see flagsKept).
 func (s *Cache) pollWaits(ctx context.Context) {
-	s.waiters.Poll(ctx, s.cfg.PollInterval, s.flightsToLook)
+	kept := flagsKept{every: s.cfg.Lease / 3, at: map[string]time.Time{}}
+	s.waiters.Poll(ctx, s.cfg.PollInterval, func(ctx context.Context, tags []string) ([]string, error) {
+		return s.flightsToLook(ctx, tags, kept.due(tags, time.Now()))
+	})
+}
+
+// flagsKept schedules the poll's renewals of the waiters flags, for the
+// one goroutine that polls. A flag lives for the lease from its last
+// renewal, so renewing it every third of the lease keeps it with two
+// thirds to spare; once a poll (100ms against the 5s lease, as shipped),
+// it was a third of every poll's commands, for flags nowhere near their
+// end.
+type flagsKept struct {
+	every  time.Duration
+	at     map[string]time.Time // when the poll last renewed each tag's flag
+	pruned time.Time
+}
+
+// due reports, for each of tags, whether its flag is due a renewal now,
+// and counts the renewals as done: a poll that fails wakes every waiter,
+// whose own look sets the flag again.
+func (k *flagsKept) due(tags []string, now time.Time) []bool {
+	if now.Sub(k.pruned) >= k.every {
+		// A flight still waited on is renewed every k.every: one older
+		// than twice that is waited on no more.
+		k.pruned = now
+		for tag, t := range k.at {
+			if now.Sub(t) > 2*k.every {
+				delete(k.at, tag)
+			}
+		}
+	}
+	due := make([]bool, len(tags))
+	for i, tag := range tags {
+		if t, ok := k.at[tag]; !ok || now.Sub(t) >= k.every {
+			k.at[tag] = now
+			due[i] = true
+		}
+	}
+	return due
 }
 
 // flightsToLook returns those of tags whose flight needs a look: its
 // value or outcome is there, its lock is not, or the lock's holder is
-// gone.
-func (s *Cache) flightsToLook(ctx context.Context, tags []string) (ready []string, err error) {
+// gone. It renews the waiters flag of the tags renew marks.
+func (s *Cache) flightsToLook(ctx context.Context, tags []string, renew []bool) (ready []string, err error) {
 	err = s.exec(ctx, func(ctx context.Context) error {
 		ended := make([]*redis.IntCmd, len(tags))
 		locks := make([]*redis.StringCmd, len(tags))
@@ -306,7 +345,9 @@ func (s *Cache) flightsToLook(ctx context.Context, tags []string) (ready []strin
 				keys := s.flightKeys(tag)
 				ended[i] = p.Exists(ctx, keys[1], keys[2]) // one slot: the tag's
 				locks[i] = p.Get(ctx, keys[0])
-				p.PExpire(ctx, keys[3], s.cfg.Lease)
+				if renew[i] {
+					p.PExpire(ctx, keys[3], s.cfg.Lease)
+				}
 			}
 			return nil
 		})
