@@ -186,6 +186,7 @@ func TestPostgresFleetOfThree(t *testing.T) {
 	if err != nil || xcache != "MISS" {
 		t.Fatalf("first fetch: %s %q %v", xcache, page, err)
 	}
+	testkit.Eventually(t, testkit.Patience, func() bool { return settled(admins[0]) }, "instance 0's flight to reach the table")
 	for i, c := range clients[1:] {
 		if _, xcache, body, err := get(c, origin.URL+"/page"); err != nil || xcache != "HIT" || body != page {
 			t.Fatalf("instance %d: %s %q %v, want a HIT of %q", i+1, xcache, body, err, page)

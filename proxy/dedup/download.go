@@ -94,7 +94,7 @@ func (d *download) tooBig() {
 		}
 		d.e.log.Warn("could not offer a big body to the fleet from this instance; the others fetch their own", "key", d.key, "err", err)
 	}
-	d.e.finishLease(d.lease, d.key, TooLarge(nil), 0)
+	d.e.finishLease(d.e.base, d.lease, d.key, TooLarge(nil), 0)
 	d.lease = nil
 }
 
@@ -132,7 +132,7 @@ func (d *download) run(f *flight) {
 		d.e.flights.unlist(f)
 		d.obj.body.finish(err)
 		if d.lease != nil {
-			d.e.finishLease(d.lease, d.key, Outcome{Err: err.Error(), Timeout: isTimeoutErr(err)}, 0)
+			d.e.finishLease(d.e.base, d.lease, d.key, Outcome{Err: err.Error(), Timeout: isTimeoutErr(err)}, 0)
 		}
 		return
 	}
@@ -226,7 +226,7 @@ func (d *download) relayInstead(f *flight, cause error, retry func() error) erro
 	d.e.flights.drop(f)
 	d.obj.body.startRelay()
 	if d.lease != nil && !d.streamed {
-		d.e.finishLease(d.lease, d.key, TooLarge(nil), 0)
+		d.e.finishLease(d.e.base, d.lease, d.key, TooLarge(nil), 0)
 		d.lease = nil
 	}
 	return retry()
@@ -262,7 +262,7 @@ func (d *download) keep() {
 		return
 	}
 	if d.lease != nil {
-		e.finishLease(d.lease, d.key, TooLarge(nil), 0)
+		e.finishLease(e.base, d.lease, d.key, TooLarge(nil), 0)
 	}
 	// A download that outlived its TTL (counted from its headers) is
 	// expired already: kept, it would only evict fresh entries.

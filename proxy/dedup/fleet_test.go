@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // memFleet is a Fleet for engines in one test process: the first Join of
@@ -135,5 +136,114 @@ func TestFleetBigBodyFetchedByEachInstance(t *testing.T) {
 	}
 	if hits.Load() != 3 {
 		t.Fatalf("origin requests = %d, want the small body once", hits.Load())
+	}
+}
+
+// gatedFleet leads every Join; its leases' Finish reports the outcome on
+// finished and returns only once gate is closed: a shared store that has
+// not answered yet.
+type gatedFleet struct {
+	gate     chan struct{}
+	finished chan Outcome
+}
+
+func (g *gatedFleet) Join(context.Context, string) (Lease, *Outcome, error) {
+	return gatedLease{g}, nil, nil
+}
+
+type gatedLease struct{ g *gatedFleet }
+
+func (l gatedLease) Finish(_ context.Context, out Outcome, _ time.Duration) error {
+	l.g.finished <- out
+	<-l.g.gate
+	return nil
+}
+
+func (gatedLease) Release() {}
+
+// TestClientsDoNotWaitForTheFleet: a flight that fetched a response to
+// cache answers its clients here before the shared store has taken it
+// (Finish blocks until the test lets it go). Until then the flight counts
+// as in progress and a request here for the same key is answered from it,
+// as a hit, without a second fetch. Once Finish returns the flight ends,
+// and a request starts a new one. (A failure, or a response not to cache,
+// is told to the fleet first: TestFailedFlightAcrossFleet in rediscache.)
+func TestClientsDoNotWaitForTheFleet(t *testing.T) {
+	var hits atomic.Int64
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		io.WriteString(w, "page")
+	}))
+	defer origin.Close()
+	fleet := &gatedFleet{gate: make(chan struct{}), finished: make(chan Outcome, 4)}
+	opened := false
+	defer func() {
+		if !opened {
+			close(fleet.gate)
+		}
+	}()
+	cfg := Config{Enabled: true, TTL: time.Minute}.WithDefaults()
+	store := NewMemoryStore(1 << 20)
+	defer store.Close()
+	eng, err := New(cfg, Options{Store: store, Next: &http.Transport{}, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Fleet: fleet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer eng.Close()
+	type answer struct {
+		status       int
+		xcache, body string
+		age          bool
+		err          error
+	}
+	get := func(url string) answer {
+		t.Helper()
+		done := make(chan answer, 1)
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, url, nil)
+			resp, err := eng.RoundTrip(req)
+			if err != nil {
+				done <- answer{err: err}
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			_, age := resp.Header["Age"]
+			done <- answer{resp.StatusCode, resp.Header.Get(HeaderCache), string(b), age, err}
+		}()
+		select {
+		case a := <-done:
+			return a
+		case <-time.After(testkit.Patience):
+			t.Fatal("the client waited for the fleet's store")
+			return answer{}
+		}
+	}
+
+	if a := get(origin.URL + "/page"); a.err != nil || a.status != 200 || a.xcache != CacheMiss || a.body != "page" {
+		t.Fatalf("leader: %+v", a)
+	}
+	if out := <-fleet.finished; out.Entry == nil || string(out.Entry.Body) != "page" {
+		t.Fatalf("the fleet was told %+v, want the page", out)
+	}
+	if n := eng.Stats().Flights; n != 1 {
+		t.Errorf("flights in progress while the store has not answered: %d, want 1", n)
+	}
+	if a := get(origin.URL + "/page"); a.err != nil || a.xcache != CacheHit || a.body != "page" || !a.age {
+		t.Fatalf("the same page meanwhile: %+v, want a HIT with an Age", a)
+	}
+	if n := hits.Load(); n != 1 {
+		t.Fatalf("origin saw %d requests, want 1", n)
+	}
+
+	opened = true
+	close(fleet.gate)
+	testkit.Eventually(t, testkit.Patience, func() bool { return eng.Stats().Flights == 0 }, "the flights to end")
+	// This fleet stores nothing: a request now is a new flight.
+	if a := get(origin.URL + "/page"); a.xcache != CacheMiss || hits.Load() != 2 {
+		t.Fatalf("after the flight ended: %+v, origin saw %d", a, hits.Load())
+	}
+	if out := <-fleet.finished; out.Entry == nil {
+		t.Fatalf("the fleet was told %+v, want the page", out)
 	}
 }

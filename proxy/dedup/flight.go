@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // A flight is one upstream fetch and every request that wants its result:
@@ -42,6 +43,19 @@ type flightResult struct {
 	// found the response cached after winning, COALESCED when another
 	// process fetched it, BYPASS when it fetched without the shared layer.
 	label string
+	// end is the fleet's lease of a flight that fetched entry, a response
+	// to cache, still to finish: fly finishes it once the local waiters
+	// have the result, and the flight stays listed until then. Never
+	// changed after publish.
+	end leaseEnd
+}
+
+// leaseEnd is what a flight still has to tell the fleet: its entry, to
+// keep for ttl from its headers (keepEntry).
+type leaseEnd struct {
+	lease Lease // nil: nothing
+	ttl   time.Duration
+	slots func() // gives back the flight's max_flights slots
 }
 
 // meta is the response's status and headers, whatever carries them.
@@ -102,7 +116,8 @@ func (fs *flights) attach(key string) *flight {
 }
 
 // publish sets f's result and wakes its waiters. A result without a body
-// to stream ends the flight: later requests start a new one.
+// to stream ends the flight, or once its lease has ended when it has one
+// to end (unlist): later requests start a new one.
 func (fs *flights) publish(f *flight, res *flightResult) {
 	fs.mu.Lock()
 	f.res = res
@@ -114,7 +129,7 @@ func (fs *flights) publish(f *flight, res *flightResult) {
 	case res.stream != nil && f.leaderGone:
 		drop = true
 	}
-	if res.obj == nil || stop {
+	if res.obj == nil && res.end.lease == nil || stop {
 		fs.unlistLocked(f)
 	}
 	release := fs.releasableLocked(f)

@@ -52,11 +52,11 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 		return resp, ok, nil
 	}
 	var (
-		f      *flight
-		leader bool
+		f               *flight
+		leader, settled bool
 	)
 	if fromFirstByte(req.Header.Get("Range")) {
-		f, leader, err = e.ride(whole, rule, flightKey, body)
+		f, leader, settled, err = e.ride(whole, rule, flightKey, body)
 	} else {
 		f, err = e.await(req, flightKey)
 	}
@@ -64,10 +64,7 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 		return nil, err != nil, err
 	}
 	res := f.res
-	xcache := CacheCoalesced
-	if leader || res.label == CacheHit {
-		xcache = res.label
-	}
+	xcache := labelOf(res, leader, settled)
 	if ent := res.entry; ent != nil {
 		// A whole response (a small body read whole, another instance's
 		// copy): every range of it is there.
@@ -83,7 +80,7 @@ func (e *Engine) fromObject(req *http.Request, rule *Rule, body []byte) (resp *h
 		// The whole object's fetch failed, or brought a response not
 		// to share: its leader answers with that, as any leader does
 		// (the whole body is a right answer to bytes=0-).
-		resp, err := e.answer(req, flightKey, f, res, true)
+		resp, err := e.answer(req, flightKey, f, res, true, xcache)
 		return resp, true, err
 	}
 	if obj == nil || !obj.meta.varyMatches(req.Header) {

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // twoTiers is a TieredStore: a memory tier of this process in front of a
@@ -102,6 +104,8 @@ func TestTieredStoreWithFleet(t *testing.T) {
 	if resp, err := do(http.MethodGet, "/p"); err != nil || resp.Header.Get(HeaderCache) != CacheMiss {
 		t.Fatalf("first: %v %v", resp, err)
 	}
+	// The lease stores it just after the client has it.
+	testkit.Eventually(t, testkit.Patience, func() bool { return eng.Stats().Flights == 0 }, "the flight to end")
 	key := ""
 	for k := range tiers.shared.c.Keys() {
 		key = k

@@ -171,6 +171,22 @@ func (i *instance) get(url string) got {
 	return got{resp.StatusCode, resp.Header.Get(dedup.HeaderCache), resp.Header.Get(dedup.HeaderCacheKey), string(b), err}
 }
 
+// settle waits until no instance has a flight in progress. A flight
+// tells the store how it ended just after its clients have their answer
+// (dedup's endLease): a test that looks at the store, or changes it,
+// after a miss waits for that first.
+func (f *fleetFixture) settle(t testing.TB) {
+	t.Helper()
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		for _, i := range f.insts {
+			if i.engine.Stats().Flights != 0 {
+				return false
+			}
+		}
+		return true
+	}, "the flights to tell the store how they ended")
+}
+
 func (f *fleetFixture) waiters() int64 {
 	var n int64
 	for _, i := range f.insts {

@@ -162,6 +162,22 @@ func (i *instance) get(url string) got {
 	return got{resp.StatusCode, resp.Header.Get(dedup.HeaderCache), resp.Header.Get(dedup.HeaderCacheKey), string(b), err}
 }
 
+// settle waits until no instance has a flight in progress. A flight
+// tells the store how it ended just after its clients have their answer
+// (dedup's endLease): a test that looks at the store, or changes it,
+// after a miss waits for that first.
+func (f *fleetFixture) settle(t testing.TB) {
+	t.Helper()
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		for _, i := range f.insts {
+			if i.engine.Stats().Flights != 0 {
+				return false
+			}
+		}
+		return true
+	}, "the flights to tell the store how they ended")
+}
+
 func (f *fleetFixture) waiters() int64 {
 	var n int64
 	for _, i := range f.insts {
@@ -234,6 +250,7 @@ func TestHitOnAnotherInstance(t *testing.T) {
 	if a.xcache != dedup.CacheMiss {
 		t.Fatalf("A: %+v", a)
 	}
+	f.settle(t)
 	for _, inst := range f.insts[1:] {
 		if g := inst.get(f.origin.URL + "/shared"); g.xcache != dedup.CacheHit || g.body != a.body {
 			t.Fatalf("%s: %s, body equal %v", inst.name, g.xcache, g.body == a.body)
@@ -340,6 +357,7 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	a, b := f.insts[0], f.insts[1]
 	u := f.origin.URL + "/inv?x=1"
 	key := a.get(u).key
+	f.settle(t)
 	if g := b.get(u); g.xcache != dedup.CacheHit {
 		t.Fatalf("B: %s", g.xcache)
 	}
@@ -379,6 +397,7 @@ func TestOlderFormatIsIgnored(t *testing.T) {
 	inst := f.insts[0]
 	u := f.origin.URL + "/old"
 	key := inst.get(u).key // MISS, stored
+	f.settle(t)
 	inst.store.local.Delete(context.Background(), key)
 	old := storecodec.Encode(&dedup.Entry{Status: 200, Body: []byte("stale v0"), ExpiresAt: time.Now().Add(time.Hour)})
 	old[len("ONCE")] = 0 // an older format version (after the magic)
@@ -542,6 +561,7 @@ func TestConcurrentLookupsShareOneGet(t *testing.T) {
 	})
 	inst := f.insts[0]
 	key := inst.get(f.origin.URL + "/pause").key // MISS, stored in Redis
+	f.settle(t)
 	ctx := context.Background()
 	inst.store.local.Delete(ctx, key)
 	rc := f.redis.Client()
@@ -793,6 +813,7 @@ func TestClusterFleet(t *testing.T) {
 		if g := a.get(u); g.xcache != dedup.CacheMiss {
 			t.Fatalf("A %s: %+v", u, g)
 		}
+		f.settle(t)
 		if g := b.get(u); g.xcache != dedup.CacheHit {
 			t.Fatalf("B %s: %+v", u, g)
 		}
