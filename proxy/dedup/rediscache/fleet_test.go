@@ -842,3 +842,41 @@ func TestClusterFleet(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaderAnswersBeforeRedisStores: the leader's client has its answer
+// while Redis still refuses writes (CLIENT PAUSE WRITE from the origin's
+// handler, after the lease was taken): the flight stays in progress, and
+// a request on the same instance meanwhile is a HIT from it, with no
+// second fetch. Once Redis takes writes again the value reaches the
+// fleet: a HIT on the other instance.
+func TestLeaderAnswersBeforeRedisStores(t *testing.T) {
+	var f *fleetFixture
+	f = newFleet(t, 2, Config{Timeout: 10 * time.Second, Lease: 30 * time.Second}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		if err := f.redis.Client().Do(context.Background(), "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
+			t.Errorf("CLIENT PAUSE: %v", err)
+		}
+		io.WriteString(w, "page")
+	})
+	rc := f.redis.Client()
+	unpause := func() { rc.Do(context.Background(), "CLIENT", "UNPAUSE") }
+	t.Cleanup(unpause)
+	a, b := f.insts[0], f.insts[1]
+	u := f.origin.URL + "/paused"
+	if g := a.get(u); g.status != 200 || g.xcache != dedup.CacheMiss || g.body != "page" {
+		t.Fatalf("leader: %+v", g)
+	}
+	if n := a.engine.Stats().Flights; n != 1 {
+		t.Fatalf("flights in progress on A while Redis takes no writes: %d, want 1 (the value not stored yet)", n)
+	}
+	if g := a.get(u); g.xcache != dedup.CacheHit || g.body != "page" {
+		t.Fatalf("A again, meanwhile: %+v, want a HIT", g)
+	}
+	unpause()
+	f.settle(t)
+	if g := b.get(u); g.xcache != dedup.CacheHit || g.body != "page" {
+		t.Fatalf("B once Redis took the value: %+v, want a HIT", g)
+	}
+	if n := f.hits.Load(); n != 1 {
+		t.Fatalf("origin saw %d requests, want 1", n)
+	}
+}
