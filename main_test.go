@@ -382,17 +382,17 @@ func TestFleetOfThree(t *testing.T) {
 	}
 }
 
-// settled reports whether the instance behind admin has no flight in
-// progress: a flight tells the fleet's store how it ended just after its
+// settled reports whether the instance behind admin has handed what its
+// flights fetched to the fleet's store: a flight does that just after its
 // clients have their answer, so a test that expects a HIT elsewhere next
 // waits for this first.
 func settled(admin string) bool {
 	var st struct {
 		Instance struct {
-			Flights *int64 `json:"flights_in_progress"`
+			Sharing *int64 `json:"flights_sharing"`
 		} `json:"instance"`
 	}
-	return testkit.GetJSON("http://"+admin+"/cache/stats", &st) == nil && st.Instance.Flights != nil && *st.Instance.Flights == 0
+	return testkit.GetJSON("http://"+admin+"/cache/stats", &st) == nil && st.Instance.Sharing != nil && *st.Instance.Sharing == 0
 }
 
 // waiting sums flight_waiters over the instances' admin APIs. It runs in

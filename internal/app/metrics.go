@@ -21,6 +21,8 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 	}
 	m.Gauge("flights_in_progress", "Upstream fetches others may be waiting on, running now.",
 		stat(func(s dedup.Stats) float64 { return float64(s.Flights) }))
+	m.Gauge("flights_sharing", "Flights in progress whose clients have their answer while the fleet's store takes it.",
+		stat(func(s dedup.Stats) float64 { return float64(s.Sharing) }))
 	m.Gauge("flight_waiters", "Requests waiting on a flight (this process), the leader included.",
 		stat(func(s dedup.Stats) float64 { return float64(s.Waiters) }))
 	m.Gauge("cache_bytes", "Bytes of responses held in the memory cache.",

@@ -136,11 +136,30 @@ func (d *download) run(f *flight) {
 		}
 		return
 	}
+	if d.toFleet() {
+		// The fleet's store is a round trip away, and the readers need
+		// not wait for it (see endLease): they see the end first, and the
+		// flight stays listed until the store has the body, so that a
+		// request meanwhile reads it whole from the spool (settled).
+		d.e.st.sharing.Add(1)
+		defer d.e.st.sharing.Add(-1)
+		d.obj.body.finish(nil)
+		d.keep()
+		d.e.flights.unlist(f)
+		return
+	}
 	// Cached before the readers see the end: a client that read the whole
 	// body and asks again finds it in the cache.
 	d.keep()
 	d.e.flights.unlist(f)
 	d.obj.body.finish(nil)
+}
+
+// toFleet reports whether keep hands the complete body to the fleet's
+// store with the lease, to cache: whole, in memory, not expired.
+func (d *download) toFleet() bool {
+	return d.lease != nil && d.obj.body.inMemory() && d.obj.body.written() <= d.e.wholeLimit &&
+		time.Now().Before(d.obj.meta.ExpiresAt) && d.keeping()
 }
 
 // copy reads the origin's body into the spool. Its error says why the body

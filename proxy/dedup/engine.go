@@ -478,9 +478,9 @@ func labelOf(res *flightResult, leader, settled bool) string {
 
 // ride joins the flight for key, starting it with req (which leads) when
 // none runs, and waits for its result: f with leader, or an error when
-// req's client left first (the flight left again). settled: f had a whole
-// entry already, and was only telling the fleet (see endLease). The
-// caller leaves f.
+// req's client left first (the flight left again). settled: f had the
+// whole response already, and was only telling the fleet (see endLease,
+// download.run). The caller leaves f.
 func (e *Engine) ride(req *http.Request, rule *Rule, key string, body []byte) (f *flight, leader, settled bool, err error) {
 	if err := req.Context().Err(); err != nil {
 		// The client is gone already (it hung up while its head was read,
@@ -495,7 +495,7 @@ func (e *Engine) ride(req *http.Request, rule *Rule, key string, body []byte) (f
 	if !leader {
 		select {
 		case <-f.ready:
-			settled = f.res.end.lease != nil
+			settled = f.res.end.lease != nil || f.res.obj != nil && f.res.obj.body.complete()
 		default:
 		}
 	}
@@ -539,6 +539,9 @@ func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, bod
 func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body []byte) {
 	defer e.wg.Done()
 	res, dl := e.lead(req, rule, key, body)
+	if res.end.lease != nil {
+		e.st.sharing.Add(1) // before the clients can see the answer
+	}
 	e.flights.publish(f, res)
 	if res.end.lease != nil {
 		e.endLease(f, key, res.entry, res.end)
@@ -559,6 +562,7 @@ func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body 
 // still holds the lease; and it keeps its max_flights slots, so that
 // flights_in_progress counts it.
 func (e *Engine) endLease(f *flight, key string, ent *Entry, end leaseEnd) {
+	defer e.st.sharing.Add(-1)
 	defer e.flights.unlist(f)
 	if end.slots != nil {
 		defer end.slots()

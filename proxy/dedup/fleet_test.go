@@ -226,8 +226,8 @@ func TestClientsDoNotWaitForTheFleet(t *testing.T) {
 	if out := <-fleet.finished; out.Entry == nil || string(out.Entry.Body) != "page" {
 		t.Fatalf("the fleet was told %+v, want the page", out)
 	}
-	if n := eng.Stats().Flights; n != 1 {
-		t.Errorf("flights in progress while the store has not answered: %d, want 1", n)
+	if st := eng.Stats(); st.Flights != 1 || st.Sharing != 1 {
+		t.Errorf("while the store has not answered: %d flights in progress, %d sharing, want 1 and 1", st.Flights, st.Sharing)
 	}
 	if a := get(origin.URL + "/page"); a.err != nil || a.xcache != CacheHit || a.body != "page" || !a.age {
 		t.Fatalf("the same page meanwhile: %+v, want a HIT with an Age", a)
@@ -238,7 +238,7 @@ func TestClientsDoNotWaitForTheFleet(t *testing.T) {
 
 	opened = true
 	close(fleet.gate)
-	testkit.Eventually(t, testkit.Patience, func() bool { return eng.Stats().Flights == 0 }, "the flights to end")
+	testkit.Eventually(t, testkit.Patience, func() bool { st := eng.Stats(); return st.Flights == 0 && st.Sharing == 0 }, "the flights to end")
 	// This fleet stores nothing: a request now is a new flight.
 	if a := get(origin.URL + "/page"); a.xcache != CacheMiss || hits.Load() != 2 {
 		t.Fatalf("after the flight ended: %+v, origin saw %d", a, hits.Load())

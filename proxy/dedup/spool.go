@@ -296,8 +296,23 @@ func (s *spool) progressLocked() {
 }
 
 // The writer, once the body is complete (before finish, so that the body
-// is cached before its readers see the end), takes it with written and
-// bytes or filePath.
+// is cached before its readers see the end, unless it goes to the fleet:
+// see download.run), takes it with written and bytes or filePath.
+
+// inMemory reports whether the body is all in memory: bytes can take it.
+func (s *spool) inMemory() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.file == nil && !s.relay
+}
+
+// complete reports whether the whole body arrived and its readers may
+// read it to the end.
+func (s *spool) complete() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.done && s.err == nil
+}
 
 func (s *spool) written() int64 {
 	s.mu.Lock()

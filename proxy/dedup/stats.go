@@ -29,6 +29,7 @@ type counters struct {
 	upstream atomic.Uint64 // requests actually sent upstream
 	flights  atomic.Int64  // flights fetching right now
 	waiters  atomic.Int64  // requests waiting on a flight right now
+	sharing  atomic.Int64  // flights whose clients have their answer, which the fleet's store is taking
 	// Flights that read their body from another instance: whole from it
 	// (ok), from the origin after all (fallback: the peer could not be
 	// asked or failed mid-body), or neither (failed).
@@ -48,11 +49,15 @@ type Stats struct {
 	SavingsPct       float64           `json:"savings_pct"`
 	// MoneySaved is requests avoided times the per-request price plus
 	// bytes avoided times the per-GB price, in Currency.
-	MoneySaved float64    `json:"money_saved"`
-	Currency   string     `json:"currency"`
-	Flights    int64      `json:"flights_in_progress"`
-	Waiters    int64      `json:"flight_waiters"`
-	Store      StoreStats `json:"store"`
+	MoneySaved float64 `json:"money_saved"`
+	Currency   string  `json:"currency"`
+	Flights    int64   `json:"flights_in_progress"`
+	Waiters    int64   `json:"flight_waiters"`
+	// Sharing counts the flights, among Flights, whose clients have
+	// their answer while the fleet's store takes it (a round trip, or
+	// longer when the store is slow).
+	Sharing int64      `json:"flights_sharing"`
+	Store   StoreStats `json:"store"`
 	// Disk is the disk tier; nil when it is off.
 	Disk  *StoreStats `json:"disk,omitempty"`
 	Spool SpoolStats  `json:"spool"`
@@ -97,6 +102,7 @@ func (c *counters) snapshot() Stats {
 		MoneySaved:       float64(a.MoneyNano.Load()) / 1e9,
 		Flights:          c.flights.Load(),
 		Waiters:          c.waiters.Load(),
+		Sharing:          c.sharing.Load(),
 		PeerFetches:      PeerStats{OK: c.peerOK.Load(), Fallback: c.peerFallback.Load(), Failed: c.peerFailed.Load()},
 	}
 	s.SavingsPct = savingsPct(hit+co, s.Requests)

@@ -28,8 +28,12 @@ func (e *Engine) serveObject(req *http.Request, f *flight, obj *object, key, xca
 		// leaving the flight twice.
 		r.onClose = nil
 		r.Close()
+		return nil, false
 	}
-	return resp, ok
+	if xcache == CacheHit {
+		resp.Header.Set("Age", age(obj.meta))
+	}
+	return resp, true
 }
 
 // serveFile answers req from a disk-tier entry.

@@ -2,6 +2,7 @@ package pgstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -156,7 +157,20 @@ type got struct {
 	err    error
 }
 
+// get sends a request through i, and returns once i's flights have
+// handed what they fetched to the fleet's store, which they do just after
+// their clients have it (dedup's endLease): the test's next step sees the
+// store as the request left it.
 func (i *instance) get(url string) got {
+	g := i.getNow(url)
+	if !testkit.Poll(testkit.Patience, func() bool { return i.engine.Stats().Sharing == 0 }) && g.err == nil {
+		g.err = errors.New("the instance's flights never handed their values to the store")
+	}
+	return g
+}
+
+// getNow is get without the wait for the store.
+func (i *instance) getNow(url string) got {
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
 	resp, err := i.engine.RoundTrip(req)
 	if err != nil {
@@ -169,22 +183,6 @@ func (i *instance) get(url string) got {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return got{resp.StatusCode, resp.Header.Get(dedup.HeaderCache), resp.Header.Get(dedup.HeaderCacheKey), string(b), err}
-}
-
-// settle waits until no instance has a flight in progress. A flight
-// tells the store how it ended just after its clients have their answer
-// (dedup's endLease): a test that looks at the store, or changes it,
-// after a miss waits for that first.
-func (f *fleetFixture) settle(t testing.TB) {
-	t.Helper()
-	testkit.Eventually(t, testkit.Patience, func() bool {
-		for _, i := range f.insts {
-			if i.engine.Stats().Flights != 0 {
-				return false
-			}
-		}
-		return true
-	}, "the flights to tell the store how they ended")
 }
 
 func (f *fleetFixture) waiters() int64 {

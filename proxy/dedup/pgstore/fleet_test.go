@@ -66,7 +66,6 @@ func TestHitOnAnotherInstance(t *testing.T) {
 	if a.xcache != dedup.CacheMiss {
 		t.Fatalf("A: %+v", a)
 	}
-	f.settle(t)
 	for _, inst := range f.insts[1:] {
 		if g := inst.get(f.origin.URL + "/shared"); g.xcache != dedup.CacheHit || g.body != a.body {
 			t.Fatalf("%s: %s, body equal %v", inst.name, g.xcache, g.body == a.body)
@@ -185,7 +184,6 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	a, b := f.insts[0], f.insts[1]
 	u := f.origin.URL + "/inv?x=1"
 	key := a.get(u).key
-	f.settle(t)
 	if g := b.get(u); g.xcache != dedup.CacheHit {
 		t.Fatalf("B: %s", g.xcache)
 	}

@@ -44,7 +44,6 @@ func TestGarbageRowsAreIgnored(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			u := f.origin.URL + "/garbage/" + strings.ReplaceAll(name, " ", "-")
 			key := inst.get(u).key // MISS, stored
-			f.settle(t)
 			inst.local.Delete(context.Background(), key)
 			f.exec(`UPDATE {s}.cache SET value = $2 WHERE key = $1`, key, blob)
 			before := inst.be.Rejected()

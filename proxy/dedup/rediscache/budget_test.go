@@ -164,7 +164,6 @@ func TestRoundTripBudget(t *testing.T) {
 			t.Fatalf("warm-up: %+v", g)
 		}
 	}
-	f.settle(t)
 	logA.reset()
 	logB.reset()
 
@@ -182,7 +181,6 @@ func TestRoundTripBudget(t *testing.T) {
 	if miss.xcache != dedup.CacheMiss {
 		t.Fatalf("first request: %+v", miss)
 	}
-	f.settle(t)
 	check("leader, miss", logA, miss.key, 2)
 
 	// A hit on the other instance (nothing in its memory tier).
@@ -215,7 +213,6 @@ func TestRoundTripBudget(t *testing.T) {
 		t.Fatalf("A %+v, B %+v", ga, gb)
 	}
 	key := ga.key
-	f.settle(t)
 	check("waiter before waiting", before, key, 1)
 	check("leader with a waiter elsewhere", logA, key, 2)
 	check("waiter, whole request", logB, key, 2)
@@ -229,7 +226,6 @@ func TestRoundTripBudget(t *testing.T) {
 		if g.xcache != dedup.CacheMiss {
 			t.Fatalf("many %d: %+v", i, g)
 		}
-		f.settle(t)
 		keys = append(keys, g.key)
 		if g := a.get(fmt.Sprintf("%s/many/%d", f.origin.URL, i)); g.xcache != dedup.CacheHit {
 			t.Fatalf("many %d again: %+v", i, g)

@@ -2,6 +2,7 @@ package rediscache
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -147,7 +148,20 @@ type got struct {
 	err    error
 }
 
+// get sends a request through i, and returns once i's flights have
+// handed what they fetched to the fleet's store, which they do just after
+// their clients have it (dedup's endLease): the test's next step sees the
+// store as the request left it.
 func (i *instance) get(url string) got {
+	g := i.getNow(url)
+	if !testkit.Poll(testkit.Patience, func() bool { return i.engine.Stats().Sharing == 0 }) && g.err == nil {
+		g.err = errors.New("the instance's flights never handed their values to the store")
+	}
+	return g
+}
+
+// getNow is get without the wait for the store.
+func (i *instance) getNow(url string) got {
 	req, _ := http.NewRequest(http.MethodGet, url, nil)
 	resp, err := i.engine.RoundTrip(req)
 	if err != nil {
@@ -162,20 +176,18 @@ func (i *instance) get(url string) got {
 	return got{resp.StatusCode, resp.Header.Get(dedup.HeaderCache), resp.Header.Get(dedup.HeaderCacheKey), string(b), err}
 }
 
-// settle waits until no instance has a flight in progress. A flight
-// tells the store how it ended just after its clients have their answer
-// (dedup's endLease): a test that looks at the store, or changes it,
-// after a miss waits for that first.
+// settle waits until every instance's flights have handed what they
+// fetched to the fleet's store (see get).
 func (f *fleetFixture) settle(t testing.TB) {
 	t.Helper()
 	testkit.Eventually(t, testkit.Patience, func() bool {
 		for _, i := range f.insts {
-			if i.engine.Stats().Flights != 0 {
+			if i.engine.Stats().Sharing != 0 {
 				return false
 			}
 		}
 		return true
-	}, "the flights to tell the store how they ended")
+	}, "the flights to hand their values to the store")
 }
 
 func (f *fleetFixture) waiters() int64 {
@@ -250,7 +262,6 @@ func TestHitOnAnotherInstance(t *testing.T) {
 	if a.xcache != dedup.CacheMiss {
 		t.Fatalf("A: %+v", a)
 	}
-	f.settle(t)
 	for _, inst := range f.insts[1:] {
 		if g := inst.get(f.origin.URL + "/shared"); g.xcache != dedup.CacheHit || g.body != a.body {
 			t.Fatalf("%s: %s, body equal %v", inst.name, g.xcache, g.body == a.body)
@@ -357,7 +368,6 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	a, b := f.insts[0], f.insts[1]
 	u := f.origin.URL + "/inv?x=1"
 	key := a.get(u).key
-	f.settle(t)
 	if g := b.get(u); g.xcache != dedup.CacheHit {
 		t.Fatalf("B: %s", g.xcache)
 	}
@@ -397,7 +407,6 @@ func TestOlderFormatIsIgnored(t *testing.T) {
 	inst := f.insts[0]
 	u := f.origin.URL + "/old"
 	key := inst.get(u).key // MISS, stored
-	f.settle(t)
 	inst.store.local.Delete(context.Background(), key)
 	old := storecodec.Encode(&dedup.Entry{Status: 200, Body: []byte("stale v0"), ExpiresAt: time.Now().Add(time.Hour)})
 	old[len("ONCE")] = 0 // an older format version (after the magic)
@@ -561,7 +570,6 @@ func TestConcurrentLookupsShareOneGet(t *testing.T) {
 	})
 	inst := f.insts[0]
 	key := inst.get(f.origin.URL + "/pause").key // MISS, stored in Redis
-	f.settle(t)
 	ctx := context.Background()
 	inst.store.local.Delete(ctx, key)
 	rc := f.redis.Client()
@@ -813,7 +821,6 @@ func TestClusterFleet(t *testing.T) {
 		if g := a.get(u); g.xcache != dedup.CacheMiss {
 			t.Fatalf("A %s: %+v", u, g)
 		}
-		f.settle(t)
 		if g := b.get(u); g.xcache != dedup.CacheHit {
 			t.Fatalf("B %s: %+v", u, g)
 		}
@@ -843,40 +850,57 @@ func TestClusterFleet(t *testing.T) {
 	}
 }
 
-// TestLeaderAnswersBeforeRedisStores: the leader's client has its answer
-// while Redis still refuses writes (CLIENT PAUSE WRITE from the origin's
-// handler, after the lease was taken): the flight stays in progress, and
-// a request on the same instance meanwhile is a HIT from it, with no
-// second fetch. Once Redis takes writes again the value reaches the
-// fleet: a HIT on the other instance.
+// TestLeaderAnswersBeforeRedisStores: the leader's answer, a small body
+// read whole or a bigger one streamed through a spool (with or without a
+// Content-Length), reaches its client while Redis still refuses writes
+// (CLIENT PAUSE WRITE from the origin's handler, after the lease was
+// taken): the flight stays in progress, and a request on the same
+// instance meanwhile is a HIT from it, with no second fetch. Once Redis
+// takes writes again the value reaches the fleet: a HIT on the other
+// instance.
 func TestLeaderAnswersBeforeRedisStores(t *testing.T) {
-	var f *fleetFixture
-	f = newFleet(t, 2, Config{Timeout: 10 * time.Second, Lease: 30 * time.Second}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		if err := f.redis.Client().Do(context.Background(), "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
-			t.Errorf("CLIENT PAUSE: %v", err)
-		}
-		io.WriteString(w, "page")
-	})
-	rc := f.redis.Client()
-	unpause := func() { rc.Do(context.Background(), "CLIENT", "UNPAUSE") }
-	t.Cleanup(unpause)
-	a, b := f.insts[0], f.insts[1]
-	u := f.origin.URL + "/paused"
-	if g := a.get(u); g.status != 200 || g.xcache != dedup.CacheMiss || g.body != "page" {
-		t.Fatalf("leader: %+v", g)
-	}
-	if n := a.engine.Stats().Flights; n != 1 {
-		t.Fatalf("flights in progress on A while Redis takes no writes: %d, want 1 (the value not stored yet)", n)
-	}
-	if g := a.get(u); g.xcache != dedup.CacheHit || g.body != "page" {
-		t.Fatalf("A again, meanwhile: %+v, want a HIT", g)
-	}
-	unpause()
-	f.settle(t)
-	if g := b.get(u); g.xcache != dedup.CacheHit || g.body != "page" {
-		t.Fatalf("B once Redis took the value: %+v, want a HIT", g)
-	}
-	if n := f.hits.Load(); n != 1 {
-		t.Fatalf("origin saw %d requests, want 1", n)
+	big := strings.Repeat("0123456789abcdef", 200<<10/16) // past the 64 KiB read whole
+	for _, tc := range []struct {
+		name, body string
+		length     bool
+	}{
+		{"small", "page", true},
+		{"spooled", big, true},
+		{"spooled-chunked", big, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var f *fleetFixture
+			f = newFleet(t, 2, Config{Timeout: 10 * time.Second, Lease: 30 * time.Second}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+				if err := f.redis.Client().Do(context.Background(), "CLIENT", "PAUSE", 20000, "WRITE").Err(); err != nil {
+					t.Errorf("CLIENT PAUSE: %v", err)
+				}
+				if tc.length {
+					w.Header().Set("Content-Length", strconv.Itoa(len(tc.body)))
+				}
+				io.WriteString(w, tc.body)
+			})
+			rc := f.redis.Client()
+			unpause := func() { rc.Do(context.Background(), "CLIENT", "UNPAUSE") }
+			t.Cleanup(unpause)
+			a, b := f.insts[0], f.insts[1]
+			u := f.origin.URL + "/paused"
+			if g := a.getNow(u); g.status != 200 || g.xcache != dedup.CacheMiss || g.body != tc.body {
+				t.Fatalf("leader: %d %s, %d bytes %v", g.status, g.xcache, len(g.body), g.err)
+			}
+			if st := a.engine.Stats(); st.Flights != 1 || st.Sharing != 1 {
+				t.Fatalf("A while Redis takes no writes: %d flights in progress, %d sharing, want 1 and 1 (the value not stored yet)", st.Flights, st.Sharing)
+			}
+			if g := a.getNow(u); g.xcache != dedup.CacheHit || g.body != tc.body {
+				t.Fatalf("A again, meanwhile: %s, %d bytes %v, want a HIT", g.xcache, len(g.body), g.err)
+			}
+			unpause()
+			f.settle(t)
+			if g := b.get(u); g.xcache != dedup.CacheHit || g.body != tc.body {
+				t.Fatalf("B once Redis took the value: %s, %d bytes %v, want a HIT", g.xcache, len(g.body), g.err)
+			}
+			if n := f.hits.Load(); n != 1 {
+				t.Fatalf("origin saw %d requests, want 1", n)
+			}
+		})
 	}
 }

@@ -72,7 +72,6 @@ func TestLockWithoutExpiryLapses(t *testing.T) {
 	ctx := context.Background()
 	u := f.origin.URL + "/stuck"
 	tag := tagOf(inst.get(u).key)
-	f.settle(t)
 	inst.store.local.Delete(ctx, fullKey(tag))
 	rc.Del(ctx, inst.store.valueKey(tag))
 	lock := inst.store.lockKey(tag)
