@@ -277,11 +277,11 @@ func (d *download) keep() {
 		if !d.keeping() {
 			ttl = 0
 		}
-		e.keepEntry(d.key, &ent, ttl, d.lease)
+		e.keepEntry(e.settling(), d.key, &ent, ttl, d.lease)
 		return
 	}
 	if d.lease != nil {
-		e.finishLease(e.base, d.lease, d.key, TooLarge(nil), 0)
+		e.finishLease(e.settling(), d.lease, d.key, TooLarge(nil), 0)
 	}
 	// A download that outlived its TTL (counted from its headers) is
 	// expired already: kept, it would only evict fresh entries.

@@ -573,10 +573,7 @@ func (e *Engine) endLease(f *flight, key string, ent *Entry, end leaseEnd) {
 			end.lease.Release()
 		}
 	}()
-	// The clients here have it: the fleet gets it too, also while the
-	// engine closes (Close waits for this; the store bounds it with its
-	// own timeouts).
-	e.finishLease(context.WithoutCancel(e.base), end.lease, key, Outcome{Entry: ent}, keptTTL(ent, end.ttl))
+	e.keepEntry(e.settling(), key, ent, end.ttl, end.lease)
 }
 
 // answer turns a flight's result into this caller's response, labelled
@@ -997,7 +994,7 @@ func (e *Engine) whole(key string, ent *Entry, ttl time.Duration, lease Lease, l
 	if lease != nil && keptTTL(ent, ttl) > 0 {
 		res.end = leaseEnd{lease: lease, ttl: ttl}
 	} else {
-		e.keepEntry(key, ent, ttl, lease)
+		e.keepEntry(e.base, key, ent, ttl, lease)
 	}
 	return res
 }
@@ -1010,18 +1007,24 @@ func (e *Engine) whole(key string, ent *Entry, ttl time.Duration, lease Lease, l
 // PostgreSQL reader gives up on the fleet's flight over one, and fetches
 // on its own). What expired while its body arrived is not stored at all;
 // the lease still hands it to the flight's waiters.
-func (e *Engine) keepEntry(key string, ent *Entry, ttl time.Duration, lease Lease) {
+func (e *Engine) keepEntry(ctx context.Context, key string, ent *Entry, ttl time.Duration, lease Lease) {
 	ttl = keptTTL(ent, ttl)
 	switch {
 	case lease != nil:
 		// Finish stores the value (when ttl > 0) with the outcome.
-		e.finishLease(e.base, lease, key, Outcome{Entry: ent}, ttl)
+		e.finishLease(ctx, lease, key, Outcome{Entry: ent}, ttl)
 	case ttl > 0:
-		if err := e.store.Set(e.base, key, ent, ttl); err != nil {
+		if err := e.store.Set(ctx, key, ent, ttl); err != nil {
 			e.log.Warn("cache store failed; response served uncached", "key", key, "err", err)
 		}
 	}
 }
+
+// settling is the context of what a flight stores once its clients have
+// their answer: the fleet gets it too while the engine closes (Close
+// waits for the flight; the stores bound their work with their own
+// timeouts).
+func (e *Engine) settling() context.Context { return context.WithoutCancel(e.base) }
 
 // keptTTL is how long ent, cacheable for ttl from its headers, is kept
 // from now on (see keepEntry).
