@@ -1,6 +1,7 @@
 package admin_test
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
@@ -199,5 +200,33 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 	}
 	if c := get(on.URL, "Bearer tok"); c != 200 {
 		t.Errorf("pprof on, with the token: %d, want 200", c)
+	}
+}
+
+// sharingCache is a Cache whose flights are handing their answers to the
+// fleet's store: the status page says how many.
+type sharingCache struct{}
+
+func (sharingCache) Stats() dedup.Stats {
+	return dedup.Stats{Flights: 3, Waiters: 5, Sharing: 2, XCache: map[string]uint64{}}
+}
+func (sharingCache) InvalidateURL(context.Context, string) (int, error) { return 0, nil }
+func (sharingCache) InvalidateKey(context.Context, string) error        { return nil }
+
+// TestStatusPageShowsSharingFlights: flights whose clients have their
+// answer while the fleet's store takes it are counted among the running
+// ones, so that a store falling behind shows.
+func TestStatusPageShowsSharingFlights(t *testing.T) {
+	srv := httptest.NewServer(admin.New(admin.Options{Cache: sharingCache{}}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	want := "flights running: 3 (2 handing their answer to the fleet's store), clients waiting on them: 5"
+	if page := html.UnescapeString(string(b)); !strings.Contains(page, want) {
+		t.Errorf("status page lacks %q:\n%s", want, page)
 	}
 }

@@ -152,7 +152,7 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 <div class="card"><span>BYPASS</span><b id="bypass">{{index .XCache "BYPASS"}}</b></div>
 </div>
 <p>Upstream requests: <b id="upstream">{{.UpstreamRequests}}</b> · avoided: <b>{{.RequestsAvoided}}</b> ({{bytes .BytesAvoided}} not downloaded again)
-· flights running: {{.Flights}}, clients waiting on them: {{.Waiters}}
+· flights running: {{.Flights}}{{if .Sharing}} ({{.Sharing}} handing their answer to the fleet's store){{end}}, clients waiting on them: {{.Waiters}}
 · cache: {{.Store.Entries}} responses, {{bytes .Store.Bytes}} of {{bytes .Store.MaxBytes}} ({{.Store.Kind}})</p>
 {{end}}{{end}}
 {{with .Fleet}}<p>Fleet-wide statistics (all instances sharing {{.Store}}) are at <a href="/cache/stats">/cache/stats</a>.</p>{{end}}
