@@ -534,8 +534,10 @@ func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, bod
 	return true
 }
 
-// fly is a flight's life: the fetch until the response headers, then, for
-// a body, the download that fills its spool.
+// fly is a flight's life: the fetch until the response headers (a small
+// body with them), then, for a response read whole under a fleet lease,
+// handing it to the fleet's store once its clients have it (endLease),
+// or for a streamed body, the download that fills its spool.
 func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body []byte) {
 	defer e.wg.Done()
 	res, dl := e.lead(req, rule, key, body)
