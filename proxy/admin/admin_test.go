@@ -111,14 +111,7 @@ func TestStatusPage(t *testing.T) {
 	}
 	srv := httptest.NewServer(admin.New(admin.Options{CAPEM: ca.CertPEM(), Cache: engine, Sessions: pool, Fingerprints: tallySource{tally}}))
 	defer srv.Close()
-	resp, err := http.Get(srv.URL + "/")
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	// html/template escapes '+' in text; what a reader copies is unescaped.
-	page := html.UnescapeString(string(b))
+	page, resp := statusPage(t, srv.URL)
 	sum := sha256.Sum256(ca.Certificate().RawSubjectPublicKeyInfo)
 	for _, want := range []string{
 		`<b id="savings">50%</b>`, `<b id="hit">1</b>`, `<b id="miss">1</b>`, "<td>s1</td>", "cooling 5m",
@@ -219,14 +212,21 @@ func (sharingCache) InvalidateKey(context.Context, string) error        { return
 func TestStatusPageShowsSharingFlights(t *testing.T) {
 	srv := httptest.NewServer(admin.New(admin.Options{Cache: sharingCache{}}))
 	defer srv.Close()
-	resp, err := http.Get(srv.URL + "/")
+	want := "flights running: 3 (2 handing their answer to the fleet's store), clients waiting on them: 5"
+	if page, _ := statusPage(t, srv.URL); !strings.Contains(page, want) {
+		t.Errorf("status page lacks %q:\n%s", want, page)
+	}
+}
+
+// statusPage gets the admin server's status page at base, as a reader
+// would copy it: html/template escapes '+' and quotes in text.
+func statusPage(t *testing.T, base string) (string, *http.Response) {
+	t.Helper()
+	resp, err := http.Get(base + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	want := "flights running: 3 (2 handing their answer to the fleet's store), clients waiting on them: 5"
-	if page := html.UnescapeString(string(b)); !strings.Contains(page, want) {
-		t.Errorf("status page lacks %q:\n%s", want, page)
-	}
+	return html.UnescapeString(string(b)), resp
 }
