@@ -564,11 +564,13 @@ func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body 
 // still holds the lease; and it keeps its max_flights slots, so that
 // flights_in_progress counts it.
 func (e *Engine) endLease(f *flight, key string, ent *Entry, end leaseEnd) {
-	defer e.st.sharing.Add(-1)
-	defer e.flights.unlist(f)
+	// Unlisted first, then counted out: a caller that sees the gauges
+	// drop finds the flight gone, and the store holding the value.
 	if end.slots != nil {
 		defer end.slots()
 	}
+	defer e.st.sharing.Add(-1)
+	defer e.flights.unlist(f)
 	defer func() {
 		if p := recover(); p != nil {
 			e.log.Error("panic sharing a flight's outcome; recovered", "key", key, "panic", p, "stack", string(debug.Stack()))
