@@ -154,7 +154,11 @@ func TestLeaderClientDisconnects(t *testing.T) {
 	}
 	testkit.Eventually(t, testkit.Patience, func() bool { return w.engine.Stats().Waiters == followers+1 }, "followers waiting")
 	cancel() // the leader's client goes away (its connection closes)
-	if r := <-leader; r.err == nil {
+	// The leader fails: on the client's side, or, when the proxy heard
+	// the client go (a TLS close_notify) before the client stopped reading,
+	// with the proxy's own 502 saying so; never with an answer made up
+	// while the flight ran.
+	if r := <-leader; r.err == nil && !(r.status == http.StatusBadGateway && strings.Contains(r.body, "client_gone")) {
 		// The time tells a flight that failed on its own (the header
 		// timeout, 30s) from an answer made up while it ran.
 		t.Fatalf("leader request did not fail after cancel (%s after it started): %+v", time.Since(start), r)
