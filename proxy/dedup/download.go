@@ -141,11 +141,10 @@ func (d *download) run(f *flight) {
 		// not wait for it (see endLease): they see the end first, and the
 		// flight stays listed until the store has the body, so that a
 		// request meanwhile reads it whole from the spool (settled).
-		d.e.st.sharing.Add(1)
-		defer d.e.st.sharing.Add(-1)
+		d.e.sharingBegins()
+		defer d.e.sharingEnds(f)
 		d.obj.body.finish(nil)
 		d.keep()
-		d.e.flights.unlist(f)
 		return
 	}
 	// Cached before the readers see the end: a client that read the whole

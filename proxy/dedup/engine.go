@@ -541,11 +541,12 @@ func (e *Engine) start(f *flight, req *http.Request, rule *Rule, key string, bod
 func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body []byte) {
 	defer e.wg.Done()
 	res, dl := e.lead(req, rule, key, body)
-	if res.end.lease != nil {
-		e.st.sharing.Add(1) // before the clients can see the answer
+	sharing := res.end.lease != nil
+	if sharing {
+		e.sharingBegins()
 	}
 	e.flights.publish(f, res)
-	if res.end.lease != nil {
+	if sharing {
 		e.endLease(f, key, res.entry, res.end)
 	}
 	if dl != nil {
@@ -564,13 +565,10 @@ func (e *Engine) fly(f *flight, req *http.Request, rule *Rule, key string, body 
 // still holds the lease; and it keeps its max_flights slots, so that
 // flights_in_progress counts it.
 func (e *Engine) endLease(f *flight, key string, ent *Entry, end leaseEnd) {
-	// Unlisted first, then counted out: a caller that sees the gauges
-	// drop finds the flight gone, and the store holding the value.
 	if end.slots != nil {
-		defer end.slots()
+		defer end.slots() // after sharingEnds, for the same reason
 	}
-	defer e.st.sharing.Add(-1)
-	defer e.flights.unlist(f)
+	defer e.sharingEnds(f)
 	defer func() {
 		if p := recover(); p != nil {
 			e.log.Error("panic sharing a flight's outcome; recovered", "key", key, "panic", p, "stack", string(debug.Stack()))
@@ -578,6 +576,20 @@ func (e *Engine) endLease(f *flight, key string, ent *Entry, end leaseEnd) {
 		}
 	}()
 	e.keepEntry(e.settling(), key, ent, end.ttl, end.lease)
+}
+
+// sharingBegins counts a flight whose clients are about to see its
+// answer while the fleet's store has yet to take it (flights_sharing):
+// before they can see it, so that nobody who has the answer reads 0.
+func (e *Engine) sharingBegins() { e.st.sharing.Add(1) }
+
+// sharingEnds ends what sharingBegins counted, once the store has the
+// answer: the flight leaves the registry first, then the count, so that
+// whoever sees the count drop finds the flight gone and the store holding
+// the value.
+func (e *Engine) sharingEnds(f *flight) {
+	e.flights.unlist(f)
+	e.st.sharing.Add(-1)
 }
 
 // answer turns a flight's result into this caller's response, labelled
