@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
@@ -131,14 +132,18 @@ func TestLeanLoopFraming(t *testing.T) {
 
 // TestOnlyLongRequestsAreWatched: the lean loop watches for a client
 // going away only while a request waits long enough for that to matter: a
-// hit never starts the watch, nor does a miss answered at once; a request
-// on a slow origin does.
+// hit never starts the watch, nor does a miss answered at once, nor the
+// leader of a slow flight (the flight runs on its goroutine, and nothing
+// would act on its client leaving); a request waiting on a slow flight
+// does.
 func TestOnlyLongRequestsAreWatched(t *testing.T) {
 	var hits atomic.Int64
 	echo := echoOrigin(t, &hits)
+	slow, release := make(chan struct{}, 1), make(chan struct{})
 	origin := tlsOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/slow" {
-			time.Sleep(400 * time.Millisecond)
+			slow <- struct{}{}
+			<-release
 		}
 		echo.ServeHTTP(w, r)
 	}), true)
@@ -157,11 +162,29 @@ func TestOnlyLongRequestsAreWatched(t *testing.T) {
 	if got := w.srv.LeanWatches() - before; got != 0 {
 		t.Errorf("a fast miss and 20 hits started %d watches, want 0", got)
 	}
-	if resp, _ := w.get(c, origin.URL+"/slow"); resp.StatusCode != 200 {
-		t.Fatalf("slow: %d", resp.StatusCode)
+	led := make(chan string, 1)
+	go func() {
+		resp, _ := w.get(w.client(false), origin.URL+"/slow")
+		led <- resp.Header.Get("X-Cache")
+	}()
+	<-slow
+	waited := make(chan string, 1)
+	go func() {
+		resp, _ := w.get(c, origin.URL+"/slow")
+		waited <- resp.Header.Get("X-Cache")
+	}()
+	// The waiter's watch starts watchAfter into its wait; then the
+	// flight may end.
+	testkit.Eventually(t, testkit.Patience, func() bool { return w.srv.LeanWatches()-before >= 1 }, "a watch")
+	close(release)
+	if got := <-waited; got != "COALESCED" {
+		t.Fatalf("waiter on the slow flight: X-Cache %q", got)
+	}
+	if got := <-led; got != "MISS" {
+		t.Fatalf("slow flight's leader: X-Cache %q", got)
 	}
 	if got := w.srv.LeanWatches() - before; got != 1 {
-		t.Errorf("a request served for 400ms started %d watches, want 1", got)
+		t.Errorf("a slow flight's leader and a request waiting on it started %d watches, want 1", got)
 	}
 }
 

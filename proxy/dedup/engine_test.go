@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -28,10 +30,15 @@ import (
 type countingTransport struct {
 	rt http.RoundTripper
 	n  atomic.Int64
+	// onTrip, if set before the first request, sees each request first.
+	onTrip func(*http.Request)
 }
 
 func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	c.n.Add(1)
+	if c.onTrip != nil {
+		c.onTrip(r)
+	}
 	return c.rt.RoundTrip(r)
 }
 
@@ -172,44 +179,84 @@ func TestStampedeCoalesces(t *testing.T) {
 }
 
 // TestLeaderDisconnectDoesNotCancelFlight: the first client gives up; the
-// fetch it started still answers everyone else.
+// fetch it started still answers everyone else. An HTTP/2 leader returns
+// at once (its client resets one stream and goes on with the others); an
+// HTTP/1.x leader, whose flight runs on its own goroutine (Engine.start),
+// returns once the flight has its result, with its client's error rather
+// than the answer.
 func TestLeaderDisconnectDoesNotCancelFlight(t *testing.T) {
-	arrived := make(chan struct{}, 1)
-	release := make(chan struct{})
-	f := newFixture(t, Config{TTL: time.Minute}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
-		}
-		okHandler(w, r)
-	}))
-	ctx, cancel := context.WithCancel(context.Background())
-	leader := make(chan result, 1)
-	go func() { leader <- f.do(ctx, http.MethodGet, "/x", nil, "") }()
-	<-arrived
-	const n = 20
-	followers := make(chan result, n)
-	for range n {
-		go func() { followers <- f.get("/x") }()
-	}
-	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n+1 }, "%d waiters", n+1)
-	cancel()
-	if r := <-leader; r.err == nil {
-		t.Fatalf("leader: want context error, got %+v", r)
-	}
-	close(release)
-	for range n {
-		if r := <-followers; r.status != 200 || r.xcache != CacheCoalesced || r.body != "body of /x" {
-			t.Fatalf("follower: %+v", r)
-		}
-	}
-	if got := f.get("/x"); got.xcache != CacheHit {
-		t.Fatalf("after: %+v", got)
-	}
-	if f.up.n.Load() != 1 {
-		t.Fatalf("upstream = %d", f.up.n.Load())
+	for _, major := range []int{2, 1} {
+		t.Run(fmt.Sprintf("HTTP/%d", major), func(t *testing.T) {
+			arrived := make(chan struct{}, 1)
+			release := make(chan struct{})
+			f := newFixture(t, Config{TTL: time.Minute}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				arrived <- struct{}{}
+				select {
+				case <-release:
+				case <-r.Context().Done():
+					return
+				}
+				okHandler(w, r)
+			}))
+			var tripOn atomic.Int64 // the goroutine that went upstream
+			f.up.onTrip = func(*http.Request) { tripOn.Store(goroutineID()) }
+			ctx, cancel := context.WithCancel(context.Background())
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, f.origin.URL+"/x", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.ProtoMajor, req.ProtoMinor = major, 0
+			var leaderOn int64
+			leader := make(chan error, 1)
+			go func() {
+				leaderOn = goroutineID()
+				resp, err := f.eng.RoundTrip(req)
+				if err == nil {
+					resp.Body.Close()
+				}
+				leader <- err
+			}()
+			<-arrived
+			const n = 20
+			followers := make(chan result, n)
+			for range n {
+				go func() { followers <- f.get("/x") }()
+			}
+			testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Waiters == n+1 }, "%d waiters", n+1)
+			cancel()
+			if major == 2 {
+				select {
+				case err := <-leader:
+					if !errors.Is(err, context.Canceled) {
+						t.Fatalf("leader: want its context's error, got %v", err)
+					}
+				case <-time.After(testkit.Patience):
+					t.Fatal("the HTTP/2 leader is still held by the flight its client left")
+				}
+			}
+			close(release)
+			for range n {
+				if r := <-followers; r.status != 200 || r.xcache != CacheCoalesced || r.body != "body of /x" {
+					t.Fatalf("follower: %+v", r)
+				}
+			}
+			if major == 1 {
+				if err := <-leader; !errors.Is(err, context.Canceled) {
+					t.Fatalf("leader: want its context's error, got %v", err)
+				}
+			}
+			// An HTTP/1.x leader's own goroutine fetched; an HTTP/2
+			// leader's handed the flight to a worker.
+			if inline := tripOn.Load() == leaderOn; inline != (major == 1) {
+				t.Fatalf("HTTP/%d: the fetch ran on the leader's goroutine: %v", major, inline)
+			}
+			if got := f.get("/x"); got.xcache != CacheHit {
+				t.Fatalf("after: %+v", got)
+			}
+			if f.up.n.Load() != 1 {
+				t.Fatalf("upstream = %d", f.up.n.Load())
+			}
+		})
 	}
 }
 
@@ -772,4 +819,19 @@ func TestMaxFlightsPerClient(t *testing.T) {
 			t.Fatalf("%+v", r)
 		}
 	}
+}
+
+// goroutineID is the calling goroutine's number, from the first line of
+// its stack trace ("goroutine 42 [running]:"): a test asks which goroutine
+// did what, something the runtime offers no other way.
+func goroutineID() int64 {
+	var buf [64]byte
+	line := buf[:runtime.Stack(buf[:], false)]
+	line, _ = bytes.CutPrefix(line, []byte("goroutine "))
+	id, _, _ := bytes.Cut(line, []byte(" "))
+	n, err := strconv.ParseInt(string(id), 10, 64)
+	if err != nil {
+		panic("goroutineID: " + err.Error())
+	}
+	return n
 }
