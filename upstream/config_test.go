@@ -31,6 +31,14 @@ func TestConfigDefaults(t *testing.T) {
 	if in.Sessions[0].Rotation != "" || in.Rules[0].Sticky != "" {
 		t.Fatal("WithDefaults modified the caller's slices")
 	}
+	// The pool keeps what a burst of 512 requests to one origin opened;
+	// a smaller total bounds the per-origin default with it.
+	if c.MaxIdleConns != 1024 || c.MaxIdleConnsPerHost != 512 {
+		t.Errorf("idle pool defaults: %d per origin, %d in all", c.MaxIdleConnsPerHost, c.MaxIdleConns)
+	}
+	if c := (upstream.Config{MaxIdleConns: 100}).WithDefaults(); c.MaxIdleConnsPerHost != 100 {
+		t.Errorf("max_idle_conns 100: per origin %d, want 100", c.MaxIdleConnsPerHost)
+	}
 }
 
 func TestConfigValidateUpstreamKeys(t *testing.T) {

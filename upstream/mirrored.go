@@ -140,7 +140,7 @@ func (k *connKit) mirroredTransport(dial func(ctx context.Context, network, addr
 		keepAlive:       keepAlive,
 		idleConnTimeout: idleConnTimeout,
 		maxIdlePerHost:  k.cfg.MaxIdleConnsPerHost,
-		maxIdle:         k.cfg.MaxIdleConnsPerHost * 64,
+		maxIdle:         k.cfg.MaxIdleConns,
 		headerTimeout:   k.cfg.ResponseHeaderTimeout,
 		opts:            mirror.Options{PingTimeout: k.cfg.PingTimeout},
 		hellos:          &k.hellos,

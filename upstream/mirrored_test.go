@@ -342,3 +342,60 @@ func TestRuleFingerprintGo(t *testing.T) {
 		t.Fatalf("after a request under the rule: %v", n)
 	}
 }
+
+// TestPoolKeepsWhatABurstOpened: with the shipped pool limits, the
+// connections 100 requests held at once on one origin opened all stay
+// pooled, and the next 100 at once ride them instead of handshaking again
+// (32 per origin, the default before, closed 68 and opened them anew).
+func TestPoolKeepsWhatABurstOpened(t *testing.T) {
+	bothWays(t, func(t *testing.T, c client) {
+		const burst = 100
+		arrived := make(chan struct{}, burst)
+		var gate atomic.Pointer[chan struct{}]
+		origin, err := fporigin.Start(fporigin.Options{NextProtos: []string{"http/1.1"}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			g := *gate.Load()
+			arrived <- struct{}{}
+			<-g
+			io.WriteString(w, "ok")
+		})})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer origin.Close()
+		p := newPool(t, upstream.Config{CAFiles: []string{origin.CAFile()}}, quiet)
+		conns := func(round int) map[int]bool {
+			g := make(chan struct{})
+			gate.Store(&g)
+			var wg sync.WaitGroup
+			for i := range burst {
+				wg.Go(func() { c.mustGet(t, p, fmt.Sprintf("%s/%d/%d", origin.URL(), round, i), clientinfo.Info{}) })
+			}
+			for range burst {
+				<-arrived
+			}
+			close(g)
+			wg.Wait()
+			seen := map[int]bool{}
+			prefix := fmt.Sprintf("/%d/", round)
+			for _, r := range origin.Records() {
+				if strings.HasPrefix(r.Path, prefix) {
+					seen[r.Conn] = true
+				}
+			}
+			return seen
+		}
+		first := conns(1)
+		if len(first) != burst {
+			t.Fatalf("%d requests held at once came on %d connections", burst, len(first))
+		}
+		var opened int
+		for conn := range conns(2) {
+			if !first[conn] {
+				opened++
+			}
+		}
+		if opened != 0 {
+			t.Errorf("the second burst opened %d new connections; the pool kept %d of the first's %d", opened, burst-opened, burst)
+		}
+	})
+}

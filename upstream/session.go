@@ -207,7 +207,7 @@ func (k *connKit) transport(dial func(ctx context.Context, network, addr string)
 		ResponseHeaderTimeout: k.cfg.ResponseHeaderTimeout,
 		ExpectContinueTimeout: time.Second,
 		IdleConnTimeout:       idleConnTimeout,
-		MaxIdleConns:          k.cfg.MaxIdleConnsPerHost * 64,
+		MaxIdleConns:          k.cfg.MaxIdleConns,
 		MaxIdleConnsPerHost:   k.cfg.MaxIdleConnsPerHost,
 		DisableKeepAlives:     !keepAlive,
 		// The client's Accept-Encoding goes upstream untouched and the

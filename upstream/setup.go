@@ -305,7 +305,7 @@ func (p *Pool) Reconfigure(cfg Config) error {
 // RestartKeys are the upstream keys Reconfigure keeps as the pool was
 // built: they shape the connections every session holds.
 var RestartKeys = []string{"dial_timeout", "tls_handshake_timeout", "response_header_timeout", "idle_timeout",
-	"idle_conn_timeout", "ping_timeout", "max_idle_conns_per_host", "ca_files", "insecure_skip_verify_hosts"}
+	"idle_conn_timeout", "ping_timeout", "max_idle_conns_per_host", "max_idle_conns", "ca_files", "insecure_skip_verify_hosts"}
 
 // keepRestartKeys returns next with the RestartKeys of running.
 func keepRestartKeys(next, running Config) Config {
@@ -316,6 +316,7 @@ func keepRestartKeys(next, running Config) Config {
 	next.PingTimeout = running.PingTimeout
 	next.IdleConnTimeout = running.IdleConnTimeout
 	next.MaxIdleConnsPerHost = running.MaxIdleConnsPerHost
+	next.MaxIdleConns = running.MaxIdleConns
 	next.CAFiles = running.CAFiles
 	next.InsecureSkipVerifyHosts = running.InsecureSkipVerifyHosts
 	return next

@@ -334,6 +334,9 @@ func TestConfigValidate(t *testing.T) {
 			CAFiles:                 []string{"/nonexistent/ca.pem"},
 			InsecureSkipVerifyHosts: []string{"a/b"},
 		}, []string{"dial_timeout:", "max_idle_conns_per_host:", "ca_files[0]:", "insecure_skip_verify_hosts[0]:"}},
+		{"idle total negative", upstream.Config{MaxIdleConns: -1}, []string{"max_idle_conns: must not be negative"}},
+		{"idle per origin over the total", upstream.Config{MaxIdleConns: 10, MaxIdleConnsPerHost: 20},
+			[]string{"max_idle_conns_per_host: 20 is more than max_idle_conns (10)"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate(nil)

@@ -316,7 +316,7 @@ func compareWithPlainMITM(ctx context.Context, cfg *config, stdout, stderr io.Wr
 		return code
 	}
 	rows, err := runComparison(ctx, comparison{bin: cfg.onceproxyBin, self: self, env: envList(cfg.onceproxyEnv),
-		n: cfg.n, c: cfg.c, fill: cfg.fill, bodySize: cfg.origin.BodySize, stderr: stderr})
+		n: cfg.n, c: cfg.c, fill: cfg.fill, bodySize: cfg.origin.BodySize, latency: cfg.compareLatency, stderr: stderr})
 	if err != nil {
 		fmt.Fprintf(stderr, "onceload: %v\n", err)
 		return 1
@@ -377,6 +377,7 @@ type comparison struct {
 	// that its misses are measured at steady state.
 	fill     int
 	bodySize int
+	latency  time.Duration // the origins' delay before each response
 	stderr   io.Writer
 }
 
@@ -386,12 +387,12 @@ type comparison struct {
 // concurrency o.c through them: https over HTTP/1.1 (onceproxy and
 // goproxy) and HTTP/2 (all three), then plain http (onceproxy and goproxy).
 func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
-	origin, err := loadgen.StartOrigin(loadgen.OriginOptions{TLS: true, BodySize: o.bodySize})
+	origin, err := loadgen.StartOrigin(loadgen.OriginOptions{TLS: true, BodySize: o.bodySize, Latency: o.latency})
 	if err != nil {
 		return nil, err
 	}
 	defer origin.Close()
-	plainOrigin, err := loadgen.StartOrigin(loadgen.OriginOptions{BodySize: o.bodySize})
+	plainOrigin, err := loadgen.StartOrigin(loadgen.OriginOptions{BodySize: o.bodySize, Latency: o.latency})
 	if err != nil {
 		return nil, err
 	}
@@ -455,6 +456,9 @@ func runComparison(ctx context.Context, o comparison) ([]comparisonRow, error) {
 		r.title = fmt.Sprintf("unique %s misses, %s clients, c=%d, %d requests each in %d alternating rounds", scheme, proto, o.c, o.n, missRounds)
 		if o.fill > 0 {
 			r.title += fmt.Sprintf(", after %d more", o.fill)
+		}
+		if o.latency > 0 {
+			r.title += fmt.Sprintf(", origin answering after %v", o.latency)
 		}
 	}
 	if origin.Requests() == 0 || plainOrigin.Requests() == 0 {

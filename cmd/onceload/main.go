@@ -81,6 +81,8 @@ type config struct {
 	onceproxyEnv  string
 	plainH2       bool
 	fill          int
+	// compareLatency is -compare's origins' delay before each response.
+	compareLatency time.Duration
 }
 
 // usageError marks an error in the command line (exit status 2).
@@ -123,6 +125,7 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 	flags.BoolVar(&cfg.compareHits, "compare-hits", false, "compare hits through onceproxy (-onceproxy) with the same requests sent directly to the origin: -n requests over -k hot keys at -c each way, https and http, in alternating rounds; req/s and their ratio, the HIT share, p50 and p99")
 	flags.BoolVar(&cfg.compare, "compare", false, "compare onceproxy (-onceproxy) with a plain goproxy MITM: -n unique https URLs at -c through each, in alternating rounds, over HTTP/1.1 and HTTP/2 (HTTP/2 clients also against a goproxy that answers them over HTTP/2), then -n unique plain http URLs; req/s, CPU per request, latency")
 	flags.IntVar(&cfg.fill, "fill", 0, "with -compare: this many unique misses through each proxy before the measured ones, to measure onceproxy with its cache full (120000 fills the shipped 256 MiB with the default 2 KiB pages)")
+	flags.DurationVar(&cfg.compareLatency, "compare-latency", 0, "with -compare: the origins' delay before each response (0: none, which measures the proxies' own work; a real site's 100-500ms keeps every miss waiting, as in production: raise -c with it)")
 	flags.StringVar(&cfg.onceproxyBin, "onceproxy", "", "with -compare and -compare-hits: the onceproxy binary to run (go build -o /tmp/onceproxy .)")
 	flags.StringVar(&cfg.onceproxyEnv, "onceproxy-env", "", "with -compare and -compare-hits: extra KEY=VALUE,... for onceproxy (ONCEPROXY_UPSTREAM_FINGERPRINT=go, say)")
 	flags.BoolVar(&cfg.servePlain, "serve-plain-mitm", false, "only run the plain goproxy MITM baseline, until interrupted")
@@ -143,8 +146,8 @@ URLs <target>/item/<i>?q=<i>, and reports latency and X-Cache counts. Without
 	if cfg.n < 1 || cfg.c < 1 || cfg.k < 1 || cfg.repeat < 1 {
 		return nil, usageError{errors.New("-n, -c, -k and -repeat must be at least 1")}
 	}
-	if cfg.timeout < 0 || cfg.origin.Latency < 0 || cfg.origin.BodySize < 0 {
-		return nil, usageError{errors.New("-timeout, -origin-latency and -origin-size must not be negative")}
+	if cfg.timeout < 0 || cfg.origin.Latency < 0 || cfg.origin.BodySize < 0 || cfg.compareLatency < 0 {
+		return nil, usageError{errors.New("-timeout, -origin-latency, -origin-size and -compare-latency must not be negative")}
 	}
 	if cfg.serveOrigin && cfg.target != "" {
 		return nil, usageError{errors.New("-serve-origin and -target are mutually exclusive")}

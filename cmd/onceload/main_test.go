@@ -35,6 +35,7 @@ func TestBadFlags(t *testing.T) {
 		{"-c", "-1"},
 		{"-repeat", "0"},
 		{"-compare", "-fill", "-1"},
+		{"-compare", "-compare-latency", "-1ms"},
 		{"-origin-latency", "-1s"},
 		{"-serve-origin", "-target", "http://127.0.0.1:1"},
 		{"-proxy", "socks5://127.0.0.1:1080"},
