@@ -394,7 +394,11 @@ func TestPoolKeepsWhatABurstOpened(t *testing.T) {
 				opened++
 			}
 		}
-		if opened != 0 {
+		// net/http puts a connection back in its pool just after the body
+		// it carried was read, so a request of the next burst can find
+		// one not back yet and take a fresh dial that wins: a few, not
+		// the 68 a pool of 32 reopens.
+		if opened > burst/10 {
 			t.Errorf("the second burst opened %d new connections; the pool kept %d of the first's %d", opened, burst-opened, burst)
 		}
 	})
