@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -268,6 +269,8 @@ const (
 	minWeight     = 1
 	maxWeight     = 10
 	defaultWeight = 5
+	// defaultMaxIdleConns is max_idle_conns when unset.
+	defaultMaxIdleConns = 1024
 )
 
 // WithDefaults returns c with zero fields set to their defaults. Slices are
@@ -285,7 +288,7 @@ func (c Config) WithDefaults() Config {
 	def(&c.IdleConnTimeout, 90*time.Second)
 	def(&c.PingTimeout, 10*time.Second)
 	if c.MaxIdleConns == 0 {
-		c.MaxIdleConns = 1024
+		c.MaxIdleConns = defaultMaxIdleConns
 	}
 	if c.MaxIdleConnsPerHost == 0 {
 		c.MaxIdleConnsPerHost = min(512, max(c.MaxIdleConns, 1))
@@ -401,8 +404,8 @@ func (c Config) Validate(getenv func(string) string) error {
 	if c.MaxIdleConns < 0 {
 		add("max_idle_conns", "must not be negative, got %d", c.MaxIdleConns)
 	}
-	if c.MaxIdleConns >= 0 && c.MaxIdleConnsPerHost > c.MaxIdleConns {
-		add("max_idle_conns_per_host", "%d is more than max_idle_conns (%d) lets a session keep", c.MaxIdleConnsPerHost, c.MaxIdleConns)
+	if total := cmp.Or(c.MaxIdleConns, defaultMaxIdleConns); total > 0 && c.MaxIdleConnsPerHost > total {
+		add("max_idle_conns_per_host", "%d is more than max_idle_conns (%d) lets a session keep", c.MaxIdleConnsPerHost, total)
 	}
 	for i, f := range c.CAFiles {
 		if _, err := os.Stat(f); err != nil {

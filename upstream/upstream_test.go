@@ -325,6 +325,7 @@ func TestConfigValidate(t *testing.T) {
 	}{
 		{"ok direct", upstream.Config{}, nil},
 		{"ok http", upstream.Config{URL: "http://u:p@gw.example:8000"}, nil},
+		{"ok idle per origin under the default total", upstream.Config{MaxIdleConnsPerHost: 600}, nil},
 		{"ok socks5h", upstream.Config{URL: "socks5h://gw.example:1080"}, nil},
 		{"bad scheme", upstream.Config{URL: "ftp://gw:21"}, []string{"url:", "scheme"}},
 		{"no port", upstream.Config{URL: "http://u:secret@gw.example"}, []string{"url:", "missing port"}},
@@ -335,6 +336,8 @@ func TestConfigValidate(t *testing.T) {
 			InsecureSkipVerifyHosts: []string{"a/b"},
 		}, []string{"dial_timeout:", "max_idle_conns_per_host:", "ca_files[0]:", "insecure_skip_verify_hosts[0]:"}},
 		{"idle total negative", upstream.Config{MaxIdleConns: -1}, []string{"max_idle_conns: must not be negative"}},
+		{"idle per origin over the default total", upstream.Config{MaxIdleConnsPerHost: 2000},
+			[]string{"max_idle_conns_per_host: 2000 is more than max_idle_conns (1024)"}},
 		{"idle per origin over the total", upstream.Config{MaxIdleConns: 10, MaxIdleConnsPerHost: 20},
 			[]string{"max_idle_conns_per_host: 20 is more than max_idle_conns (10)"}},
 	} {
