@@ -162,26 +162,22 @@ func TestOnlyLongRequestsAreWatched(t *testing.T) {
 	if got := w.srv.LeanWatches() - before; got != 0 {
 		t.Errorf("a fast miss and 20 hits started %d watches, want 0", got)
 	}
-	led := make(chan string, 1)
-	go func() {
-		resp, _ := w.get(w.client(false), origin.URL+"/slow")
-		led <- resp.Header.Get("X-Cache")
-	}()
+	// fetch, not w.get: a failure in these goroutines must reach the
+	// test as a result, not as a Fatal off its goroutine.
+	led := make(chan fetched, 1)
+	go func() { led <- fetch(context.Background(), w.client(false), origin.URL+"/slow") }()
 	<-slow
-	waited := make(chan string, 1)
-	go func() {
-		resp, _ := w.get(c, origin.URL+"/slow")
-		waited <- resp.Header.Get("X-Cache")
-	}()
+	waited := make(chan fetched, 1)
+	go func() { waited <- fetch(context.Background(), c, origin.URL+"/slow") }()
 	// The waiter's watch starts watchAfter into its wait; then the
 	// flight may end.
 	testkit.Eventually(t, testkit.Patience, func() bool { return w.srv.LeanWatches()-before >= 1 }, "a watch")
 	close(release)
-	if got := <-waited; got != "COALESCED" {
-		t.Fatalf("waiter on the slow flight: X-Cache %q", got)
+	if got := <-waited; got.err != nil || got.xcache != "COALESCED" {
+		t.Fatalf("waiter on the slow flight: %+v", got)
 	}
-	if got := <-led; got != "MISS" {
-		t.Fatalf("slow flight's leader: X-Cache %q", got)
+	if got := <-led; got.err != nil || got.xcache != "MISS" {
+		t.Fatalf("slow flight's leader: %+v", got)
 	}
 	if got := w.srv.LeanWatches() - before; got != 1 {
 		t.Errorf("a slow flight's leader and a request waiting on it started %d watches, want 1", got)
