@@ -350,7 +350,7 @@ func TestRuleFingerprintGo(t *testing.T) {
 func TestPoolKeepsWhatABurstOpened(t *testing.T) {
 	bothWays(t, func(t *testing.T, c client) {
 		const burst = 100
-		arrived := make(chan struct{}, burst)
+		arrived := make(chan struct{}, 2*burst) // room for a failed request's signal too
 		var gate atomic.Pointer[chan struct{}]
 		origin, err := fporigin.Start(fporigin.Options{NextProtos: []string{"http/1.1"}, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			g := *gate.Load()
