@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"runtime/metrics"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -79,4 +81,72 @@ func TestMemoryStoreDeleteURL(t *testing.T) {
 	if _, err := s.Get(ctx, "b"); !errors.Is(err, ErrNotFound) {
 		t.Fatal("Delete did not delete")
 	}
+}
+
+// TestFullStoreStartsNoGoroutinePerEviction: in a full store every insert
+// evicts, and what the store does about an eviction (count it) must not
+// cost a goroutine each, as otter's OnDeletion does on its default
+// executor (one per eviction: a full cache's every unique miss).
+func TestFullStoreStartsNoGoroutinePerEviction(t *testing.T) {
+	const maxBytes = 1 << 20
+	s := NewMemoryStore(maxBytes)
+	defer s.Close()
+	ctx := context.Background()
+	e := entry(2048, "u")
+	for i := range 2 * maxBytes / 2048 {
+		s.Set(ctx, "fill"+strconv.Itoa(i), e, time.Hour)
+	}
+	s.c.CleanUp()
+	const inserts = 4000
+	evicted, started := s.Stats().Evictions, goroutinesCreated()
+	for i := range inserts {
+		s.Set(ctx, "k"+strconv.Itoa(i), e, time.Hour)
+	}
+	s.c.CleanUp()
+	evicted, started = s.Stats().Evictions-evicted, goroutinesCreated()-started
+	if evicted < inserts/2 {
+		t.Fatalf("%d inserts into a full store evicted %d entries: the store is not full", inserts, evicted)
+	}
+	// otter's maintenance takes a goroutine now and then (2-4 per 100
+	// inserts measured); one per eviction would be thousands.
+	if started > evicted/4 {
+		t.Errorf("%d inserts evicting %d entries started %d goroutines", inserts, evicted, started)
+	}
+	t.Logf("%d inserts, %d evictions, %d goroutines started", inserts, evicted, started)
+}
+
+// BenchmarkMemoryStoreSetFull measures a full store's insert, each one
+// evicting another entry, as a full cache's unique misses do; it reports
+// the goroutines started per insert (otter's maintenance, and anything
+// run on its executor).
+//
+//	go test -run '^$' -bench MemoryStoreSetFull -benchmem ./proxy/dedup/
+func BenchmarkMemoryStoreSetFull(b *testing.B) {
+	const maxBytes = 4 << 20
+	s := NewMemoryStore(maxBytes)
+	defer s.Close()
+	ctx := context.Background()
+	e := entry(2048, "u")
+	for i := range 4 * maxBytes / 2048 { // full, and evicting
+		s.Set(ctx, "fill"+strconv.Itoa(i), e, time.Hour)
+	}
+	s.c.CleanUp()
+	keys := make([]string, b.N)
+	for i := range keys {
+		keys[i] = "k" + strconv.Itoa(i)
+	}
+	before := goroutinesCreated()
+	b.ResetTimer()
+	for i := range b.N {
+		s.Set(ctx, keys[i], e, time.Hour)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(goroutinesCreated()-before)/float64(b.N), "goroutines/op")
+}
+
+// goroutinesCreated is how many goroutines the process has started.
+func goroutinesCreated() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
