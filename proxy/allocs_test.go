@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"testing"
 
@@ -210,7 +211,11 @@ func TestAllocationBudget(t *testing.T) {
 
 // BenchmarkPaths sends requests down each path of allocPaths. allocs/op
 // and B/op count the client and the origin too; proxy-allocs/op is the
-// proxy's own share, as TestAllocationBudget measures it.
+// proxy's own share, as TestAllocationBudget measures it. goroutines/op
+// is every goroutine started per request, the client's and the origin's
+// included (net/http's server starts one per request to hear its client
+// leave, and its HTTP/2 server one per stream and per frame it cannot
+// buffer): each costs a stack that may grow and a wake-up.
 func BenchmarkPaths(b *testing.B) {
 	for _, p := range allocPaths {
 		b.Run(p.name, func(b *testing.B) {
@@ -218,10 +223,20 @@ func BenchmarkPaths(b *testing.B) {
 			own := a.proxyAllocs(b, 200)
 			b.ReportAllocs()
 			b.ResetTimer()
+			started, n := goroutinesStarted(), 0
 			for b.Loop() {
 				a.do(b, a.proxied)
+				n++
 			}
+			b.ReportMetric(float64(goroutinesStarted()-started)/float64(n), "goroutines/op")
 			b.ReportMetric(own, "proxy-allocs/op")
 		})
 	}
+}
+
+// goroutinesStarted is how many goroutines the process has started.
+func goroutinesStarted() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
