@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -39,7 +40,9 @@ import (
 //
 // Reported per request: req/s; cpu-µs, this process's CPU (the instances,
 // the load generator and the origins all run in it, so compare stores, not
-// absolute figures); store-cpu-µs, the store server's own (Redis: INFO's
+// absolute figures); goroutines, those this process started (the origin's
+// one per request to hear its client leave included); store-cpu-µs, the
+// store server's own (Redis: INFO's
 // used_cpu_*); store-cmds and store-rtt, the store's own
 // counters (Redis: INFO's commands processed, and its read events as the
 // round trips: one per command or pipeline received, background work such
@@ -304,13 +307,13 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 		before = counts()
 	}
 	fetched := origin.Requests()
-	cpu := processCPU()
+	cpu, started := processCPU(), goroutinesStarted()
 	b.ResetTimer()
 	start := time.Now()
 	results := load()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	cpu = processCPU() - cpu
+	cpu, started = processCPU()-cpu, goroutinesStarted()-started
 	n := 0
 	xcache := map[string]int{}
 	for _, r := range results {
@@ -323,6 +326,7 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 	b.ReportMetric(float64(n)/elapsed.Seconds(), "req/s")
 	b.ReportMetric(per(origin.Requests()-fetched), "origin/op")
 	b.ReportMetric(per(cpu.Microseconds()), "cpu-µs/op")
+	b.ReportMetric(per(int64(started)), "goroutines/op")
 	if counts != nil {
 		after := counts()
 		b.ReportMetric(per(after.commands-before.commands), "store-cmds/op")
@@ -334,6 +338,13 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 		}
 	}
 	b.Logf("%d requests, X-Cache %v", n, xcache)
+}
+
+// goroutinesStarted is how many goroutines this process has started.
+func goroutinesStarted() uint64 {
+	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Uint64()
 }
 
 // processCPU is the CPU time this process has used, user and system.
