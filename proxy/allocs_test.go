@@ -10,11 +10,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"runtime"
-	"runtime/metrics"
 	"strconv"
 	"testing"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/app"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -223,20 +223,13 @@ func BenchmarkPaths(b *testing.B) {
 			own := a.proxyAllocs(b, 200)
 			b.ReportAllocs()
 			b.ResetTimer()
-			started, n := goroutinesStarted(), 0
+			started, n := testkit.GoroutinesStarted(), 0
 			for b.Loop() {
 				a.do(b, a.proxied)
 				n++
 			}
-			b.ReportMetric(float64(goroutinesStarted()-started)/float64(n), "goroutines/op")
+			b.ReportMetric(float64(testkit.GoroutinesStarted()-started)/float64(n), "goroutines/op")
 			b.ReportMetric(own, "proxy-allocs/op")
 		})
 	}
-}
-
-// goroutinesStarted is how many goroutines the process has started.
-func goroutinesStarted() uint64 {
-	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
 }

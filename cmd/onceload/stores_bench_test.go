@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime/metrics"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -23,6 +22,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/loadgen"
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 // BenchmarkStores measures what a shared store costs one onceproxy
@@ -307,13 +307,13 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 		before = counts()
 	}
 	fetched := origin.Requests()
-	cpu, started := processCPU(), goroutinesStarted()
+	cpu, started := processCPU(), testkit.GoroutinesStarted()
 	b.ResetTimer()
 	start := time.Now()
 	results := load()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	cpu, started = processCPU()-cpu, goroutinesStarted()-started
+	cpu, started = processCPU()-cpu, testkit.GoroutinesStarted()-started
 	n := 0
 	xcache := map[string]int{}
 	for _, r := range results {
@@ -338,13 +338,6 @@ func measure(b *testing.B, counts func() storeCounts, origin *loadgen.Origin, lo
 		}
 	}
 	b.Logf("%d requests, X-Cache %v", n, xcache)
-}
-
-// goroutinesStarted is how many goroutines this process has started.
-func goroutinesStarted() uint64 {
-	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
 }
 
 // processCPU is the CPU time this process has used, user and system.

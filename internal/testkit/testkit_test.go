@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,4 +90,16 @@ func TestGate(t *testing.T) {
 		t.Fatal("gate not open after its test ended")
 	}
 	g.Open() // a second Open is harmless
+}
+
+func TestGoroutinesStartedCounts(t *testing.T) {
+	before := GoroutinesStarted()
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {})
+	}
+	wg.Wait()
+	if got := GoroutinesStarted() - before; got < 10 {
+		t.Fatalf("10 goroutines started, GoroutinesStarted rose by %d", got)
+	}
 }

@@ -5,10 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"runtime/metrics"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 func entry(body int, urlKey string) *Entry {
@@ -98,12 +99,12 @@ func TestFullStoreStartsNoGoroutinePerEviction(t *testing.T) {
 	}
 	s.c.CleanUp()
 	const inserts = 4000
-	evicted, started := s.Stats().Evictions, goroutinesCreated()
+	evicted, started := s.Stats().Evictions, testkit.GoroutinesStarted()
 	for i := range inserts {
 		s.Set(ctx, "k"+strconv.Itoa(i), e, time.Hour)
 	}
 	s.c.CleanUp()
-	evicted, started = s.Stats().Evictions-evicted, goroutinesCreated()-started
+	evicted, started = s.Stats().Evictions-evicted, testkit.GoroutinesStarted()-started
 	if evicted < inserts/2 {
 		t.Fatalf("%d inserts into a full store evicted %d entries: the store is not full", inserts, evicted)
 	}
@@ -135,18 +136,11 @@ func BenchmarkMemoryStoreSetFull(b *testing.B) {
 	for i := range keys {
 		keys[i] = "k" + strconv.Itoa(i)
 	}
-	before := goroutinesCreated()
+	before := testkit.GoroutinesStarted()
 	b.ResetTimer()
 	for i := range b.N {
 		s.Set(ctx, keys[i], e, time.Hour)
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(goroutinesCreated()-before)/float64(b.N), "goroutines/op")
-}
-
-// goroutinesCreated is how many goroutines the process has started.
-func goroutinesCreated() uint64 {
-	s := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
+	b.ReportMetric(float64(testkit.GoroutinesStarted()-before)/float64(b.N), "goroutines/op")
 }
