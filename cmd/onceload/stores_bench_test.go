@@ -42,11 +42,10 @@ import (
 // the load generator and the origins all run in it, so compare stores, not
 // absolute figures); goroutines, those this process started (the origin's
 // one per request to hear its client leave included); store-cpu-µs, the
-// store server's own (Redis: INFO's
-// used_cpu_*); store-cmds and store-rtt, the store's own
-// counters (Redis: INFO's commands processed, and its read events as the
-// round trips: one per command or pipeline received, background work such
-// as the heartbeat and the statistics included; PostgreSQL:
+// store server's own (Redis: INFO's used_cpu_*); store-cmds and store-rtt,
+// the store's own counters (Redis: INFO's commands processed, and its read
+// events as the round trips: one per command or pipeline received,
+// background work such as the heartbeat and the statistics included; PostgreSQL:
 // pg_stat_statements' calls, every statement of a batch counted, background
 // work included, and no round trips); origin, the requests that reached the
 // origin.

@@ -89,15 +89,9 @@ func TestMemoryStoreDeleteURL(t *testing.T) {
 // cost a goroutine each, as otter's OnDeletion does on its default
 // executor (one per eviction: a full cache's every unique miss).
 func TestFullStoreStartsNoGoroutinePerEviction(t *testing.T) {
-	const maxBytes = 1 << 20
-	s := NewMemoryStore(maxBytes)
-	defer s.Close()
-	ctx := context.Background()
 	e := entry(2048, "u")
-	for i := range 2 * maxBytes / 2048 {
-		s.Set(ctx, "fill"+strconv.Itoa(i), e, time.Hour)
-	}
-	s.c.CleanUp()
+	s := fullStore(t, 1<<20, e)
+	ctx := context.Background()
 	const inserts = 4000
 	evicted, started := s.Stats().Evictions, testkit.GoroutinesStarted()
 	for i := range inserts {
@@ -116,6 +110,19 @@ func TestFullStoreStartsNoGoroutinePerEviction(t *testing.T) {
 	t.Logf("%d inserts, %d evictions, %d goroutines started", inserts, evicted, started)
 }
 
+// fullStore returns a store of maxBytes already full of copies of e, so
+// that every further insert evicts; it is closed when tb ends.
+func fullStore(tb testing.TB, maxBytes int64, e *Entry) *MemoryStore {
+	s := NewMemoryStore(maxBytes)
+	tb.Cleanup(s.Close)
+	ctx := context.Background()
+	for i := range 2 * maxBytes / int64(len(e.Body)) {
+		s.Set(ctx, "fill"+strconv.FormatInt(i, 10), e, time.Hour)
+	}
+	s.c.CleanUp()
+	return s
+}
+
 // BenchmarkMemoryStoreSetFull measures a full store's insert, each one
 // evicting another entry, as a full cache's unique misses do; it reports
 // the goroutines started per insert (otter's maintenance, and anything
@@ -123,15 +130,9 @@ func TestFullStoreStartsNoGoroutinePerEviction(t *testing.T) {
 //
 //	go test -run '^$' -bench MemoryStoreSetFull -benchmem ./proxy/dedup/
 func BenchmarkMemoryStoreSetFull(b *testing.B) {
-	const maxBytes = 4 << 20
-	s := NewMemoryStore(maxBytes)
-	defer s.Close()
-	ctx := context.Background()
 	e := entry(2048, "u")
-	for i := range 4 * maxBytes / 2048 { // full, and evicting
-		s.Set(ctx, "fill"+strconv.Itoa(i), e, time.Hour)
-	}
-	s.c.CleanUp()
+	s := fullStore(b, 4<<20, e)
+	ctx := context.Background()
 	keys := make([]string, b.N)
 	for i := range keys {
 		keys[i] = "k" + strconv.Itoa(i)
