@@ -256,8 +256,9 @@ func (cc *H1Conn) idleCheck() error {
 		// TLS records read ahead, a tunnel's read-ahead. A read with a
 		// deadline already past hands those out, and lets TLS go through
 		// whole records it holds, without a system call; it never reaches
-		// the socket, hence the peek below.
-		if err := cc.readIdle(time.Unix(1, 0)); err != nil {
+		// the socket, hence the peek below. The mirror's own TLS
+		// connections do the same without touching the deadline.
+		if err := cc.readHeld(); err != nil {
 			return err
 		}
 	}
@@ -290,6 +291,24 @@ func (cc *H1Conn) idleCheck() error {
 	return errUnsolicited
 }
 
+// heldReader is a connection that can hand out what its layers hold
+// already without reading the socket ([Conn.ReadHeld]).
+type heldReader interface {
+	ReadHeld(p []byte) (int, error)
+}
+
+// readHeld reads what the layers over the socket hold, without waiting:
+// data means unsolicited bytes, a timeout nothing held, and anything else
+// the connection's end.
+func (cc *H1Conn) readHeld() error {
+	h, ok := cc.conn.(heldReader)
+	if !ok {
+		return cc.readIdle(time.Unix(1, 0))
+	}
+	n, err := h.ReadHeld(cc.scratch[:])
+	return idleRead(n, err)
+}
+
 // readIdle reads the idle connection with the read deadline at d, then
 // clears the deadline. Data means unsolicited bytes, a timeout nothing to
 // read, and anything else the connection's end.
@@ -297,15 +316,24 @@ func (cc *H1Conn) readIdle(d time.Time) error {
 	if err := cc.conn.SetReadDeadline(d); err != nil {
 		return fmt.Errorf("the idle connection failed: %w", err)
 	}
-	n, err := cc.conn.Read(cc.scratch[:])
+	if err := idleRead(cc.conn.Read(cc.scratch[:])); err != nil {
+		return err
+	}
+	if err := cc.conn.SetReadDeadline(time.Time{}); err != nil {
+		return fmt.Errorf("the idle connection failed: %w", err)
+	}
+	return nil
+}
+
+// idleRead says what a read of an idle connection that may not wait
+// found: data is unsolicited, a timeout is nothing, and any other error
+// is the connection's end.
+func idleRead(n int, err error) error {
 	if n > 0 {
 		return errUnsolicited
 	}
 	if err != nil && !timedOut(err) {
 		return fmt.Errorf("the origin closed the idle connection: %w", err)
-	}
-	if err := cc.conn.SetReadDeadline(time.Time{}); err != nil {
-		return fmt.Errorf("the idle connection failed: %w", err)
 	}
 	return nil
 }

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -203,6 +205,7 @@ func (e verifyError) Unwrap() error { return e.err }
 func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint.ClientHello, serverName string, mode Mode, keyGroup utls.CurveID) (*Conn, error) {
 	cfg := d.utlsConfig(serverName)
 	var uc *utls.UConn
+	var w *tlsWire
 	report := Report{Mode: mode}
 	if mode == Go {
 		if hello != nil {
@@ -210,7 +213,8 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 		} else if d.TLSConfig != nil {
 			cfg.NextProtos = d.TLSConfig.NextProtos
 		}
-		uc = utls.UClient(raw, cfg, utls.HelloGolang, false, false, false)
+		w = &tlsWire{Conn: raw}
+		uc = utls.UClient(w, cfg, utls.HelloGolang, false, false, false)
 	} else {
 		spec, r, err := buildSpec(hello, serverName, mode, keyGroup)
 		if err != nil {
@@ -225,7 +229,8 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 		report = r
 		// utls writes the hello's record with version 0x0301 whatever
 		// the client's record said (Java's is 0x0303).
-		uc = utls.UClient(&recordVersionConn{Conn: raw, version: hello.RecordVersion}, cfg, utls.HelloCustom, false, false, false)
+		w = &tlsWire{Conn: raw, version: hello.RecordVersion}
+		uc = utls.UClient(w, cfg, utls.HelloCustom, false, false, false)
 		if err := uc.ApplyPreset(spec); err != nil {
 			return nil, fmt.Errorf("mirror: apply hello: %w", err)
 		}
@@ -239,21 +244,27 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 	if err := uc.HandshakeContext(hctx); err != nil {
 		return nil, fmt.Errorf("mirror: %v TLS handshake with %s: %w", mode, serverName, err)
 	}
-	return &Conn{Conn: uc, uc: uc, raw: raw, report: report}, nil
+	return &Conn{Conn: uc, uc: uc, raw: raw, wire: w, report: report}, nil
 }
 
-// recordVersionConn gives the first record written on it, the hello's,
-// the record-layer version of the client's hello. Records after it pass
-// unchanged.
-type recordVersionConn struct {
+// tlsWire is the connection under a TLS session to an origin. It writes the
+// hello's record with the client's record-layer version (utls writes
+// 0x0301 whatever the client's record said; Java's is 0x0303), and it
+// lets the idle check ask the TLS layer for what it already read off the
+// socket without a read deadline (see [Conn.ReadHeld]).
+type tlsWire struct {
 	net.Conn
-	version uint16
-	done    bool
+	version uint16 // the hello record's; 0 leaves utls's
+	wrote   bool   // the hello went out
+	// held refuses reads, as a read past its deadline fails, without
+	// reaching the connection: the poller's deadline changes, two per
+	// reused connection, cost more than the whole look otherwise.
+	held atomic.Bool
 }
 
-func (c *recordVersionConn) Write(p []byte) (int, error) {
-	if !c.done {
-		c.done = true
+func (c *tlsWire) Write(p []byte) (int, error) {
+	if !c.wrote {
+		c.wrote = true
 		if len(p) >= 5 && p[0] == 22 && p[1] == 3 && c.version>>8 == 3 {
 			q := append([]byte(nil), p...)
 			q[1], q[2] = byte(c.version>>8), byte(c.version)
@@ -263,8 +274,18 @@ func (c *recordVersionConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+// Read fails with os.ErrDeadlineExceeded while held. The TLS layer takes
+// that error, as a deadline's, for a temporary one: the session stays
+// usable, and a record it had begun to read stays where it was.
+func (c *tlsWire) Read(p []byte) (int, error) {
+	if c.held.Load() {
+		return 0, os.ErrDeadlineExceeded
+	}
+	return c.Conn.Read(p)
+}
+
 // Unwrap returns the connection under it, for socketOf.
-func (c *recordVersionConn) Unwrap() net.Conn { return c.Conn }
+func (c *tlsWire) Unwrap() net.Conn { return c.Conn }
 
 // utlsConfig is a fresh utls configuration per dial (ApplyPreset writes
 // the ALPN list into it) carrying the caller's verification.
@@ -300,6 +321,7 @@ type Conn struct {
 	net.Conn
 	uc     *utls.UConn
 	raw    net.Conn // the connection the TLS session runs on
+	wire   *tlsWire // raw, as the TLS session sees it
 	report Report
 }
 
@@ -311,6 +333,24 @@ func (c *Conn) ConnectionState() tls.ConnectionState { return stdState(c.uc.Conn
 
 // NetConn returns the connection the TLS session runs on.
 func (c *Conn) NetConn() net.Conn { return c.raw }
+
+// ReadHeld reads what the TLS layer holds already, never the connection
+// under it: records it read off the socket ahead of the last read (a
+// close_notify sent right behind a response, say) are gone through, and
+// what they carry is returned (data, io.EOF for a close_notify, an
+// error). With nothing held it fails at once with an error that matches
+// os.ErrDeadlineExceeded, as a Read past its deadline would, and the
+// connection stays usable. Only the connection's one reader may call it.
+//
+// The connection under the TLS layer may have bytes of its own read ahead
+// (a tunnel's, before the handshake), which ReadHeld does not see: none
+// of them can be a record of this session, whose keys the handshake that
+// followed them made.
+func (c *Conn) ReadHeld(p []byte) (int, error) {
+	c.wire.held.Store(true)
+	defer c.wire.held.Store(false)
+	return c.uc.Read(p)
+}
 
 func stdState(s utls.ConnectionState) tls.ConnectionState {
 	return tls.ConnectionState{

@@ -1,0 +1,210 @@
+package mirror
+
+import (
+	"bufio"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/fporigin"
+)
+
+// coalescing holds what is written on it until flush, which sends it in
+// one write: a TLS server over it puts several records in one segment.
+type coalescing struct {
+	net.Conn
+	mu   sync.Mutex
+	hold bool
+	buf  []byte
+}
+
+func (c *coalescing) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hold {
+		c.buf = append(c.buf, p...)
+		return len(p), nil
+	}
+	return c.Conn.Write(p)
+}
+
+func (c *coalescing) flush() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hold = false
+	_, err := c.Conn.Write(c.buf)
+	return err
+}
+
+// heldOrigin is a TLS origin that answers the first request on a
+// connection with a response and, in the same segment, a close_notify,
+// and then leaves the TCP connection open: only the records the client's
+// TLS layer read ahead with the response say that the connection is over.
+// It returns the address, the dialer's TLS configuration, and the number
+// of requests read, once the test has ended.
+func heldOrigin(t *testing.T) (addr string, cfg *tls.Config, requests func() int) {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(nil)
+	srv.StartTLS()
+	server := srv.TLS.Clone()
+	server.NextProtos = []string{"http/1.1"}
+	pool := x509.NewCertPool()
+	pool.AddCert(srv.Certificate())
+	srv.Close()
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	n := 0
+	stop := make(chan struct{})
+	wg.Go(func() {
+		raw, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer raw.Close()
+		cw := &coalescing{Conn: raw}
+		tc := tls.Server(cw, server)
+		br := bufio.NewReader(tc)
+		for {
+			req, err := http.ReadRequest(br)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			mu.Lock()
+			n++
+			first := n == 1
+			mu.Unlock()
+			if !first {
+				io.WriteString(tc, h1Real)
+				continue
+			}
+			cw.mu.Lock()
+			cw.hold = true
+			cw.mu.Unlock()
+			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+			tc.CloseWrite() // the close_notify, and nothing more from TLS
+			// CloseWrite leaves a write deadline of now behind it.
+			raw.SetWriteDeadline(time.Time{})
+			if cw.flush() != nil {
+				return
+			}
+			<-stop // the socket stays open, and silent
+			return
+		}
+	})
+	t.Cleanup(func() {
+		close(stop)
+		ln.Close()
+		wg.Wait()
+	})
+	return ln.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "example.com"},
+		func() int { mu.Lock(); defer mu.Unlock(); return n }
+}
+
+// TestH1CloseNotifyReadWithTheResponse: a close_notify that arrived in the
+// response's segment sits in the TLS layer, not on the socket, which stays
+// open and has nothing to read. The idle check still finds it: the next
+// request fails as unprocessed, before any of it goes out, rather than
+// going out on a connection the origin has finished with.
+func TestH1CloseNotifyReadWithTheResponse(t *testing.T) {
+	addr, cfg, requests := heldOrigin(t)
+	var cd countingDialer
+	d := &Dialer{Dial: cd.dial, TLSConfig: cfg}
+	ctx := ctxTimeout(t, 10*time.Second)
+	c, err := d.DialTLS(ctx, "tcp", addr, goHello(t, "http/1.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc, err := NewClientConn(c, c.ConnectionState().NegotiatedProtocol, nil, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	resp, err := cc.RoundTrip(newRequest(t, ctx, "GET", "https://"+addr+"/first", nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+		t.Fatalf("first body %q", b)
+	}
+	resp.Body.Close()
+
+	req := newRequest(t, ctx, "POST", "https://"+addr+"/second", nil)
+	req.Body = io.NopCloser(strings.NewReader("a=1"))
+	req.ContentLength = 3
+	resp, err = cc.RoundTrip(req)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("second request answered %d on a connection the origin had closed", resp.StatusCode)
+	}
+	if !errors.Is(err, ErrUnprocessed) {
+		t.Fatalf("second request: %v; want an unprocessed request", err)
+	}
+	cc.Close()
+	if n := requests(); n != 1 {
+		t.Errorf("the origin read %d requests, want 1", n)
+	}
+}
+
+// TestReadHeldLeavesTheConnectionUsable: with nothing held, ReadHeld fails
+// as a read past its deadline does, at once, and the TLS session goes on:
+// the next request on the connection is answered.
+func TestReadHeldLeavesTheConnectionUsable(t *testing.T) {
+	o := startOrigin(t, fporigin.Options{NextProtos: []string{"http/1.1"}})
+	cc, c := openConn(t, o, goHello(t, "http/1.1"), nil, Options{})
+	getRoot(t, cc, o)
+	for range 3 {
+		n, err := c.ReadHeld(make([]byte, 16))
+		if n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Fatalf("ReadHeld on an idle connection: %d, %v; want 0 and a deadline's error", n, err)
+		}
+	}
+	getRoot(t, cc, o)
+}
+
+// BenchmarkH1IdleCheck is the look at an idle HTTP/1.1 connection over
+// the mirror's TLS before it takes a request, as a pool runs it once per
+// reused connection:
+//
+//	go test -run '^$' -bench H1IdleCheck ./upstream/mirror/
+func BenchmarkH1IdleCheck(b *testing.B) {
+	o, err := fporigin.Start(fporigin.Options{NextProtos: []string{"http/1.1"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer o.Close()
+	var cd countingDialer
+	ctx := ctxTimeout(b, 10*time.Second)
+	c, err := newDialer(o, &cd).DialTLS(ctx, "tcp", o.Addr(), goHello(b, "http/1.1"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cc := NewH1Conn(c, Options{})
+	defer cc.Close()
+	resp, err := cc.RoundTrip(newRequest(b, ctx, "GET", o.URL()+"/", nil))
+	if err != nil {
+		b.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := cc.Probe(); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
