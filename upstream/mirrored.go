@@ -503,7 +503,15 @@ func (t *mirroredTransport) done(mc *mconn) {
 	}
 	mc.idle = true
 	t.nIdle++
-	mc.timer = time.AfterFunc(t.idleConnTimeout, func() { t.expire(mc) })
+	// One timer per connection, re-armed each time it goes idle: a new
+	// one per request cost two allocations and a timer's setup. A stale
+	// run (it fired as the connection was taken) finds it busy, or idle
+	// again and closes it early, as a new timer's stale run would.
+	if mc.timer == nil {
+		mc.timer = time.AfterFunc(t.idleConnTimeout, func() { t.expire(mc) })
+	} else {
+		mc.timer.Reset(t.idleConnTimeout)
+	}
 	t.mu.Unlock()
 }
 
