@@ -292,9 +292,9 @@ func (cc *H1Conn) idleCheck() error {
 }
 
 // heldReader is a connection that can hand out what its layers hold
-// already without reading the socket ([Conn.ReadHeld]).
+// already without reading the socket ([Conn.readHeld]).
 type heldReader interface {
-	ReadHeld(p []byte) (int, error)
+	readHeld(p []byte) (int, error)
 }
 
 // readHeld reads what the layers over the socket hold, without waiting:
@@ -305,7 +305,7 @@ func (cc *H1Conn) readHeld() error {
 	if !ok {
 		return cc.readIdle(time.Unix(1, 0))
 	}
-	n, err := h.ReadHeld(cc.scratch[:])
+	n, err := h.readHeld(cc.scratch[:])
 	return idleRead(n, err)
 }
 

@@ -46,12 +46,14 @@ func (c *coalescing) flush() error {
 }
 
 // heldOrigin is a TLS origin that answers the first request on a
-// connection with a response and, in the same segment, a close_notify,
-// and then leaves the TCP connection open: only the records the client's
-// TLS layer read ahead with the response say that the connection is over.
-// It returns the address, the dialer's TLS configuration, and the number
-// of requests read, once the test has ended.
-func heldOrigin(t *testing.T) (addr string, cfg *tls.Config, requests func() int) {
+// connection and, in the same segment, sends behind (a close_notify when
+// it is "", otherwise a record of data no request asked for); then it
+// leaves the TCP connection open and reads on, answering nothing more.
+// Only the records the client's TLS layer read ahead with the response
+// tell that the connection is no longer fit. It returns the address, the
+// dialer's TLS configuration, and the number of requests the origin has
+// read.
+func heldOrigin(t *testing.T, behind string) (addr string, cfg *tls.Config, requests func() int) {
 	t.Helper()
 	srv := httptest.NewUnstartedServer(nil)
 	srv.StartTLS()
@@ -67,13 +69,16 @@ func heldOrigin(t *testing.T) (addr string, cfg *tls.Config, requests func() int
 	}
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	n := 0
-	stop := make(chan struct{})
+	var n int
+	var conn net.Conn
 	wg.Go(func() {
 		raw, err := ln.Accept()
 		if err != nil {
 			return
 		}
+		mu.Lock()
+		conn = raw
+		mu.Unlock()
 		defer raw.Close()
 		cw := &coalescing{Conn: raw}
 		tc := tls.Server(cw, server)
@@ -89,78 +94,94 @@ func heldOrigin(t *testing.T) (addr string, cfg *tls.Config, requests func() int
 			first := n == 1
 			mu.Unlock()
 			if !first {
-				io.WriteString(tc, h1Real)
-				continue
+				continue // read, and left unanswered
 			}
 			cw.mu.Lock()
 			cw.hold = true
 			cw.mu.Unlock()
 			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-			tc.CloseWrite() // the close_notify, and nothing more from TLS
-			// CloseWrite leaves a write deadline of now behind it.
-			raw.SetWriteDeadline(time.Time{})
+			if behind == "" {
+				tc.CloseWrite()
+				// CloseWrite leaves a write deadline of now behind it.
+				raw.SetWriteDeadline(time.Time{})
+			} else {
+				io.WriteString(tc, behind) // a record of its own
+			}
 			if cw.flush() != nil {
 				return
 			}
-			<-stop // the socket stays open, and silent
-			return
 		}
 	})
 	t.Cleanup(func() {
-		close(stop)
 		ln.Close()
+		mu.Lock()
+		if conn != nil {
+			conn.Close()
+		}
+		mu.Unlock()
 		wg.Wait()
 	})
 	return ln.Addr().String(), &tls.Config{RootCAs: pool, ServerName: "example.com"},
 		func() int { mu.Lock(); defer mu.Unlock(); return n }
 }
 
-// TestH1CloseNotifyReadWithTheResponse: a close_notify that arrived in the
-// response's segment sits in the TLS layer, not on the socket, which stays
-// open and has nothing to read. The idle check still finds it: the next
-// request fails as unprocessed, before any of it goes out, rather than
-// going out on a connection the origin has finished with.
-func TestH1CloseNotifyReadWithTheResponse(t *testing.T) {
-	addr, cfg, requests := heldOrigin(t)
-	var cd countingDialer
-	d := &Dialer{Dial: cd.dial, TLSConfig: cfg}
-	ctx := ctxTimeout(t, 10*time.Second)
-	c, err := d.DialTLS(ctx, "tcp", addr, goHello(t, "http/1.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cc, err := NewClientConn(c, c.ConnectionState().NegotiatedProtocol, nil, Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	resp, err := cc.RoundTrip(newRequest(t, ctx, "GET", "https://"+addr+"/first", nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
-		t.Fatalf("first body %q", b)
-	}
-	resp.Body.Close()
+// TestH1RecordsReadWithTheResponse: records that arrived in the response's
+// segment sit in the TLS layer, not on the socket, which stays open and
+// has nothing to read. The idle check still goes through them: after a
+// close_notify, or data no request asked for (which would otherwise be
+// read as the next request's answer), the next request fails as
+// unprocessed before any of it goes out.
+func TestH1RecordsReadWithTheResponse(t *testing.T) {
+	for _, tc := range []struct{ name, behind string }{
+		{"close_notify", ""},
+		{"data", h1Evil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr, cfg, requests := heldOrigin(t, tc.behind)
+			var cd countingDialer
+			d := &Dialer{Dial: cd.dial, TLSConfig: cfg}
+			ctx := ctxTimeout(t, 10*time.Second)
+			c, err := d.DialTLS(ctx, "tcp", addr, goHello(t, "http/1.1"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { c.Close() })
+			cc, err := NewClientConn(c, c.ConnectionState().NegotiatedProtocol, nil, Options{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := cc.RoundTrip(newRequest(t, ctx, "GET", "https://"+addr+"/first", nil))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if b, _ := io.ReadAll(resp.Body); string(b) != "ok" {
+				t.Fatalf("first body %q", b)
+			}
+			resp.Body.Close()
 
-	req := newRequest(t, ctx, "POST", "https://"+addr+"/second", nil)
-	req.Body = io.NopCloser(strings.NewReader("a=1"))
-	req.ContentLength = 3
-	resp, err = cc.RoundTrip(req)
-	if err == nil {
-		resp.Body.Close()
-		t.Fatalf("second request answered %d on a connection the origin had closed", resp.StatusCode)
-	}
-	if !errors.Is(err, ErrUnprocessed) {
-		t.Fatalf("second request: %v; want an unprocessed request", err)
-	}
-	cc.Close()
-	if n := requests(); n != 1 {
-		t.Errorf("the origin read %d requests, want 1", n)
+			req := newRequest(t, ctx, "POST", "https://"+addr+"/second", nil)
+			req.Body = io.NopCloser(strings.NewReader("a=1"))
+			req.ContentLength = 3
+			resp, err = cc.RoundTrip(req)
+			if err == nil {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				t.Fatalf("second request answered %d %q on a connection no longer fit", resp.StatusCode, b)
+			}
+			if !errors.Is(err, ErrUnprocessed) {
+				t.Fatalf("second request: %v; want an unprocessed request", err)
+			}
+			// Had the POST gone out, the origin, still reading, would
+			// have counted it.
+			time.Sleep(20 * time.Millisecond)
+			if n := requests(); n != 1 {
+				t.Errorf("the origin read %d requests, want 1", n)
+			}
+		})
 	}
 }
 
-// TestReadHeldLeavesTheConnectionUsable: with nothing held, ReadHeld fails
+// TestReadHeldLeavesTheConnectionUsable: with nothing held, readHeld fails
 // as a read past its deadline does, at once, and the TLS session goes on:
 // the next request on the connection is answered.
 func TestReadHeldLeavesTheConnectionUsable(t *testing.T) {
@@ -168,9 +189,9 @@ func TestReadHeldLeavesTheConnectionUsable(t *testing.T) {
 	cc, c := openConn(t, o, goHello(t, "http/1.1"), nil, Options{})
 	getRoot(t, cc, o)
 	for range 3 {
-		n, err := c.ReadHeld(make([]byte, 16))
+		n, err := c.readHeld(make([]byte, 16))
 		if n != 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
-			t.Fatalf("ReadHeld on an idle connection: %d, %v; want 0 and a deadline's error", n, err)
+			t.Fatalf("readHeld on an idle connection: %d, %v; want 0 and a deadline's error", n, err)
 		}
 	}
 	getRoot(t, cc, o)

@@ -251,7 +251,7 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 // hello's record with the client's record-layer version (utls writes
 // 0x0301 whatever the client's record said; Java's is 0x0303), and it
 // lets the idle check ask the TLS layer for what it already read off the
-// socket without a read deadline (see [Conn.ReadHeld]).
+// socket without a read deadline (see [Conn.readHeld]).
 type tlsWire struct {
 	net.Conn
 	version uint16 // the hello record's; 0 leaves utls's
@@ -334,19 +334,24 @@ func (c *Conn) ConnectionState() tls.ConnectionState { return stdState(c.uc.Conn
 // NetConn returns the connection the TLS session runs on.
 func (c *Conn) NetConn() net.Conn { return c.raw }
 
-// ReadHeld reads what the TLS layer holds already, never the connection
-// under it: records it read off the socket ahead of the last read (a
-// close_notify sent right behind a response, say) are gone through, and
-// what they carry is returned (data, io.EOF for a close_notify, an
-// error). With nothing held it fails at once with an error that matches
-// os.ErrDeadlineExceeded, as a Read past its deadline would, and the
-// connection stays usable. Only the connection's one reader may call it.
+// readHeld reads what the TLS layer holds already, never the connection
+// under it: records it read off the socket ahead of the last read (data
+// or a close_notify sent right behind a response, a session ticket; in
+// TLS 1.3 every record looks like data from outside, so the layer reads
+// on only when asked) are gone through, and what they carry is returned
+// (data, io.EOF for a close_notify, an error). With nothing held it fails
+// at once with an error that matches os.ErrDeadlineExceeded, as a Read
+// past its deadline would, and the connection stays usable.
 //
-// The connection under the TLS layer may have bytes of its own read ahead
-// (a tunnel's, before the handshake), which ReadHeld does not see: none
-// of them can be a record of this session, whose keys the handshake that
-// followed them made.
-func (c *Conn) ReadHeld(p []byte) (int, error) {
+// Only an HTTP/1.1 connection's idle check calls it, while nothing else
+// reads the connection: a read running alongside would find the wire
+// held and fail.
+//
+// The connection under the TLS layer may have had bytes of its own read
+// ahead (a tunnel's, before the handshake), which readHeld does not see:
+// readahead.Conn hands those out before it reads its socket, so the
+// handshake and the responses since have taken them.
+func (c *Conn) readHeld(p []byte) (int, error) {
 	c.wire.held.Store(true)
 	defer c.wire.held.Store(false)
 	return c.uc.Read(p)
