@@ -18,8 +18,9 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/fporigin"
 )
 
-// coalescing holds what is written on it until flush, which sends it in
-// one write: a TLS server over it puts several records in one segment.
+// coalescing holds what is written on it from hold until flush, which
+// sends it in one write: a TLS server over it puts several records in one
+// segment.
 type coalescing struct {
 	net.Conn
 	mu   sync.Mutex
@@ -37,11 +38,18 @@ func (c *coalescing) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
+func (c *coalescing) holdWrites() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.hold = true
+}
+
 func (c *coalescing) flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.hold = false
 	_, err := c.Conn.Write(c.buf)
+	c.buf = c.buf[:0]
 	return err
 }
 
@@ -96,9 +104,7 @@ func heldOrigin(t *testing.T, behind string) (addr string, cfg *tls.Config, requ
 			if !first {
 				continue // read, and left unanswered
 			}
-			cw.mu.Lock()
-			cw.hold = true
-			cw.mu.Unlock()
+			cw.holdWrites()
 			io.WriteString(tc, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
 			if behind == "" {
 				tc.CloseWrite()

@@ -205,7 +205,7 @@ func (e verifyError) Unwrap() error { return e.err }
 func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint.ClientHello, serverName string, mode Mode, keyGroup utls.CurveID) (*Conn, error) {
 	cfg := d.utlsConfig(serverName)
 	var uc *utls.UConn
-	var w *tlsWire
+	w := &tlsWire{Conn: raw}
 	report := Report{Mode: mode}
 	if mode == Go {
 		if hello != nil {
@@ -213,7 +213,6 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 		} else if d.TLSConfig != nil {
 			cfg.NextProtos = d.TLSConfig.NextProtos
 		}
-		w = &tlsWire{Conn: raw}
 		uc = utls.UClient(w, cfg, utls.HelloGolang, false, false, false)
 	} else {
 		spec, r, err := buildSpec(hello, serverName, mode, keyGroup)
@@ -229,7 +228,7 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 		report = r
 		// utls writes the hello's record with version 0x0301 whatever
 		// the client's record said (Java's is 0x0303).
-		w = &tlsWire{Conn: raw, version: hello.RecordVersion}
+		w.version = hello.RecordVersion
 		uc = utls.UClient(w, cfg, utls.HelloCustom, false, false, false)
 		if err := uc.ApplyPreset(spec); err != nil {
 			return nil, fmt.Errorf("mirror: apply hello: %w", err)
