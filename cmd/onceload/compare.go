@@ -35,9 +35,10 @@ type contender struct {
 
 // measured is what one contender did with one load.
 type measured struct {
-	name string
-	res  *loadgen.Result
-	cpu  time.Duration
+	name   string
+	res    *loadgen.Result
+	cpu    time.Duration
+	faults int64 // minor page faults (see loadgen.Usage)
 }
 
 // cpuPerRequest is the contender's CPU time per answered request.
@@ -46,6 +47,15 @@ func (m measured) cpuPerRequest() time.Duration {
 		return 0
 	}
 	return m.cpu / time.Duration(m.res.Requests)
+}
+
+// faultsPerRequest is the contender's minor page faults per answered
+// request.
+func (m measured) faultsPerRequest() float64 {
+	if m.res.Requests == 0 {
+		return 0
+	}
+	return float64(m.faults) / float64(m.res.Requests)
 }
 
 // missRounds is how many rounds a miss comparison runs: each contender
@@ -94,11 +104,11 @@ func missLoad(ctx context.Context, cs []contender, base string, o comparison, h2
 	}
 	per := max(n/missRounds, c)
 	runs := make([][]*loadgen.Result, len(cs))
-	cpu := make([]time.Duration, len(cs))
+	used := make([]loadgen.Usage, len(cs))
 	for r := range missRounds {
 		for j := range cs {
 			i := (j + r) % len(cs)
-			before, err := loadgen.ProcessCPU(cs[i].pid)
+			before, err := loadgen.ProcessUsage(cs[i].pid)
 			if err != nil {
 				return nil, err
 			}
@@ -106,17 +116,18 @@ func missLoad(ctx context.Context, cs []contender, base string, o comparison, h2
 			if err != nil {
 				return nil, err
 			}
-			after, err := loadgen.ProcessCPU(cs[i].pid)
+			after, err := loadgen.ProcessUsage(cs[i].pid)
 			if err != nil {
 				return nil, err
 			}
 			runs[i] = append(runs[i], res)
-			cpu[i] += after - before
+			used[i].CPU += after.CPU - before.CPU
+			used[i].MinorFaults += after.MinorFaults - before.MinorFaults
 		}
 	}
 	out := make([]measured, len(cs))
 	for i, ct := range cs {
-		out[i] = measured{name: ct.name, res: loadgen.Merge(runs[i]...), cpu: cpu[i]}
+		out[i] = measured{name: ct.name, res: loadgen.Merge(runs[i]...), cpu: used[i].CPU, faults: used[i].MinorFaults}
 	}
 	return out, nil
 }
@@ -127,14 +138,14 @@ func missLoad(ctx context.Context, cs []contender, base string, o comparison, h2
 func printComparison(w io.Writer, title string, ms []measured, base []string) {
 	fmt.Fprintf(w, "%s\n", title)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
-	head := "proxy\tclient spoke\treq/s\tCPU/req\tp50\tp99\t"
+	head := "proxy\tclient spoke\treq/s\tCPU/req\tfaults/req\tp50\tp99\t"
 	for _, b := range base {
 		head += "req/s vs " + b + "\tCPU/req vs " + b + "\t"
 	}
 	fmt.Fprintln(tw, head)
 	for _, m := range ms {
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\t", m.name, protos(m.res.Protos), m.res.RPS, m.cpuPerRequest().Round(time.Microsecond),
-			m.res.P50.Round(10*time.Microsecond), m.res.P99.Round(10*time.Microsecond))
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%.2f\t%s\t%s\t", m.name, protos(m.res.Protos), m.res.RPS, m.cpuPerRequest().Round(time.Microsecond),
+			m.faultsPerRequest(), m.res.P50.Round(10*time.Microsecond), m.res.P99.Round(10*time.Microsecond))
 		for _, b := range base {
 			r := ratios(ms, m.name, b)
 			fmt.Fprintf(tw, "%.2fx\t%.2fx\t", r.rps, r.cpu)

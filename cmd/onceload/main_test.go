@@ -243,7 +243,7 @@ func TestCompareRuns(t *testing.T) {
 	if err != nil {
 		t.Fatalf("onceload -compare: %v\n%s", err, out)
 	}
-	for _, want := range []string{"unique https misses, HTTP/1.1 clients", "unique https misses, HTTP/2 clients", "unique http misses, HTTP/1.1 clients", "onceproxy", "goproxy", "goproxy-h2", "CPU/req vs goproxy-h2", "CPU/req"} {
+	for _, want := range []string{"unique https misses, HTTP/1.1 clients", "unique https misses, HTTP/2 clients", "unique http misses, HTTP/1.1 clients", "onceproxy", "goproxy", "goproxy-h2", "CPU/req vs goproxy-h2", "CPU/req", "faults/req"} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
@@ -287,7 +287,7 @@ func TestComparisonRatios(t *testing.T) {
 		return &loadgen.Result{Requests: n, RPS: rps, Protos: map[string]int{"HTTP/2.0": n}}
 	}
 	ms := []measured{
-		{name: nameOnceproxy, res: res(900, 100), cpu: 10 * time.Millisecond},
+		{name: nameOnceproxy, res: res(900, 100), cpu: 10 * time.Millisecond, faults: 175},
 		{name: nameGoproxyH2, res: res(1000, 100), cpu: 8 * time.Millisecond},
 		{name: nameGoproxy, res: res(1200, 100), cpu: 5 * time.Millisecond},
 	}
@@ -299,7 +299,7 @@ func TestComparisonRatios(t *testing.T) {
 	}
 	var b strings.Builder
 	printComparison(&b, "title", ms, []string{nameGoproxyH2, nameGoproxy})
-	for _, want := range []string{"req/s vs goproxy-h2", "CPU/req vs goproxy", "0.90x", "1.25x", "2.00x", "1.00x"} {
+	for _, want := range []string{"req/s vs goproxy-h2", "CPU/req vs goproxy", "faults/req", "1.75", "0.90x", "1.25x", "2.00x", "1.00x"} {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, b.String())
 		}

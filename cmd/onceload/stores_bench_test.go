@@ -362,7 +362,8 @@ var urlSeq atomic.Int64
 // on) and a plain goproxy MITM (loadgen.PlainMITM), each a process of its
 // own, against the same loopback HTTPS origin: b.N unique https URLs
 // through each at c=32, over HTTP/1.1 and HTTP/2 clients, in alternating
-// rounds, then b.N unique plain http URLs (http-…). It reports req/s and CPU per request of each and their ratios;
+// rounds, then b.N unique plain http URLs (http-…). It reports req/s, CPU
+// and minor page faults per request of each, and the ratios;
 // HTTP/2 clients are compared with a goproxy that answers them over
 // HTTP/2 (AllowHTTP2, the same protocol work: h2-…) and with goproxy as
 // shipped, which answers them over HTTP/1.1 (h2-vs-h1-…). Run it alone on
@@ -400,6 +401,7 @@ func BenchmarkVsPlainMITM(b *testing.B) {
 		for _, m := range r.ms {
 			b.ReportMetric(m.res.RPS, proto+"-"+m.name+"-req/s")
 			b.ReportMetric(float64(m.cpuPerRequest().Microseconds()), proto+"-"+m.name+"-cpu-µs/req")
+			b.ReportMetric(m.faultsPerRequest(), proto+"-"+m.name+"-faults/req")
 		}
 		for i, base := range r.base {
 			prefix := proto
