@@ -261,6 +261,9 @@ func (cc *H1Conn) idleCheck() error {
 		if err := cc.readHeld(); err != nil {
 			return err
 		}
+		if cc.midRecord() {
+			return errUnsolicited
+		}
 	}
 	if cc.sock == nil {
 		return nil // no socket to look at: nothing more to know
@@ -283,6 +286,11 @@ func (cc *H1Conn) idleCheck() error {
 		if err := cc.readIdle(time.Now().Add(recordWait)); err != nil {
 			return err
 		}
+		if cc.midRecord() {
+			// The read took the start of a record and gave up waiting
+			// for the rest: no request can be answered behind it.
+			return errUnsolicited
+		}
 		// The records were the TLS layer's own, or the deadline passed
 		// before the read reached the socket: look again.
 	}
@@ -295,6 +303,19 @@ func (cc *H1Conn) idleCheck() error {
 // already without reading the socket ([Conn.readHeld]).
 type heldReader interface {
 	readHeld(p []byte) (int, error)
+}
+
+// recordFollower is a TLS connection that knows whether its reads off
+// the socket stopped inside a record ([Conn.midRecord]).
+type recordFollower interface {
+	midRecord() bool
+}
+
+// midRecord reports whether the TLS layer holds part of a record; false
+// when the connection cannot tell.
+func (cc *H1Conn) midRecord() bool {
+	f, ok := cc.conn.(recordFollower)
+	return ok && f.midRecord()
 }
 
 // readHeld reads what the layers over the socket hold, without waiting:

@@ -248,13 +248,19 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 
 // tlsWire is the connection under a TLS session to an origin. It writes the
 // hello's record with the client's record-layer version (utls writes
-// 0x0301 whatever the client's record said; Java's is 0x0303), and it
-// lets the idle check ask the TLS layer for what it already read off the
-// socket without a read deadline (see [Conn.readHeld]).
+// 0x0301 whatever the client's record said; Java's is 0x0303), it lets
+// the idle check ask the TLS layer for what it already read off the
+// socket without a read deadline (see [Conn.readHeld]), and it follows
+// the records it reads so that the check can tell when the TLS layer
+// holds part of one (see [Conn.midRecord]).
 type tlsWire struct {
 	net.Conn
 	version uint16 // the hello record's; 0 leaves utls's
 	wrote   bool   // the hello went out
+	in      recordFramer
+	// mid is in.within() after the last read, for the idle check, which
+	// runs on another goroutine than the reads before it.
+	mid atomic.Bool
 	// held refuses reads, as a read past its deadline fails, without
 	// reaching the connection: setting and clearing a past deadline went
 	// through utls, the idle-timeout wrapper and the runtime's poller,
@@ -282,8 +288,47 @@ func (c *tlsWire) Read(p []byte) (int, error) {
 	if c.held.Load() {
 		return 0, os.ErrDeadlineExceeded
 	}
-	return c.Conn.Read(p)
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.in.feed(p[:n])
+		c.mid.Store(c.in.within())
+	}
+	return n, err
 }
+
+// recordFramer follows the TLS records in a stream of bytes read: a
+// header of 5 bytes whose last two give the length of the body behind
+// it. Only framing: a record's type and content are the TLS layer's.
+type recordFramer struct {
+	head int // the header bytes seen of the record begun, 0 to 4
+	size int // its body's length, as far as the header has come
+	left int // the body bytes of the current record still to come
+}
+
+func (f *recordFramer) feed(b []byte) {
+	for len(b) > 0 {
+		if f.left > 0 {
+			n := min(f.left, len(b))
+			f.left -= n
+			b = b[n:]
+			continue
+		}
+		switch f.head {
+		case 3:
+			f.size = int(b[0]) << 8
+		case 4:
+			f.size |= int(b[0])
+		}
+		f.head++
+		b = b[1:]
+		if f.head == 5 {
+			f.head, f.left = 0, f.size
+		}
+	}
+}
+
+// within reports whether the bytes fed so far stop inside a record.
+func (f *recordFramer) within() bool { return f.head > 0 || f.left > 0 }
 
 // Unwrap returns the connection under it, for socketOf.
 func (c *tlsWire) Unwrap() net.Conn { return c.Conn }
@@ -357,6 +402,14 @@ func (c *Conn) readHeld(p []byte) (int, error) {
 	defer c.wire.held.Store(false)
 	return c.uc.Read(p)
 }
+
+// midRecord reports whether the reads off the connection so far stopped
+// inside a TLS record: the TLS layer holds the start of a record whose
+// rest has not arrived. On an idle connection that is the start of
+// something nobody asked for, which a read that gives up in time, or
+// the held read, leaves in the TLS layer and off the socket, where the
+// idle check's peek no longer sees it.
+func (c *Conn) midRecord() bool { return c.wire.mid.Load() }
 
 func stdState(s utls.ConnectionState) tls.ConnectionState {
 	return tls.ConnectionState{
