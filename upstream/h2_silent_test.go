@@ -115,3 +115,59 @@ func TestDroppedH2ConnectionIsPinged(t *testing.T) {
 		t.Errorf("%d origin connections, want 2", n)
 	}
 }
+
+// TestWaitersShareAFailedH2Dial: requests that wait for another's HTTP/2
+// dial to an origin share its failure. Each used to become the dialer in
+// turn once the one before failed, so that against an origin that accepts
+// and never answers the last of n requests failed after n handshake
+// timeouts, and the origin saw n connections.
+func TestWaitersShareAFailedH2Dial(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var accepted atomic.Int32
+	var mu sync.Mutex
+	var conns []net.Conn
+	defer func() {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted.Add(1)
+			mu.Lock()
+			conns = append(conns, c) // held open, and never a word
+			mu.Unlock()
+		}
+	}()
+	const n = 8
+	c := client{name: "mirrored", fp: goFingerprint(t, "h2", "http/1.1")}
+	p := newPool(t, upstream.Config{TLSHandshakeTimeout: 300 * time.Millisecond}, quiet)
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Go(func() {
+			_, _, errs[i] = c.get(t, p, "https://"+ln.Addr().String()+"/")
+		})
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err == nil {
+			t.Errorf("request %d answered by an origin that never speaks", i)
+		}
+	}
+	// One dial that every request waits for, or two when a request comes
+	// after the first dial has failed.
+	if got := accepted.Load(); got > 2 {
+		t.Errorf("the origin saw %d connections for %d requests at once, want the waiters to share the dial", got, n)
+	}
+}

@@ -83,7 +83,7 @@ type mirroredTransport struct {
 
 	mu      sync.Mutex // guards the fields below and every mconn's active, idle and timer
 	conns   map[connKey][]*mconn
-	dialing map[connKey]chan struct{} // an HTTP/2-capable dial in progress: closed when it ends
+	dialing map[connKey]*pendingDial // an HTTP/2-capable dial in progress
 	nIdle   int
 	gen     uint64 // bumped by closeIdle: connections of an older one are never reused
 	closed  bool
@@ -146,7 +146,7 @@ func (k *connKit) mirroredTransport(dial func(ctx context.Context, network, addr
 		hellos:          &k.hellos,
 		log:             k.log,
 		conns:           make(map[connKey][]*mconn),
-		dialing:         make(map[connKey]chan struct{}),
+		dialing:         make(map[connKey]*pendingDial),
 	}
 }
 
@@ -248,28 +248,37 @@ func (t *mirroredTransport) conn(ctx context.Context, key connKey, fp *fingerpri
 				continue
 			}
 		}
-		var wait chan struct{}
+		var mine *pendingDial
 		if t.keepAlive && h2 && !t.hasH1Locked(key) {
-			if ch, ok := t.dialing[key]; ok {
+			if d, ok := t.dialing[key]; ok {
 				t.mu.Unlock()
 				select {
-				case <-ch:
+				case <-d.done:
+					if d.err != nil {
+						return nil, false, d.err
+					}
 					continue
 				case <-ctx.Done():
 					return nil, false, ctx.Err()
 				}
 			}
-			wait = make(chan struct{})
-			t.dialing[key] = wait
+			mine = &pendingDial{done: make(chan struct{})}
+			t.dialing[key] = mine
 		}
 		gen := t.gen
 		t.mu.Unlock()
 
 		mc, err := t.open(ctx, key, fp, gen)
 		t.mu.Lock()
-		if wait != nil {
+		if mine != nil {
+			if err != nil && ctx.Err() == nil {
+				// The origin's failure, not this request's leaving:
+				// the requests that waited share it rather than each
+				// dialing again in turn, a timeout apiece.
+				mine.err = err
+			}
 			delete(t.dialing, key)
-			close(wait)
+			close(mine.done)
 		}
 		if err == nil && t.closed {
 			t.mu.Unlock()
@@ -285,6 +294,15 @@ func (t *mirroredTransport) conn(ctx context.Context, key connKey, fp *fingerpri
 		t.mu.Unlock()
 		return mc, false, nil
 	}
+}
+
+// pendingDial is an HTTP/2-capable dial in progress, which requests for
+// the same key wait for instead of dialing alongside.
+type pendingDial struct {
+	done chan struct{} // closed when it ends
+	// err, set before done closes: the dial failed, and not because its
+	// own request left.
+	err error
 }
 
 // takeLocked marks a pooled connection for key that can take a request
