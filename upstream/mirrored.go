@@ -450,12 +450,23 @@ func (t *mirroredTransport) send(mc *mconn, req *http.Request) (*http.Response, 
 		return resp, nil
 	}
 	ctx, cancel := context.WithCancelCause(req.Context())
-	var timer *time.Timer
+	var resp *http.Response
+	var err error
+	var clock *headClock
 	if t.headerTimeout > 0 {
-		timer = time.AfterFunc(t.headerTimeout, func() { cancel(errHeaderTimeout) })
+		clock = &headClock{wait: t.headerTimeout, cancel: cancel}
 	}
-	resp, err := mc.cc.RoundTrip(out.WithContext(ctx))
-	timedOut := timer != nil && !timer.Stop()
+	if sn, ok := mc.cc.(sentNotifier); ok && clock != nil {
+		// The wait starts once the request is all out, as net/http's:
+		// an upload may take longer.
+		resp, err = sn.RoundTripSent(out.WithContext(ctx), clock.start)
+	} else {
+		if clock != nil {
+			clock.start()
+		}
+		resp, err = mc.cc.RoundTrip(out.WithContext(ctx))
+	}
+	timedOut := clock != nil && clock.stop()
 	if err == nil && timedOut {
 		resp.Body.Close()
 		err = context.Canceled
@@ -478,6 +489,39 @@ func (t *mirroredTransport) send(mc *mconn, req *http.Request) (*http.Response, 
 	}
 	resp.Body = &mirroredBody{rc: resp.Body, finish: finish}
 	return resp, nil
+}
+
+// headClock bounds the wait for a response head over HTTP/2, from the
+// moment the request is out (start), by cancelling the request's context
+// with errHeaderTimeout.
+type headClock struct {
+	wait   time.Duration
+	cancel context.CancelCauseFunc
+	mu     sync.Mutex
+	timer  *time.Timer
+	ended  bool
+}
+
+func (c *headClock) start() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.timer == nil && !c.ended {
+		c.timer = time.AfterFunc(c.wait, func() { c.cancel(errHeaderTimeout) })
+	}
+}
+
+// stop ends the wait and reports whether it ran out first.
+func (c *headClock) stop() (ranOut bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.ended = true
+	return c.timer != nil && !c.timer.Stop()
+}
+
+// sentNotifier is a connection that says when a request is all out
+// (mirror.H2Conn.RoundTripSent).
+type sentNotifier interface {
+	RoundTripSent(req *http.Request, sent func()) (*http.Response, error)
 }
 
 // keepAliveHeader gives an HTTP/1.1 client's request going out over

@@ -199,6 +199,79 @@ func TestMirroredResponseHeaderTimeout(t *testing.T) {
 	}
 }
 
+// slowBody is a request body of n KiB, each after gap.
+type slowBody struct {
+	n   int
+	gap time.Duration
+}
+
+func (b *slowBody) Read(p []byte) (int, error) {
+	if b.n == 0 {
+		return 0, io.EOF
+	}
+	time.Sleep(b.gap)
+	b.n--
+	k := min(len(p), 1024)
+	for i := range k {
+		p[i] = 'x'
+	}
+	return k, nil
+}
+
+// TestResponseHeaderTimeoutStartsAfterTheUpload: response_header_timeout
+// counts from the end of the request's body, as net/http's does. An
+// upload slower than the timeout is answered, where it used to fail with
+// a header timeout (and, over HTTP/2, cost the connection); an origin
+// that reads the whole body, then answers nothing, still times out.
+func TestResponseHeaderTimeoutStartsAfterTheUpload(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	for _, h2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "h1", true: "h2"}[h2], func(t *testing.T) {
+			release := make(chan struct{})
+			defer close(release)
+			origin := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n, _ := io.Copy(io.Discard, r.Body)
+				if r.URL.Path == "/silent" {
+					select {
+					case <-release:
+					case <-r.Context().Done():
+					}
+				}
+				fmt.Fprint(w, n)
+			}))
+			origin.EnableHTTP2 = h2
+			origin.StartTLS()
+			defer origin.Close()
+			c := client{name: "mirrored", fp: goFingerprint(t, "h2", "http/1.1")}
+			p := newPool(t, upstream.Config{ResponseHeaderTimeout: timeout, CAFiles: []string{originCAFile(t, origin)}}, quiet)
+			upload := func(path string) (string, error) {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, origin.URL+path, &slowBody{n: 8, gap: timeout / 4})
+				req.ContentLength = 8 << 10
+				req.Header.Set("Content-Type", "application/octet-stream")
+				resp, err := p.RoundTrip(c.request(req))
+				if err != nil {
+					return "", err
+				}
+				defer resp.Body.Close()
+				b, err := io.ReadAll(resp.Body)
+				return string(b), err
+			}
+			// 8 KiB over 2 s, against a timeout of 300 ms.
+			if got, err := upload("/upload"); err != nil || got != "8192" {
+				t.Fatalf("a slow upload: %q, %v; want the origin's count, 8192", got, err)
+			}
+			_, err := upload("/silent")
+			var ne net.Error
+			if !errors.As(err, &ne) || !ne.Timeout() || !strings.Contains(err.Error(), "response headers") {
+				t.Fatalf("an upload the origin read and left unanswered: %v; want a response header timeout", err)
+			}
+			c.mirrored(t, p)
+		})
+	}
+}
+
 // TestMirroredPoolBounds: idle connections beyond max_idle_conns_per_host
 // close when their request is done, the ones kept serve the next requests,
 // and idle_conn_timeout closes them in the end.

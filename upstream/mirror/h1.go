@@ -454,7 +454,9 @@ func (cc *H1Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 
 // RoundTripWithin is RoundTrip with the wait for the response head bounded
 // by d (0: unbounded) with a read deadline on the connection: no timer or
-// context per request. Past d it fails with an error that matches
+// context per request. The wait starts once the request is written, its
+// body included, as net/http's ResponseHeaderTimeout: an upload may take
+// longer. Past d it fails with an error that matches
 // os.ErrDeadlineExceeded, and the connection is closed.
 func (cc *H1Conn) RoundTripWithin(req *http.Request, d time.Duration) (*http.Response, error) {
 	closeBody := func() {
@@ -507,16 +509,23 @@ func (cc *H1Conn) RoundTripWithin(req *http.Request, d time.Duration) (*http.Res
 		// a goroutine per request. A body goes alongside the read, for
 		// origins that answer before they have read it all.
 		cc.write(w, head, nil, nil, false)
+		if d > 0 {
+			cc.conn.SetReadDeadline(time.Now().Add(d))
+		}
 	} else {
+		// The wait for the head starts once the body is out (the
+		// writer starts it): an upload may take longer than d.
+		w.headWait = d
 		go cc.write(w, head, body, req.Trailer, expect)
 	}
 
-	if d > 0 {
-		cc.conn.SetReadDeadline(time.Now().Add(d))
-	}
 	resp, err := cc.readResponse(req, w, expect)
 	if d > 0 && err == nil {
-		cc.conn.SetReadDeadline(time.Time{})
+		if body == nil {
+			cc.conn.SetReadDeadline(time.Time{})
+		} else {
+			w.headRead(cc.conn)
+		}
 	}
 	if err != nil {
 		stop()
@@ -559,6 +568,32 @@ type h1Write struct {
 	decided sync.Once
 	err     error
 	wrote   bool // some bytes reached the connection
+
+	// headWait (0: none) bounds the wait for the response head of a
+	// request with a body, from the end of its write; mu orders the
+	// writer's start of that wait with the reader's end of it, so that a
+	// head read before the body is all out leaves no deadline behind.
+	headWait time.Duration
+	mu       sync.Mutex
+	headIn   bool
+}
+
+// waitForHead starts the wait for the response head: the request is out,
+// or its write failed. Nothing when the head is already in.
+func (w *h1Write) waitForHead(conn net.Conn) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.headIn {
+		conn.SetReadDeadline(time.Now().Add(w.headWait))
+	}
+}
+
+// headRead ends the wait for the response head, started or not.
+func (w *h1Write) headRead(conn net.Conn) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.headIn = true
+	conn.SetReadDeadline(time.Time{})
 }
 
 // decide tells a writer waiting on Expect whether to send the body; only
@@ -576,6 +611,9 @@ func (cc *H1Conn) write(w *h1Write, head []byte, body *h1Request, trailer http.H
 	defer close(w.done)
 	if body != nil {
 		defer body.rc.Close()
+	}
+	if w.headWait > 0 {
+		defer w.waitForHead(cc.conn)
 	}
 	cc.conn.SetWriteDeadline(time.Now().Add(cc.opts.writeTimeout()))
 	cc.bw.Reset(cc.conn)

@@ -246,6 +246,7 @@ type h2Stream struct {
 	id   uint32
 	req  *http.Request
 	body io.ReadCloser // the request body being sent; nil when none
+	sent func()        // called once the request is all out; nil: nothing (RoundTripSent)
 
 	respReady  chan struct{} // closed when resp is set
 	done       chan struct{} // closed when the stream is over
@@ -283,6 +284,14 @@ type h2Stream struct {
 // [fingerprint.Shape], the pseudo-headers in its order (else the
 // connection preface's), with its HEADERS priority.
 func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
+	return cc.RoundTripSent(req, nil)
+}
+
+// RoundTripSent is RoundTrip, calling sent (nil: nothing) once the request
+// is all out: its END_STREAM written, on the HEADERS or after the body.
+// A caller's wait for the response head starts there, as net/http's
+// ResponseHeaderTimeout does: an upload may take longer than that wait.
+func (cc *H2Conn) RoundTripSent(req *http.Request, sent func()) (*http.Response, error) {
 	body, length, err := requestBody(req)
 	if err != nil {
 		return nil, err
@@ -310,7 +319,7 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	cs := &h2Stream{
-		cc: cc, req: req, body: body,
+		cc: cc, req: req, body: body, sent: sent,
 		respReady:  make(chan struct{}),
 		done:       make(chan struct{}),
 		continueCh: make(chan struct{}),
@@ -392,6 +401,8 @@ func (cc *H2Conn) RoundTrip(req *http.Request) (*http.Response, error) {
 	if body != nil {
 		expect := strings.EqualFold(req.Header.Get("Expect"), "100-continue")
 		go cs.writeBody(length, req.Trailer, expect)
+	} else if sent != nil {
+		sent()
 	}
 	stop := context.AfterFunc(ctx, func() { cs.abort(ctx.Err(), http2.ErrCodeCancel) })
 	cc.mu.Lock()
@@ -773,6 +784,9 @@ func (cs *h2Stream) sentEnd() {
 	cs.sendEnded = true
 	cs.maybeDone()
 	cc.mu.Unlock()
+	if cs.sent != nil {
+		cs.sent()
+	}
 }
 
 // maybeDone ends a stream both sides have finished. mu held.
