@@ -97,6 +97,12 @@ func decodeFor(e *Entry, ae []string, limit int64) ([]byte, http.Header, error) 
 	if codings == nil {
 		return nil, nil, nil
 	}
+	if len(e.Body) == 0 {
+		// Nothing to decode: a response without a body (fetched by HEAD,
+		// a 204, a 304) only loses the coding's fields for this client,
+		// its Content-Length among them, which named the coded bytes.
+		return nil, decodedHeader(e.Header), nil
+	}
 	body := e.Body
 	for i := len(codings) - 1; i >= 0; i-- {
 		var err error

@@ -593,6 +593,33 @@ func TestStoredCodingDecodedForClientsThatNeedIt(t *testing.T) {
 	}
 }
 
+// TestStoredCodingOfABodylessAnswer: an answer stored without a body (a
+// HEAD's, a 304) whose header names a content coding is served to a client
+// that does not accept the coding without the coding's fields, from the
+// cache. There is nothing to decode; decoding nothing failed, and every
+// such client went upstream (BYPASS).
+func TestStoredCodingOfABodylessAnswer(t *testing.T) {
+	f := newFixture(t, Config{TTL: time.Minute}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Encoding", "gzip")
+		w.Header().Set("Content-Length", "1234")
+		w.Header().Set("ETag", `"v1"`)
+	}))
+	lead := f.do(context.Background(), http.MethodHead, "/h", http.Header{"Accept-Encoding": {"gzip"}}, "")
+	if lead.xcache != CacheMiss || lead.header.Get("Content-Encoding") != "gzip" {
+		t.Fatalf("HEAD accepting gzip: %s, %v", lead.xcache, lead.header)
+	}
+	r := f.do(context.Background(), http.MethodHead, "/h", nil, "")
+	if r.xcache != CacheHit {
+		t.Fatalf("HEAD accepting no coding: %s, want a HIT", r.xcache)
+	}
+	if ce, cl, etag := r.header.Get("Content-Encoding"), r.header.Get("Content-Length"), r.header.Get("ETag"); ce != "" || cl == "1234" || etag != `W/"v1"` {
+		t.Errorf("HEAD accepting no coding got Content-Encoding %q, Content-Length %q, ETag %q; want none, not the coded length, and a weak ETag", ce, cl, etag)
+	}
+	if n := f.up.n.Load(); n != 1 {
+		t.Errorf("upstream = %d, want 1", n)
+	}
+}
+
 // TestOverObjectLimit: a response that declares a body over
 // max_object_bytes streams to its own client uncached (BYPASS); one of
 // unknown length that grows past it is relayed whole to its reader and not
