@@ -136,7 +136,8 @@ func (d *download) run(f *flight) {
 		}
 		return
 	}
-	if d.toFleet() {
+	body, whole := d.wholeBody()
+	if d.toFleet(whole) {
 		// The fleet's store is a round trip away, and the readers need
 		// not wait for it (see endLease): they see the end first, and the
 		// flight stays listed until the store has the body, so that a
@@ -144,21 +145,33 @@ func (d *download) run(f *flight) {
 		d.e.sharingBegins()
 		defer d.e.sharingEnds(f)
 		d.obj.body.finish(nil)
-		d.keep()
+		d.keep(body, whole)
 		return
 	}
 	// Cached before the readers see the end: a client that read the whole
 	// body and asks again finds it in the cache.
-	d.keep()
+	d.keep(body, whole)
 	d.e.flights.unlist(f)
 	d.obj.body.finish(nil)
 }
 
 // toFleet reports whether keep hands the complete body to the fleet's
-// store with the lease, to cache: whole, in memory, not expired.
-func (d *download) toFleet() bool {
-	return d.lease != nil && d.obj.body.inMemory() && d.obj.body.written() <= d.e.wholeLimit &&
-		time.Now().Before(d.obj.meta.ExpiresAt) && d.keeping()
+// store with the lease, to cache: whole (see wholeBody), not expired.
+func (d *download) toFleet(whole bool) bool {
+	return d.lease != nil && whole && time.Now().Before(d.obj.meta.ExpiresAt) && d.keeping()
+}
+
+// wholeBody returns the complete body, and whether it is to be kept whole
+// in the Store (at most max_body_bytes). That is the spool's memory, or
+// its file read back: a body of any size spills to a file when the spools'
+// shared memory (spool_memory_bytes) runs out while it comes, and a
+// body the Store could hold was then kept only in the disk tier, and
+// never shared with the fleet. nil when it is in a file and too big.
+func (d *download) wholeBody() ([]byte, bool) {
+	if body, ok := d.obj.body.bytes(); ok {
+		return body, d.obj.body.written() <= d.e.wholeLimit
+	}
+	return d.obj.body.readBack(d.e.wholeLimit)
 }
 
 // copy reads the origin's body into the spool. Its error says why the body
@@ -260,17 +273,16 @@ func (d *download) why(err error) error {
 	return fmt.Errorf("%w (%v)", cause, err)
 }
 
-// keep caches a complete body: whole in the Store when it stayed in
-// memory, else in the disk tier, and tells the fleet.
-func (d *download) keep() {
+// keep caches a complete body (see wholeBody): whole in the Store when it
+// is small enough, else in the disk tier, and tells the fleet.
+func (d *download) keep(body []byte, whole bool) {
 	e := d.e
 	n := d.obj.body.written()
 	ent := *d.obj.meta
 	ent.packed = packed{} // its fields change below
 	ent.Header = ent.Header.Clone()
 	ent.Header.Set("Content-Length", strconv.FormatInt(n, 10))
-	body, inMemory := d.obj.body.bytes()
-	if inMemory && n <= e.wholeLimit {
+	if whole {
 		ent.Body = body
 		ttl := d.ttl
 		if !d.keeping() {
@@ -290,7 +302,7 @@ func (d *download) keep() {
 	var err error
 	if path, ok := d.obj.body.filePath(); ok {
 		err = e.disk.put(d.key, &ent, path, n)
-	} else if inMemory {
+	} else if body != nil {
 		err = e.disk.putBytes(d.key, &ent, body)
 	}
 	if err != nil && !errors.Is(err, errTooBigForDisk) {

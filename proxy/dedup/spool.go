@@ -299,13 +299,6 @@ func (s *spool) progressLocked() {
 // is cached before its readers see the end, unless it goes to the fleet:
 // see download.run), takes it with written and bytes or filePath.
 
-// inMemory reports whether the body is all in memory: bytes can take it.
-func (s *spool) inMemory() bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.file == nil && !s.relay
-}
-
 // complete reports whether the whole body arrived and its readers may
 // read it to the end.
 func (s *spool) complete() bool {
@@ -333,6 +326,24 @@ func (s *spool) bytes() ([]byte, bool) {
 		return bytes.Clone(s.mem), true
 	}
 	return s.mem[:len(s.mem):len(s.mem)], true
+}
+
+// readBack returns a body that was spilled to its file, read back into
+// memory, when it is at most limit bytes. The writer must be done with it
+// (its readers need not be: ReadAt leaves their offsets alone).
+func (s *spool) readBack(limit int64) ([]byte, bool) {
+	s.mu.Lock()
+	f, n := s.file, s.n+s.hidden
+	ok := f != nil && !s.relay && n <= limit
+	s.mu.Unlock()
+	if !ok {
+		return nil, false
+	}
+	b := make([]byte, n)
+	if m, _ := f.ReadAt(b, 0); int64(m) != n {
+		return nil, false
+	}
+	return b, true
 }
 
 // filePath returns the file of a body that was spilled, for the disk

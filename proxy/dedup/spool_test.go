@@ -7,8 +7,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 )
 
 func testSpools(t *testing.T, budget int64) *spools {
@@ -238,5 +241,33 @@ func TestDiskTierEvictsLeastRecentlyUsed(t *testing.T) {
 	d.close()
 	if dirExists(dir.path) {
 		t.Fatal("close left the directory")
+	}
+}
+
+// TestSpilledSmallBodyIsKeptWhole: a body within max_body_bytes that went
+// to a spool file because the spools' shared memory (spool_memory_bytes)
+// ran out while it came is still cached whole in the Store, read back from
+// its file. It used to count as too big: kept in the disk tier only when
+// there is one (here there is none), and never handed to the fleet.
+func TestSpilledSmallBodyIsKeptWhole(t *testing.T) {
+	body := pattern(100 << 10)
+	f := newFixture(t, Config{TTL: time.Minute, SpoolDir: t.TempDir(), SpoolMemoryBytes: 32 << 10},
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+			w.Write(body)
+		}))
+	if r := f.get("/page"); r.xcache != CacheMiss || r.body != string(body) {
+		t.Fatalf("first: %s, %d bytes", r.xcache, len(r.body))
+	}
+	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.flights.running() == 0 }, "the flight to end")
+	r := f.get("/page")
+	if r.xcache != CacheHit || r.body != string(body) {
+		t.Fatalf("second GET of a %d-byte body (max_body_bytes %s): X-Cache %s, %d bytes", len(body), f.eng.cfg.MaxBodyBytes, r.xcache, len(r.body))
+	}
+	if n := f.up.n.Load(); n != 1 {
+		t.Errorf("upstream = %d, want 1", n)
+	}
+	if st := f.eng.Stats(); st.Disk != nil {
+		t.Errorf("a disk tier in the test: %+v", st.Disk)
 	}
 }
