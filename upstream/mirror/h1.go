@@ -749,7 +749,12 @@ func (b *h1Body) Close() error {
 // takes the next request, else it is closed.
 func (b *h1Body) finish(eof bool) {
 	b.once.Do(func() {
-		b.stop()
+		if !b.stop() {
+			// The request's context ended: cc.fail is on its way, on a
+			// goroutine of its own. Reused meanwhile, the connection
+			// would be closed under the next request.
+			eof = false
+		}
 		if eof {
 			// The writer may still be finishing (the answer can beat its
 			// last bookkeeping). One still writing after a moment means
