@@ -493,7 +493,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 			continue
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, since, v.kind, 0, s.scrub(v.msg))
+		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg))
 		if v.kind == outcomeNone {
 			return nil, lastErr
 		}
