@@ -176,12 +176,25 @@ func (s *Cache) getRemote(ctx context.Context, key string) (*dedup.Entry, error)
 	if err != nil {
 		return nil, dedup.ErrNotFound
 	}
-	e, err := storecodec.DecodeLimit(blob, s.maxBody())
-	if err != nil || !time.Now().Before(e.ExpiresAt) {
+	e, ok := s.decodeValue(key, blob)
+	if !ok {
 		return nil, dedup.ErrNotFound
 	}
 	s.keepShared(key, e)
 	return e, nil
+}
+
+// decodeValue reads a value from Redis. One this build cannot read
+// (another version's, corrupt bytes) is counted as rejected input and
+// logged; it and one past its expiry in this process's clock are absent.
+func (s *Cache) decodeValue(key string, blob []byte) (*dedup.Entry, bool) {
+	e, err := storecodec.DecodeLimit(blob, s.maxBody())
+	if err != nil {
+		s.rejected.Add(1)
+		s.log.Debug("redis: ignored a cached value it cannot read", "key", key, "err", err)
+		return nil, false
+	}
+	return e, time.Now().Before(e.ExpiresAt)
 }
 
 // keepShared keeps e, a value Redis has, in the memory tier for its full

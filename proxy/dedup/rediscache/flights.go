@@ -220,15 +220,15 @@ func (s *Cache) Join(ctx context.Context, key string) (dedup.Lease, *dedup.Outco
 			if value == nil {
 				continue // stored between the GET and the script: look again
 			}
-			e, err := storecodec.DecodeLimit(value, s.maxBody())
-			if err == nil && time.Now().Before(e.ExpiresAt) {
+			if e, ok := s.decodeValue(key, value); ok {
 				s.keepShared(key, e)
 				// Found at once it is a cache hit; found after waiting,
 				// it is the result of the flight we waited on.
 				return nil, &dedup.Outcome{Entry: e, Cached: !waited}, nil
 			}
-			// A value we cannot read (an older format) is in the way:
-			// remove it and run the flight.
+			// A value we cannot read (another version's), or expired by
+			// this process's clock, is in the way: remove it and run the
+			// flight.
 			_ = s.exec(ctx, func(ctx context.Context) error { return s.rdb.Del(ctx, keys[1]).Err() })
 			continue
 		case 3:

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -126,4 +127,51 @@ func FuzzRecalledNotes(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestUnreadableValuesAreCounted: a value this build cannot read (another
+// version's, garbage) is counted as rejected input, on the way to a flight
+// (Join removes it and leads) and on a plain read (Get answers "absent").
+// Both used to drop it without a word, so that two builds of a rolling
+// upgrade could delete each other's values unseen.
+func TestUnreadableValuesAreCounted(t *testing.T) {
+	srv := redistest.Start(t)
+	local := dedup.NewMemoryStore(16 << 20)
+	t.Cleanup(local.Close)
+	be, err := Open(Config{URL: srv.URL}, local, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rdb := srv.Client()
+	for i, read := range []func(key string) error{
+		func(key string) error {
+			l, out, err := be.Cache.Join(ctx, key)
+			if err != nil || out != nil || l == nil {
+				return fmt.Errorf("Join = %v, %+v, %v; want the lease", l, out, err)
+			}
+			l.Release()
+			return nil
+		},
+		func(key string) error {
+			if _, err := be.Cache.Get(ctx, key); err != dedup.ErrNotFound {
+				return fmt.Errorf("Get: %v, want ErrNotFound", err)
+			}
+			return nil
+		},
+	} {
+		key := fmt.Sprintf("GET https://unreadable.test/%d", i)
+		if err := rdb.Set(ctx, be.c.valueKey(tagOf(key)), "a value from a newer version", time.Hour).Err(); err != nil {
+			t.Fatal(err)
+		}
+		before := be.Rejected()
+		if err := read(key); err != nil {
+			t.Fatalf("read %d: %v", i, err)
+		}
+		if got := be.Rejected(); got != before+1 {
+			t.Errorf("read %d: rejected %d, then %d; want one more", i, before, got)
+		}
+	}
 }
