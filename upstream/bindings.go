@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -60,7 +61,12 @@ func bindingName(key uint64) string { return "bind:" + strconv.FormatUint(key, 1
 // first. When the store cannot be asked, cand serves: the fleet
 // degrades to each instance's own choice, which agrees while the session
 // lists do.
-func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*session) bool) *session {
+//
+// skip lists the sessions this request tried already. A bound session among
+// them that is still fit to serve (it failed this request without a
+// cooldown: the origin's 500, a target its gateway could not reach) keeps
+// the key: this attempt goes to cand, and the next request goes back.
+func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*session) bool, skip []*session) *session {
 	fb := p.fleet
 	now := p.now().UnixNano()
 	fits := func(s *session) bool {
@@ -90,6 +96,10 @@ func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*s
 			return cand
 		}
 		from = id
+	}
+	if b := p.sessions.Load().byID[from]; b != nil && slices.Contains(skip, b) &&
+		usable(b, pr, now, nil, false) && b.prov.Load().priority >= cand.prov.Load().priority {
+		return cand // a detour for this retry only
 	}
 	fb.lookups.Add(1)
 	id, err := fb.store.Rebind(ctx, name, from, cand.id, bindingTTL)

@@ -3,7 +3,9 @@ package upstream_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,5 +169,49 @@ func TestFleetBindingsCostAndUntrustedValues(t *testing.T) {
 	}
 	if p3.NotesRejected() != n+5 {
 		t.Fatalf("garbage binding notes: %d rejected, want 5", p3.NotesRejected()-n)
+	}
+}
+
+// TestFleetStickyKeyKeepsItsSessionAfterARetry: a sticky request retried
+// on another session because its own failed it without a cooldown (an
+// origin's 500) goes to the other session for that attempt only; the key
+// stays bound, fleet-wide as alone, and the next request goes back. With a
+// fleet store the retry used to rebind the key for good: one 500 moved a
+// sticky client to another exit IP.
+func TestFleetStickyKeyKeepsItsSessionAfterARetry(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 3})
+	o := newOrigin(t, false)
+	var fail atomic.Bool
+	o.setBehave(func(_ string, w http.ResponseWriter, r *http.Request) bool {
+		if fail.CompareAndSwap(true, false) {
+			http.Error(w, "oops", http.StatusInternalServerError)
+			return true
+		}
+		return false
+	})
+	logger, _ := testLogger(t)
+	cfg := upstream.Config{Sessions: []upstream.SessionConfig{
+		{ID: "a", URL: fp.URL("s1", "http")}, {ID: "b", URL: fp.URL("s2", "http")}, {ID: "c", URL: fp.URL("s3", "http")}}}
+	for _, fleet := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "fleet"}[fleet], func(t *testing.T) {
+			var opts []upstream.Option
+			if fleet {
+				opts = append(opts, upstream.WithBus(&memBindings{m: map[string]string{}}))
+			}
+			p, err := upstream.New(cfg, logger, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			info := clientinfo.Info{Account: "acct", Session: "crawl"}
+			first := mustGet(t, p, o.URL, info)
+			fail.Store(true)
+			if r := mustGet(t, p, o.URL, info); r.status != http.StatusOK || r.upstream == first.upstream {
+				t.Fatalf("the retried request: %+v; want a 200 through another session than %s", r, first.upstream)
+			}
+			if after := mustGet(t, p, o.URL, info); after.upstream != first.upstream {
+				t.Errorf("after one retry the sticky key moved from %s to %s", first.upstream, after.upstream)
+			}
+		})
 	}
 }

@@ -194,7 +194,7 @@ func (p *Pool) pick(ctx context.Context, set *sessionSet, pr *pickReq, now time.
 				continue
 			}
 			if pr.sticky != 0 && p.fleet != nil {
-				return p.agree(ctx, pr, s, ok)
+				return p.agree(ctx, pr, s, ok, skip)
 			}
 			return s
 		}
