@@ -114,3 +114,35 @@ func TestSocksAuthFailuresAreCounted(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestSOCKS5MalformedExchangesGetReplies: a sub-negotiation that is not
+// RFC 1929's gets its failure status (01 01) before the close, as a wrong
+// password does, and a request of another version gets SOCKS5's general
+// failure (05 01). Both used to be closed without a word.
+func TestSOCKS5MalformedExchangesGetReplies(t *testing.T) {
+	w := newWorld(t, worldOpts{
+		users:  map[string]string{"alice": "right"},
+		socks5: socksOn(socks.Config{}),
+	})
+	t.Run("auth of version 5", func(t *testing.T) {
+		r := dialRaw(t, w)
+		r.greet(2)
+		r.send([]byte{5, 5, 'a', 'l', 'i', 'c', 'e', 5, 'r', 'i', 'g', 'h', 't'})
+		if got := r.read(2); !bytes.Equal(got, []byte{1, 1}) {
+			t.Errorf("malformed auth: % x, want 01 01", got)
+		}
+		r.expectClosed()
+	})
+	t.Run("request of version 4", func(t *testing.T) {
+		r := dialRaw(t, w)
+		r.greet(2)
+		if got := r.login("alice", "right"); !bytes.Equal(got, []byte{1, 0}) {
+			t.Fatalf("login: % x", got)
+		}
+		r.send([]byte{4, 1, 0, 1, 127, 0, 0, 1, 0, 80})
+		if got := r.read(2); !bytes.Equal(got, []byte{5, 1}) {
+			t.Errorf("malformed request: % x, want 05 01", got)
+		}
+		r.expectClosed()
+	})
+}

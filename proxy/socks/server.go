@@ -347,8 +347,13 @@ func (s *Server) handshake(c net.Conn, handedOver *bool) error {
 	}
 	req, err := statute.ParseRequest(br)
 	if err != nil {
-		if errors.Is(err, statute.ErrUnrecognizedAddrType) {
+		switch {
+		case errors.Is(err, statute.ErrUnrecognizedAddrType):
 			_ = sendReply(c, statute.RepAddrTypeNotSupported, nil)
+		case malformed(err):
+			// A request that is not SOCKS5 (another version) gets
+			// SOCKS5's general failure, not a silent close.
+			_ = sendReply(c, statute.RepServerFailure, nil)
 		}
 		return fmt.Errorf("read request: %w", err)
 	}
@@ -395,7 +400,15 @@ func (s *Server) authenticate(r io.Reader, w net.Conn, offered []byte) (*socks5.
 			if m.GetCode() == code {
 				// The client's address: the user store limits the
 				// failed logins of each client (auth.max_failures_per_minute).
-				return m.Authenticate(r, w, w.RemoteAddr().String())
+				ac, err := m.Authenticate(r, w, w.RemoteAddr().String())
+				if err != nil && m.GetCode() == statute.MethodUserPassAuth && malformed(err) &&
+					!errors.Is(err, statute.ErrUserAuthFailed) {
+					// A sub-negotiation that is not RFC 1929's (another
+					// version): its failure status before the close,
+					// as for a wrong password.
+					_, _ = w.Write([]byte{statute.UserPassAuthVersion, statute.AuthFailure})
+				}
+				return ac, err
 			}
 		}
 	}
@@ -404,6 +417,15 @@ func (s *Server) authenticate(r io.Reader, w net.Conn, offered []byte) (*socks5.
 		return nil, errNoAuthConfigured
 	}
 	return nil, statute.ErrNoSupportedAuth
+}
+
+// malformed reports whether err, from parsing what a client sent, says
+// the bytes were wrong rather than that they stopped coming (the client
+// left, the deadline passed): those get a failure reply.
+func malformed(err error) bool {
+	var ne net.Error
+	return !errors.Is(err, io.EOF) && !errors.Is(err, io.ErrUnexpectedEOF) &&
+		!errors.Is(err, net.ErrClosed) && !errors.As(err, &ne)
 }
 
 // notSOCKS5 answers a client that does not speak SOCKS5 as usefully as its
