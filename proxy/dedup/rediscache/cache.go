@@ -3,6 +3,7 @@ package rediscache
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -296,11 +297,11 @@ func (s *Cache) index(ctx context.Context, p redis.Pipeliner, urlKey, tag string
 	if urlKey == "" {
 		return
 	}
-	ik := s.urlKey(urlKey)
+	ik, life := s.indexKey(urlKey, ttl)
 	p.SAdd(ctx, ik, tag)
-	// The set outlives each member's value a little; stale members only
-	// cost a DEL of a missing key at invalidation time.
-	p.PExpire(ctx, ik, ttl+time.Minute)
+	// The set outlives each member's value; stale members only cost a
+	// DEL of a missing key at invalidation time.
+	p.PExpire(ctx, ik, life)
 }
 
 // Delete implements dedup.Store, fleet-wide: the value in Redis, and every
@@ -322,17 +323,36 @@ func (s *Cache) Delete(ctx context.Context, key string) error {
 func (s *Cache) DeleteURL(ctx context.Context, urlKey string) (int, error) {
 	localN, _ := s.local.DeleteURL(ctx, urlKey)
 	n := 0
+	// Every bucket's set (see indexKey), and the single set of the
+	// versions before them, whose instances may still run.
+	sets := make([]string, 0, indexBuckets+1)
+	sets = append(sets, s.urlKey(urlKey))
+	for ttl := time.Second; len(sets) <= indexBuckets; ttl *= 2 {
+		ik, _ := s.indexKey(urlKey, ttl)
+		sets = append(sets, ik)
+	}
 	err := s.exec(ctx, func(ctx context.Context) error {
-		tags, err := s.rdb.SMembers(ctx, s.urlKey(urlKey)).Result()
-		if err != nil {
+		members := make([]*redis.StringSliceCmd, len(sets))
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range sets {
+				members[i] = p.SMembers(ctx, k)
+			}
+			return nil
+		}); err != nil {
 			return err
 		}
+		var tags []string
+		for _, m := range members {
+			tags = append(tags, m.Val()...)
+		}
+		slices.Sort(tags)
+		tags = slices.Compact(tags)
 		cmds := make([]*redis.IntCmd, len(tags))
-		_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, tag := range tags {
 				cmds[i] = p.Del(ctx, s.valueKey(tag))
 			}
-			p.Del(ctx, s.urlKey(urlKey))
+			p.Del(ctx, sets...)
 			p.Publish(ctx, s.channel, fleetevent.Format(fleetevent.URLInvalidated, urlKey))
 			return nil
 		})

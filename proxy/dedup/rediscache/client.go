@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
@@ -337,6 +339,30 @@ func (c *client) lockKey(tag string) string    { return c.prefix + "{" + tag + "
 func (c *client) outcomeKey(tag string) string { return c.prefix + "{" + tag + "}:o" }
 func (c *client) waitersKey(tag string) string { return c.prefix + "{" + tag + "}:w" }
 func (c *client) urlKey(urlKey string) string  { return c.prefix + "u:{" + tagOf(urlKey) + "}" }
+
+// indexBuckets is how many URL index sets a URL may have: its variants
+// are indexed by TTL, in buckets of powers of two seconds (see indexKey).
+const indexBuckets = 25
+
+// indexKey is the URL index set for urlKey's variants kept for ttl, and the
+// expiry that set takes: the bucket's bound, the next power of two
+// seconds at or above ttl (the last bucket: ttl), and a minute more.
+//
+// A set per bucket rather than one per URL: every write sets its set's
+// expiry, and with one set a variant kept for a second, stored after one
+// kept for an hour, cut the set's life to a minute and a second, so that
+// invalidation by URL no longer found the hour's variant. Within a bucket
+// every write sets the same span, so a set outlives each of its members.
+// Keyed by the URL's tag, the sets share a Cluster slot with the URL's
+// other keys: DeleteURL reads them all in one pipeline.
+func (c *client) indexKey(urlKey string, ttl time.Duration) (string, time.Duration) {
+	k, bound := 0, time.Second
+	for bound < ttl && k < indexBuckets-1 {
+		k++
+		bound *= 2
+	}
+	return c.urlKey(urlKey) + ":" + strconv.Itoa(k), max(bound, ttl) + time.Minute
+}
 
 // flightKeys are the KEYS of the flight scripts, in their order: lock,
 // value, outcome, waiters (the names lockKey and the others give). They

@@ -136,13 +136,7 @@ func FuzzRecalledNotes(f *testing.F) {
 // upgrade could delete each other's values unseen.
 func TestUnreadableValuesAreCounted(t *testing.T) {
 	srv := redistest.Start(t)
-	local := dedup.NewMemoryStore(16 << 20)
-	t.Cleanup(local.Close)
-	be, err := Open(Config{URL: srv.URL}, local, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { be.Close() })
+	be := openBackend(t, srv)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	rdb := srv.Client()
@@ -173,5 +167,81 @@ func TestUnreadableValuesAreCounted(t *testing.T) {
 		if got := be.Rejected(); got != before+1 {
 			t.Errorf("read %d: rejected %d, then %d; want one more", i, before, got)
 		}
+	}
+}
+
+// openBackend opens a Backend on srv, closed with the test.
+func openBackend(t *testing.T, srv *redistest.Server) *Backend {
+	t.Helper()
+	local := dedup.NewMemoryStore(16 << 20)
+	t.Cleanup(local.Close)
+	be, err := Open(Config{URL: srv.URL}, local, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { be.Close() })
+	return be
+}
+
+// TestURLIndexOutlivesEveryVariant: variants of one URL kept for different
+// TTLs (rules that differ by method, say) stay listed for invalidation by
+// URL as long as each lives, whatever order they were stored in. With one
+// index set per URL, a variant kept for a second, stored after one kept for
+// an hour, cut the set's life to a minute and a second: after that the
+// hour's variant was out of reach of InvalidateURL.
+func TestURLIndexOutlivesEveryVariant(t *testing.T) {
+	srv := redistest.Start(t)
+	be := openBackend(t, srv)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rdb := srv.Client()
+	const urlKey = "https://ttl.test/page"
+	variants := []struct {
+		key string
+		ttl time.Duration
+	}{
+		{"GET https://ttl.test/page#long", time.Hour},
+		{"HEAD https://ttl.test/page#short", time.Second},
+		{"GET https://ttl.test/page#mid", 45 * time.Second},
+	}
+	for _, v := range variants {
+		e := &dedup.Entry{Status: 200, Body: []byte(v.key), URLKey: urlKey}
+		if err := be.Cache.Set(ctx, v.key, e, v.ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Every index set of the URL, with what it lists and how long it lives.
+	sets, err := rdb.Keys(ctx, be.c.urlKey(urlKey)+"*").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range variants {
+		tag := tagOf(v.key)
+		lives := rdb.PTTL(ctx, be.c.valueKey(tag)).Val()
+		listed := false
+		for _, k := range sets {
+			if rdb.SIsMember(ctx, k, tag).Val() && rdb.PTTL(ctx, k).Val() >= lives {
+				listed = true
+			}
+		}
+		if !listed {
+			t.Errorf("%s (kept %s): no index set lists it for as long as it lives (sets %v)", v.key, v.ttl, sets)
+		}
+	}
+	// A variant an instance of the version before indexed, in its one set
+	// per URL: found too, during a rolling upgrade.
+	old := tagOf("GET https://ttl.test/page#old")
+	if err := rdb.Set(ctx, be.c.valueKey(old), "a value", time.Hour).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.SAdd(ctx, be.c.urlKey(urlKey), old).Err(); err != nil {
+		t.Fatal(err)
+	}
+	n, err := be.Cache.DeleteURL(ctx, urlKey)
+	if err != nil || n != len(variants)+1 {
+		t.Fatalf("DeleteURL = %d, %v; want the %d variants", n, err, len(variants)+1)
+	}
+	if left, _ := rdb.Keys(ctx, be.c.urlKey(urlKey)+"*").Result(); len(left) != 0 {
+		t.Errorf("index sets left after DeleteURL: %v", left)
 	}
 }
