@@ -3,43 +3,15 @@ package proxy_test
 import (
 	"bufio"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
-
-// rawOrigin answers every request on a plain loopback port with raw
-// bytes, then closes the connection.
-func rawOrigin(t *testing.T, answer string) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					return
-				}
-				io.WriteString(c, answer)
-			}()
-		}
-	}()
-	return ln.Addr().String()
-}
 
 // TestOriginStatusBelow100: Go's response parser takes any three digits
 // for a status, "000" and "099" included. The client gets a 502 saying the
@@ -50,7 +22,7 @@ func TestOriginStatusBelow100(t *testing.T) {
 	for _, code := range []string{"000", "099"} {
 		for _, d := range []*dedup.Config{nil, dedupOn(dedup.Config{})} {
 			t.Run(fmt.Sprintf("%s/dedup=%v", code, d != nil), func(t *testing.T) {
-				origin := rawOrigin(t, "HTTP/1.1 "+code+" Odd\r\nContent-Length: 2\r\n\r\nhi")
+				origin := testkit.RawHTTP(t, "HTTP/1.1 "+code+" Odd\r\nContent-Length: 2\r\n\r\nhi")
 				w := newWorld(t, worldOpts{dedup: d})
 				for _, via := range []string{"lean loop", "net/http"} {
 					c, err := net.Dial("tcp", w.proxyURL.Host)

@@ -321,28 +321,9 @@ func TestRotateFailureNoStorm(t *testing.T) {
 // it does for a request sent through it. The tunnel's path dropped the
 // Retry-After: a minute's cooldown against the gateway's fifteen.
 func TestTunnelKeepsTheGatewaysRetryAfter(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
-					return
-				}
-				io.WriteString(c, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 900\r\nContent-Length: 0\r\n\r\n")
-			}()
-		}
-	}()
+	gateway := testkit.RawHTTP(t, "HTTP/1.1 429 Too Many Requests\r\nRetry-After: 900\r\nContent-Length: 0\r\n\r\n")
 	logger, _ := testLogger(t)
-	p := newPool(t, upstream.Config{Sessions: []upstream.SessionConfig{{ID: "a", URL: "http://u:p@" + ln.Addr().String()}}}, logger)
+	p := newPool(t, upstream.Config{Sessions: []upstream.SessionConfig{{ID: "a", URL: "http://u:p@" + gateway}}}, logger)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if c, err := p.DialContext(ctx, "tcp", "127.0.0.1:9"); err == nil {

@@ -1,7 +1,7 @@
 // Package testkit holds what the tests of several packages share: waiting
 // for a condition, a loopback address nobody listens on, a loopback TCP
-// connection's two ends, fetching JSON from an admin endpoint. Only tests
-// import it.
+// connection's two ends, a loopback server that answers raw bytes,
+// fetching JSON from an admin endpoint. Only tests import it.
 //
 // Deadlines are generous on purpose: the suite runs with -race on two
 // loaded cores, where a step that takes milliseconds on a laptop can take
@@ -10,6 +10,7 @@
 package testkit
 
 import (
+	"bufio"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -169,4 +170,34 @@ func TCPPair(t testing.TB) (client, server net.Conn) {
 	}
 	t.Cleanup(func() { client.Close(); server.Close() })
 	return client, server
+}
+
+// RawHTTP listens on a loopback port until the test ends and answers every
+// HTTP request there (a CONNECT to a gateway included) with answer, raw
+// bytes, then closes the connection: an origin or a gateway that says
+// exactly what a test needs. It returns the address.
+func RawHTTP(t testing.TB, answer string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+				if _, err := http.ReadRequest(bufio.NewReader(c)); err != nil {
+					return
+				}
+				io.WriteString(c, answer)
+			}()
+		}
+	}()
+	return ln.Addr().String()
 }
