@@ -261,9 +261,6 @@ func (cc *H1Conn) idleCheck() error {
 		if err := cc.readHeld(); err != nil {
 			return err
 		}
-		if cc.midRecord() {
-			return errUnsolicited
-		}
 	}
 	if cc.sock == nil {
 		return nil // no socket to look at: nothing more to know
@@ -286,11 +283,6 @@ func (cc *H1Conn) idleCheck() error {
 		if err := cc.readIdle(time.Now().Add(recordWait)); err != nil {
 			return err
 		}
-		if cc.midRecord() {
-			// The read took the start of a record and gave up waiting
-			// for the rest: no request can be answered behind it.
-			return errUnsolicited
-		}
 		// The records were the TLS layer's own, or the deadline passed
 		// before the read reached the socket: look again.
 	}
@@ -299,35 +291,23 @@ func (cc *H1Conn) idleCheck() error {
 	return errUnsolicited
 }
 
-// heldReader is a connection that can hand out what its layers hold
-// already without reading the socket ([Conn.readHeld]).
-type heldReader interface {
+// recordHolder is the mirror's TLS connection ([Conn]): it hands out what
+// its TLS layer holds without reading the socket, and knows whether its
+// reads off the socket stopped inside a record.
+type recordHolder interface {
 	readHeld(p []byte) (int, error)
-}
-
-// recordFollower is a TLS connection that knows whether its reads off
-// the socket stopped inside a record ([Conn.midRecord]).
-type recordFollower interface {
 	midRecord() bool
-}
-
-// midRecord reports whether the TLS layer holds part of a record; false
-// when the connection cannot tell.
-func (cc *H1Conn) midRecord() bool {
-	f, ok := cc.conn.(recordFollower)
-	return ok && f.midRecord()
 }
 
 // readHeld reads what the layers over the socket hold, without waiting:
 // data means unsolicited bytes, a timeout nothing held, and anything else
 // the connection's end.
 func (cc *H1Conn) readHeld() error {
-	h, ok := cc.conn.(heldReader)
+	h, ok := cc.conn.(recordHolder)
 	if !ok {
 		return cc.readIdle(time.Unix(1, 0))
 	}
-	n, err := h.readHeld(cc.scratch[:])
-	return idleRead(n, err)
+	return cc.idleRead(h.readHeld(cc.scratch[:]))
 }
 
 // readIdle reads the idle connection with the read deadline at d, then
@@ -337,7 +317,7 @@ func (cc *H1Conn) readIdle(d time.Time) error {
 	if err := cc.conn.SetReadDeadline(d); err != nil {
 		return fmt.Errorf("the idle connection failed: %w", err)
 	}
-	if err := idleRead(cc.conn.Read(cc.scratch[:])); err != nil {
+	if err := cc.idleRead(cc.conn.Read(cc.scratch[:])); err != nil {
 		return err
 	}
 	if err := cc.conn.SetReadDeadline(time.Time{}); err != nil {
@@ -348,13 +328,19 @@ func (cc *H1Conn) readIdle(d time.Time) error {
 
 // idleRead says what a read of an idle connection that may not wait
 // found: data is unsolicited, a timeout is nothing, and any other error
-// is the connection's end.
-func idleRead(n int, err error) error {
+// is the connection's end. Nothing read, but the TLS layer left holding
+// the start of a record (the read took it off the socket, out of the
+// peek's sight, and gave up waiting for the rest), is unsolicited too: no
+// request can be answered behind it.
+func (cc *H1Conn) idleRead(n int, err error) error {
 	if n > 0 {
 		return errUnsolicited
 	}
 	if err != nil && !timedOut(err) {
 		return fmt.Errorf("the origin closed the idle connection: %w", err)
+	}
+	if h, ok := cc.conn.(recordHolder); ok && h.midRecord() {
+		return errUnsolicited
 	}
 	return nil
 }
