@@ -297,7 +297,8 @@ func (s *Cache) index(ctx context.Context, p redis.Pipeliner, urlKey, tag string
 	if urlKey == "" {
 		return
 	}
-	ik, life := s.indexKey(urlKey, ttl)
+	b, life := indexBucket(ttl)
+	ik := s.indexSet(urlKey, b)
 	p.SAdd(ctx, ik, tag)
 	// The set outlives each member's value; stale members only cost a
 	// DEL of a missing key at invalidation time.
@@ -323,13 +324,12 @@ func (s *Cache) Delete(ctx context.Context, key string) error {
 func (s *Cache) DeleteURL(ctx context.Context, urlKey string) (int, error) {
 	localN, _ := s.local.DeleteURL(ctx, urlKey)
 	n := 0
-	// Every bucket's set (see indexKey), and the single set of the
+	// Every bucket's set (see indexBucket), and the single set of the
 	// versions before them, whose instances may still run.
 	sets := make([]string, 0, indexBuckets+1)
 	sets = append(sets, s.urlKey(urlKey))
-	for ttl := time.Second; len(sets) <= indexBuckets; ttl *= 2 {
-		ik, _ := s.indexKey(urlKey, ttl)
-		sets = append(sets, ik)
+	for b := range indexBuckets {
+		sets = append(sets, s.indexSet(urlKey, b))
 	}
 	err := s.exec(ctx, func(ctx context.Context) error {
 		members := make([]*redis.StringSliceCmd, len(sets))

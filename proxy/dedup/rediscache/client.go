@@ -341,12 +341,17 @@ func (c *client) waitersKey(tag string) string { return c.prefix + "{" + tag + "
 func (c *client) urlKey(urlKey string) string  { return c.prefix + "u:{" + tagOf(urlKey) + "}" }
 
 // indexBuckets is how many URL index sets a URL may have: its variants
-// are indexed by TTL, in buckets of powers of two seconds (see indexKey).
+// are indexed by TTL, in buckets of powers of two seconds (indexBucket).
 const indexBuckets = 25
 
-// indexKey is the URL index set for urlKey's variants kept for ttl, and the
-// expiry that set takes: the bucket's bound, the next power of two
-// seconds at or above ttl (the last bucket: ttl), and a minute more.
+// indexSet is the URL index set of urlKey's variants in bucket b.
+func (c *client) indexSet(urlKey string, b int) string {
+	return c.urlKey(urlKey) + ":" + strconv.Itoa(b)
+}
+
+// indexBucket is the bucket of the URL index set for a variant kept for
+// ttl, and the expiry that set takes: the bucket's bound, the next power
+// of two seconds at or above ttl (the last bucket: ttl), and a minute more.
 //
 // A set per bucket rather than one per URL: every write sets its set's
 // expiry, and with one set a variant kept for a second, stored after one
@@ -355,13 +360,13 @@ const indexBuckets = 25
 // every write sets the same span, so a set outlives each of its members.
 // Keyed by the URL's tag, the sets share a Cluster slot with the URL's
 // other keys: DeleteURL reads them all in one pipeline.
-func (c *client) indexKey(urlKey string, ttl time.Duration) (string, time.Duration) {
-	k, bound := 0, time.Second
-	for bound < ttl && k < indexBuckets-1 {
-		k++
+func indexBucket(ttl time.Duration) (b int, life time.Duration) {
+	bound := time.Second
+	for bound < ttl && b < indexBuckets-1 {
+		b++
 		bound *= 2
 	}
-	return c.urlKey(urlKey) + ":" + strconv.Itoa(k), max(bound, ttl) + time.Minute
+	return b, max(bound, ttl) + time.Minute
 }
 
 // flightKeys are the KEYS of the flight scripts, in their order: lock,

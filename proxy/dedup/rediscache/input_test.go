@@ -137,8 +137,7 @@ func FuzzRecalledNotes(f *testing.F) {
 func TestUnreadableValuesAreCounted(t *testing.T) {
 	srv := redistest.Start(t)
 	be := openBackend(t, srv)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := t.Context()
 	rdb := srv.Client()
 	for i, read := range []func(key string) error{
 		func(key string) error {
@@ -192,8 +191,7 @@ func openBackend(t *testing.T, srv *redistest.Server) *Backend {
 func TestURLIndexOutlivesEveryVariant(t *testing.T) {
 	srv := redistest.Start(t)
 	be := openBackend(t, srv)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
+	ctx := t.Context()
 	rdb := srv.Client()
 	const urlKey = "https://ttl.test/page"
 	variants := []struct {
