@@ -35,10 +35,9 @@ type contender struct {
 
 // measured is what one contender did with one load.
 type measured struct {
-	name   string
-	res    *loadgen.Result
-	cpu    time.Duration
-	faults int64 // minor page faults (see loadgen.Usage)
+	name string
+	res  *loadgen.Result
+	used loadgen.Usage // the proxy's CPU and minor page faults over the load
 }
 
 // cpuPerRequest is the contender's CPU time per answered request.
@@ -46,7 +45,7 @@ func (m measured) cpuPerRequest() time.Duration {
 	if m.res.Requests == 0 {
 		return 0
 	}
-	return m.cpu / time.Duration(m.res.Requests)
+	return m.used.CPU / time.Duration(m.res.Requests)
 }
 
 // faultsPerRequest is the contender's minor page faults per answered
@@ -55,7 +54,7 @@ func (m measured) faultsPerRequest() float64 {
 	if m.res.Requests == 0 {
 		return 0
 	}
-	return float64(m.faults) / float64(m.res.Requests)
+	return float64(m.used.MinorFaults) / float64(m.res.Requests)
 }
 
 // missRounds is how many rounds a miss comparison runs: each contender
@@ -127,7 +126,7 @@ func missLoad(ctx context.Context, cs []contender, base string, o comparison, h2
 	}
 	out := make([]measured, len(cs))
 	for i, ct := range cs {
-		out[i] = measured{name: ct.name, res: loadgen.Merge(runs[i]...), cpu: used[i].CPU, faults: used[i].MinorFaults}
+		out[i] = measured{name: ct.name, res: loadgen.Merge(runs[i]...), used: used[i]}
 	}
 	return out, nil
 }

@@ -287,9 +287,9 @@ func TestComparisonRatios(t *testing.T) {
 		return &loadgen.Result{Requests: n, RPS: rps, Protos: map[string]int{"HTTP/2.0": n}}
 	}
 	ms := []measured{
-		{name: nameOnceproxy, res: res(900, 100), cpu: 10 * time.Millisecond, faults: 175},
-		{name: nameGoproxyH2, res: res(1000, 100), cpu: 8 * time.Millisecond},
-		{name: nameGoproxy, res: res(1200, 100), cpu: 5 * time.Millisecond},
+		{name: nameOnceproxy, res: res(900, 100), used: loadgen.Usage{CPU: 10 * time.Millisecond, MinorFaults: 175}},
+		{name: nameGoproxyH2, res: res(1000, 100), used: loadgen.Usage{CPU: 8 * time.Millisecond}},
+		{name: nameGoproxy, res: res(1200, 100), used: loadgen.Usage{CPU: 5 * time.Millisecond}},
 	}
 	if r := ratios(ms, nameOnceproxy, nameGoproxyH2); r.rps != 0.9 || r.cpu != 1.25 {
 		t.Errorf("onceproxy vs goproxy-h2 = %+v, want 0.9 and 1.25", r)
