@@ -342,9 +342,10 @@ func exitIPFromBody(b []byte) string {
 // recycleEvery is how often timed sessions are checked for a due recycle.
 const recycleEvery = time.Second
 
-// recycleLoop closes the idle connections of each timed session once per
+// recycleLoop retires the connections of each timed session once per
 // rotation interval: a keep-alive connection opened before the provider
-// rotated the session would otherwise keep the previous exit IP.
+// rotated the session would otherwise keep the previous exit IP. It also
+// closes, once they are idle, the connections a rotation left busy.
 func (p *Pool) recycleLoop(ctx context.Context) {
 	t := time.NewTicker(recycleEvery)
 	defer t.Stop()
@@ -356,17 +357,25 @@ func (p *Pool) recycleLoop(ctx context.Context) {
 		}
 		now := p.now().UnixNano()
 		for _, s := range p.sessions.Load().list {
-			if s.rotation != RotationTimed {
-				continue
-			}
-			at := s.recycleAt.Load()
-			if at == 0 {
-				s.recycleAt.CompareAndSwap(0, now+int64(s.interval))
-				continue
-			}
-			if now >= at && s.recycleAt.CompareAndSwap(at, now+int64(s.interval)) {
-				s.closeIdle()
+			if s.recycleDue(now) {
+				s.renew()
+			} else {
+				s.pruneOld()
 			}
 		}
 	}
+}
+
+// recycleDue reports whether a timed session's connections are due for a
+// recycle at now, and if so sets the next one.
+func (s *session) recycleDue(now int64) bool {
+	if s.rotation != RotationTimed {
+		return false
+	}
+	at := s.recycleAt.Load()
+	if at == 0 {
+		s.recycleAt.CompareAndSwap(0, now+int64(s.interval))
+		return false
+	}
+	return now >= at && s.recycleAt.CompareAndSwap(at, now+int64(s.interval))
 }

@@ -113,7 +113,7 @@ type mconn struct {
 // connection after its connection turned out dead before the origin took it.
 const maxMirrorAttempts = 3
 
-func (k *connKit) mirroredTransport(dial func(ctx context.Context, network, addr string) (net.Conn, error), plain, keepAlive bool, idleConnTimeout time.Duration) *mirroredTransport {
+func (k *connKit) mirroredTransport(dial dialFunc, plain, keepAlive bool, idleConnTimeout time.Duration) *mirroredTransport {
 	tlsConf := k.tls.Clone()
 	// Offered only by the Go hello the mirror falls back to for a client
 	// whose own hello could not be read: what net/http would offer.

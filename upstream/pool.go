@@ -551,15 +551,15 @@ func (m *targetMisses) charge(p *Pool) {
 }
 
 // roundTrip sends req on tr, one of s's transports. An answer to an
-// absolute-form request (plain http through an HTTP gateway, on plainTr)
-// may be the gateway's own rather than an origin's, and then becomes the
+// absolute-form request (plain http through an HTTP gateway, on a
+// transport with a Proxy) may be the gateway's own rather than an origin's, and then becomes the
 // error the same answer to CONNECT is: a 407 (its credentials are
 // refused; the gateway's Proxy-Authenticate never reaches the client), and
 // a 5xx whose headers say the gateway could not reach the target
 // (gatewayCouldNotReach).
 func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Response, error) {
 	resp, err := tr.RoundTrip(req)
-	if err != nil || s.plainTr == s.tlsTr || tr != http.RoundTripper(s.plainTr) {
+	if t, ok := tr.(*http.Transport); err != nil || !ok || t.Proxy == nil {
 		return resp, err
 	}
 	var reason string

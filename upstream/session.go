@@ -10,7 +10,9 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,12 +72,14 @@ type session struct {
 	prov atomic.Pointer[provider]
 	gw   *gateway
 
-	// tlsTr carries https requests; its DialContext opens a tunnel to the
-	// origin through the gateway (CONNECT or SOCKS5) with our own deadline
-	// handling. plainTr carries http requests: through an HTTP gateway in
-	// absolute form (what gateways expect for plain HTTP), through a SOCKS5
-	// gateway the same tunnel as tlsTr (plainTr == tlsTr).
-	tlsTr, plainTr *http.Transport
+	// net holds net/http's transports for the current exit IP; newNet
+	// builds a fresh pair, which a rotation swaps in (renew). Replaced
+	// pairs stay in old while a connection of theirs is open, so that
+	// closeIdle and close still reach it.
+	net    atomic.Pointer[netTransports]
+	newNet func() *netTransports
+	oldMu  sync.Mutex
+	old    []*netTransports
 	// mirror carries the requests of intercepted clients with their own
 	// fingerprint, over the same tunnels as tlsTr (plain http too, through
 	// a SOCKS5 gateway).
@@ -108,10 +112,11 @@ func (s *session) transportFor(req *http.Request, mirror bool) http.RoundTripper
 	if mirror && s.mirror.takes(req) {
 		return s.mirror
 	}
+	nt := s.net.Load()
 	if req.URL.Scheme == "http" {
-		return s.plainTr
+		return nt.plain
 	}
-	return s.tlsTr
+	return nt.tls
 }
 
 func (s *session) setExitIP(ip string) {
@@ -133,6 +138,22 @@ func (s *session) currentExitIP() string {
 func (s *session) rotatedTo(ip string) {
 	s.setExitIP(ip)
 	s.gen.Add(1)
+	s.renew()
+}
+
+// renew retires every connection of the session: the idle ones close now,
+// and the busy ones take no request after their current ones. Many
+// gateways route only new connections through a rotated session's new exit
+// IP, so a connection busy at a rotation leads to the old one for as long
+// as it lives. net/http's transports cannot retire a busy connection (an
+// HTTP/1.1 one goes back to the idle pool when done, an HTTP/2 one takes
+// new streams), so the session moves to a fresh pair of transports; the
+// mirrored transport retires its connections itself.
+func (s *session) renew() {
+	prev := s.net.Swap(s.newNet())
+	s.oldMu.Lock()
+	s.old = append(s.old, prev)
+	s.oldMu.Unlock()
 	s.closeIdle()
 }
 
@@ -140,11 +161,21 @@ func (s *session) rotatedTo(ip string) {
 // lead to the old exit IP. Mirrored connections still busy are retired
 // too: they close when done and take no new request.
 func (s *session) closeIdle() {
-	s.tlsTr.CloseIdleConnections()
-	if s.plainTr != s.tlsTr {
-		s.plainTr.CloseIdleConnections()
-	}
+	s.net.Load().closeIdle()
+	s.pruneOld()
 	s.mirror.closeIdle()
+}
+
+// pruneOld closes the idle connections of the net/http transports that
+// renew replaced (the connections busy then, once they are done), and
+// forgets the transports left with none open.
+func (s *session) pruneOld() {
+	s.oldMu.Lock()
+	defer s.oldMu.Unlock()
+	s.old = slices.DeleteFunc(s.old, func(nt *netTransports) bool {
+		nt.closeIdle()
+		return nt.open.Load() == 0
+	})
 }
 
 // close drops the session's pooled connections for good: its mirrored
@@ -152,6 +183,52 @@ func (s *session) closeIdle() {
 func (s *session) close() {
 	s.closeIdle()
 	s.mirror.close()
+}
+
+// netTransports are a session's net/http transports of one exit IP. tls
+// carries https requests; its DialContext opens a tunnel to the origin
+// through the gateway (CONNECT or SOCKS5) with our own deadline handling.
+// plain carries http requests: through an HTTP gateway in absolute form
+// (what gateways expect for plain HTTP), through a SOCKS5 gateway the same
+// tunnel as tls (plain == tls).
+type netTransports struct {
+	tls, plain *http.Transport
+	open       atomic.Int64 // connections dialled and not yet closed
+}
+
+func (nt *netTransports) closeIdle() {
+	nt.tls.CloseIdleConnections()
+	if nt.plain != nt.tls {
+		nt.plain.CloseIdleConnections()
+	}
+}
+
+// counted wraps dial so that nt.open counts the connections it made.
+func (nt *netTransports) counted(dial dialFunc) dialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		nt.open.Add(1)
+		return &countedConn{Conn: c, open: &nt.open}, nil
+	}
+}
+
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// countedConn takes itself off its transports' count on its first Close.
+type countedConn struct {
+	net.Conn
+	open   *atomic.Int64
+	closed atomic.Bool
+}
+
+func (c *countedConn) Close() error {
+	if c.closed.CompareAndSwap(false, true) {
+		c.open.Add(-1)
+	}
+	return c.Conn.Close()
 }
 
 // scrub removes the session's password from a message: errors of net/http
@@ -193,7 +270,7 @@ func (k *connKit) idle(c net.Conn) net.Conn { return idleconn.Wrap(c, k.cfg.Idle
 
 // transport builds one http.Transport. keepAlive false makes every request
 // open its own connection (per_request sessions: a new exit IP each time).
-func (k *connKit) transport(dial func(ctx context.Context, network, addr string) (net.Conn, error), proxy *url.URL, keepAlive bool, idleConnTimeout time.Duration) *http.Transport {
+func (k *connKit) transport(dial dialFunc, proxy *url.URL, keepAlive bool, idleConnTimeout time.Duration) *http.Transport {
 	t := &http.Transport{
 		// Where requests go is fixed by our configuration, never by
 		// ProxyFromEnvironment.
@@ -253,6 +330,8 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 		idleTimeout = s.interval
 	}
 	pu := spec.proxyURL
+	// tunnel is the session's dial; a transport's other ends go through it.
+	tunnel := func(ctx context.Context, _, addr string) (net.Conn, error) { return s.tunnel(ctx, addr) }
 	switch pu.Scheme {
 	case "http":
 		s.tunnel = func(ctx context.Context, addr string) (net.Conn, error) {
@@ -262,23 +341,24 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			}
 			return k.idle(c), nil
 		}
-		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
-			return s.tunnel(ctx, addr)
-		}, nil, keepAlive, idleTimeout)
-		// Plain http stays with plainTr: the gateway wants it in absolute
-		// form.
-		s.mirror = k.mirroredTransport(func(ctx context.Context, _, addr string) (net.Conn, error) {
-			return s.tunnel(ctx, addr)
-		}, false, keepAlive, idleTimeout)
 		// Absolute-form requests: the transport dials the gateway itself
 		// and sends the credentials as Proxy-Authorization.
-		s.plainTr = k.transport(func(ctx context.Context, network, addr string) (net.Conn, error) {
+		gateway := func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := k.dialer.DialContext(ctx, network, addr)
 			if err != nil {
 				return nil, &DialError{Op: "dial upstream proxy " + pu.Host, Err: err}
 			}
 			return k.idle(c), nil
-		}, pu, keepAlive, idleTimeout)
+		}
+		s.newNet = func() *netTransports {
+			nt := new(netTransports)
+			nt.tls = k.transport(nt.counted(tunnel), nil, keepAlive, idleTimeout)
+			nt.plain = k.transport(nt.counted(gateway), pu, keepAlive, idleTimeout)
+			return nt
+		}
+		// Plain http stays with net/http: the gateway wants it in
+		// absolute form.
+		s.mirror = k.mirroredTransport(tunnel, false, keepAlive, idleTimeout)
 	case "socks5":
 		if _, err := socks5Dialer(pu, &rawDialer{d: k.dialer}); err != nil {
 			return nil, fmt.Errorf("socks5 dialer for session %s: %w", spec.id, err)
@@ -305,16 +385,17 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			}
 			return k.idle(raw.conn), nil
 		}
-		s.tlsTr = k.transport(func(ctx context.Context, _, addr string) (net.Conn, error) {
-			return s.tunnel(ctx, addr)
-		}, nil, keepAlive, idleTimeout)
-		s.plainTr = s.tlsTr
-		s.mirror = k.mirroredTransport(func(ctx context.Context, _, addr string) (net.Conn, error) {
-			return s.tunnel(ctx, addr)
-		}, true, keepAlive, idleTimeout)
+		s.newNet = func() *netTransports {
+			nt := new(netTransports)
+			nt.tls = k.transport(nt.counted(tunnel), nil, keepAlive, idleTimeout)
+			nt.plain = nt.tls
+			return nt
+		}
+		s.mirror = k.mirroredTransport(tunnel, true, keepAlive, idleTimeout)
 	default:
 		return nil, fmt.Errorf("session %s: unsupported scheme %q", spec.id, pu.Scheme)
 	}
+	s.net.Store(s.newNet())
 	return s, nil
 }
 

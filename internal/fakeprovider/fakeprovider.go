@@ -118,6 +118,10 @@ type Options struct {
 	// (s1 gets Countries[0], s2 Countries[1], …, wrapping around), sent as
 	// each session object's "country". Default none.
 	Countries []string
+	// KeepTunnels leaves a session's open tunnels on its old exit IP when
+	// it rotates, as gateways that only route new connections do. By
+	// default a rotation cuts them.
+	KeepTunnels bool
 }
 
 // Session is a snapshot of one session.
@@ -401,12 +405,15 @@ func (p *Provider) Rotate(id string) (string, error) {
 	return s.ip.String(), nil
 }
 
-// rotateLocked gives s a new IP and cuts its tunnels: connections from the
-// old IP do not survive a rotation.
+// rotateLocked gives s a new IP and cuts its tunnels (unless KeepTunnels):
+// connections from the old IP do not survive a rotation.
 func (p *Provider) rotateLocked(s *session) {
 	s.ip = p.allocIPLocked(s)
 	s.ExitIP = s.ip.String()
 	s.rotations++
+	if p.opts.KeepTunnels {
+		return
+	}
 	for c := range s.tunnels {
 		cutLocked(s.tunnels, c)
 	}
