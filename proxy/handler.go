@@ -551,9 +551,13 @@ func (s *Server) forwardCtx(ctx context.Context, w http.ResponseWriter, r *http.
 	if announced > 0 {
 		names := make([]string, 0, announced)
 		for k := range resp.Trailer {
-			names = append(names, k)
+			if httpstatus.TrailerAllowed(k) {
+				names = append(names, k)
+			}
 		}
-		h.Add("Trailer", strings.Join(names, ", "))
+		if len(names) > 0 {
+			h.Add("Trailer", strings.Join(names, ", "))
+		}
 	}
 	w.WriteHeader(resp.StatusCode)
 	_, _ = io.Copy(w, resp.Body)
@@ -564,6 +568,9 @@ func (s *Server) forwardCtx(ctx context.Context, w http.ResponseWriter, r *http.
 	// net/http's prefix after a flush that forces chunked encoding.
 	_ = http.NewResponseController(w).Flush()
 	for k, vs := range resp.Trailer {
+		if !httpstatus.TrailerAllowed(k) {
+			continue
+		}
 		if len(resp.Trailer) != announced {
 			k = http.TrailerPrefix + k
 		}

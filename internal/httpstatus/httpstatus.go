@@ -4,14 +4,17 @@
 // answer clients (the proxy port, the SOCKS5 door's reply codes, the admin
 // API) read it with Of, through any wrapping. Line is the one way a code
 // becomes the Status of a response onceproxy builds, BodyAllowed the one
-// rule for which carry a body, and CopyHeader the one way an origin's
-// header reaches a ResponseWriter.
+// rule for which carry a body, CopyHeader the one way an origin's header
+// reaches a ResponseWriter, and TrailerAllowed the one rule for which of
+// its trailers do.
 package httpstatus
 
 import (
 	"errors"
 	"net/http"
 	"strconv"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Carrier is an error that knows its HTTP status.
@@ -70,3 +73,10 @@ func CopyHeader(dst, src http.Header) {
 		dst["Content-Type"] = nil
 	}
 }
+
+// TrailerAllowed reports whether an origin's trailer field k may reach a
+// client. RFC 9110 §6.5.1 keeps fields that frame, route, authenticate or
+// describe the body out of trailers (Content-Length, Host, Content-Encoding
+// …); net/http's servers drop them, and so does the proxy, whatever the
+// origin sent.
+func TrailerAllowed(k string) bool { return httpguts.ValidTrailerHeader(k) }
