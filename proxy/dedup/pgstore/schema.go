@@ -182,7 +182,10 @@ BEGIN
 END
 $fn$;
 
--- sweep deletes up to p_batch expired rows of each table, then, while the
+-- sweep deletes up to p_batch expired rows of each table (each DELETE
+-- checks the expiry again on the row it locks: a row another session
+-- renewed and committed while the DELETE waited for it is live, and the
+-- subquery's match, from the statement's snapshot, does not say so), then, while the
 -- cache holds more than p_max_bytes, up to p_batch of its oldest rows. One
 -- instance of the fleet at a time (a transaction lock: swept is false when
 -- another instance is at it).
@@ -198,34 +201,42 @@ BEGIN
 	swept := pg_try_advisory_xact_lock(p_lock);
 	IF NOT swept THEN RETURN; END IF;
 	DELETE FROM {s}.cache WHERE key IN
-		(SELECT key FROM {s}.cache WHERE expires_at <= now() ORDER BY expires_at LIMIT p_batch);
+		(SELECT key FROM {s}.cache WHERE expires_at <= now() ORDER BY expires_at LIMIT p_batch)
+		AND expires_at <= now();
 	GET DIAGNOSTICS expired = ROW_COUNT;
 	DELETE FROM {s}.outcomes WHERE key IN
-		(SELECT key FROM {s}.outcomes WHERE expires_at <= now() LIMIT p_batch);
+		(SELECT key FROM {s}.outcomes WHERE expires_at <= now() LIMIT p_batch)
+		AND expires_at <= now();
 	GET DIAGNOSTICS n = ROW_COUNT;
 	expired := expired + n;
 	DELETE FROM {s}.notes WHERE (topic, key) IN
-		(SELECT topic, key FROM {s}.notes WHERE expires_at <= now() LIMIT p_batch);
+		(SELECT topic, key FROM {s}.notes WHERE expires_at <= now() LIMIT p_batch)
+		AND expires_at <= now();
 	GET DIAGNOSTICS n = ROW_COUNT;
 	expired := expired + n;
 	DELETE FROM {s}.claims WHERE name IN
-		(SELECT name FROM {s}.claims WHERE expires_at <= now() LIMIT p_batch);
+		(SELECT name FROM {s}.claims WHERE expires_at <= now() LIMIT p_batch)
+		AND expires_at <= now();
 	GET DIAGNOSTICS n = ROW_COUNT;
 	expired := expired + n;
 	DELETE FROM {s}.counters WHERE key IN
-		(SELECT key FROM {s}.counters WHERE expires_at <= now() LIMIT p_batch);
+		(SELECT key FROM {s}.counters WHERE expires_at <= now() LIMIT p_batch)
+		AND expires_at <= now();
 	GET DIAGNOSTICS n = ROW_COUNT;
 	expired := expired + n;
 	DELETE FROM {s}.bindings WHERE key IN
-		(SELECT key FROM {s}.bindings WHERE expires_at <= now() LIMIT p_batch);
+		(SELECT key FROM {s}.bindings WHERE expires_at <= now() LIMIT p_batch)
+		AND expires_at <= now();
 	GET DIAGNOSTICS n = ROW_COUNT;
 	expired := expired + n;
 	DELETE FROM {s}.stats WHERE day < (now() AT TIME ZONE 'UTC')::date - 8;
 	SELECT coalesce(sum(size), 0) - p_max_bytes INTO excess FROM {s}.cache;
 	IF excess > 0 THEN
-		DELETE FROM {s}.cache WHERE key IN (
-			SELECT o.key FROM (
-				SELECT key, size, sum(size) OVER (ORDER BY stored_at, key) AS acc
+		-- By key and stored_at: a row stored again while the DELETE
+		-- waited for it is the newest now, not one of the oldest.
+		DELETE FROM {s}.cache WHERE (key, stored_at) IN (
+			SELECT o.key, o.stored_at FROM (
+				SELECT key, size, stored_at, sum(size) OVER (ORDER BY stored_at, key) AS acc
 				FROM (SELECT key, size, stored_at FROM {s}.cache ORDER BY stored_at, key LIMIT p_batch) oldest
 			) o
 			WHERE o.acc - o.size < excess);
