@@ -1,6 +1,9 @@
 package pgstore
 
-import "strconv"
+import (
+	"strconv"
+	"time"
+)
 
 // statements are the SQL this package runs, with the schema filled in.
 // Times that decide expiry are the database's (now()), so the instances'
@@ -37,6 +40,20 @@ const upsertValue = `INSERT INTO {s}.cache AS c (key, url_key, value, size, stor
 // someone else ('infinity' by hand), and counts as expired.
 var lastingLimit = "(now() + " + strconv.FormatInt(maxLasting.Milliseconds(), 10) + "::bigint * interval '1 millisecond')"
 
+// purgeMark is the tombstone of a purge of key (an SQL expression): the
+// purge's time in Unix ms, kept purgeKeep in the notes table (topic
+// 'purged', which no instance subscribes to).
+func purgeMark(key string) string {
+	return `INSERT INTO {s}.notes AS o (topic, key, msg, expires_at)
+		VALUES ('purged', ` + key + `, (extract(epoch FROM now()) * 1000)::bigint::text,
+			now() + ` + strconv.FormatInt(purgeKeep.Milliseconds(), 10) + `::bigint * interval '1 millisecond')
+		ON CONFLICT (topic, key) DO UPDATE SET msg = excluded.msg, expires_at = excluded.expires_at`
+}
+
+// purgeKeep is how long a purge's tombstone lasts: as long as a copy
+// cached during an outage may wait to be shared (a day of TTL).
+const purgeKeep = 24 * time.Hour
+
 // satAdd is the stats table's column plus the excluded row's, clamped to
 // bigint.
 func satAdd(col string) string {
@@ -64,10 +81,22 @@ func newStatements(schema string) statements {
 		// replaces only an older one, and then tells every instance to
 		// drop older copies from its memory tier ($6 channel, $7
 		// payload). A row when it did.
-		resync: s(`WITH w AS (` + upsertValue + ` WHERE c.stored_at < excluded.stored_at RETURNING 1)
+		// Not when the key or its URL was purged after it was fetched.
+		resync: s(`WITH w AS (INSERT INTO {s}.cache AS c (key, url_key, value, size, stored_at, expires_at)
+				SELECT $1, $2, $3::bytea, octet_length($3::bytea), $4, now() + $5::bigint * interval '1 millisecond'
+				WHERE NOT EXISTS (SELECT 1 FROM {s}.notes p WHERE p.topic = 'purged' AND p.key IN ('k ' || $1, 'u ' || $2)
+					AND p.expires_at > now() AND p.msg ~ '^[0-9]{1,15}$' AND p.msg::bigint >= (extract(epoch FROM $4::timestamptz) * 1000)::bigint)
+				ON CONFLICT (key) DO UPDATE SET url_key = excluded.url_key, value = excluded.value, size = excluded.size,
+					stored_at = excluded.stored_at, expires_at = excluded.expires_at
+				WHERE c.stored_at < excluded.stored_at RETURNING 1)
 			SELECT true FROM w CROSS JOIN LATERAL pg_notify($6, $7) n`),
-		del: s(`WITH d AS (DELETE FROM {s}.cache WHERE key = $1) SELECT pg_notify($2, $3)`),
+		// Each also leaves a tombstone (purgeMark): a value fetched before
+		// the purge by an instance cut off from the database must not
+		// come back with its resync.
+		del: s(`WITH d AS (DELETE FROM {s}.cache WHERE key = $1), t AS (` + purgeMark("'k ' || $1") + `)
+			SELECT pg_notify($2, $3)`),
 		delURL: s(`WITH d AS (DELETE FROM {s}.cache WHERE url_key = $1 RETURNING 1),
+			t AS (` + purgeMark("'u ' || $1") + `),
 			n AS (SELECT pg_notify($2, $3))
 			SELECT (SELECT count(*) FROM d) FROM n`),
 		// Removes a value this build cannot read, unless it was replaced
@@ -216,17 +245,23 @@ func newStatements(schema string) statements {
 		// any table that never expire ('infinity'), none of which this
 		// package writes. Run in the sweep's transaction, under its lock.
 		sweepAbsurd: s(`WITH n AS (DELETE FROM {s}.notes WHERE (topic, key) IN
-				(SELECT topic, key FROM {s}.notes WHERE expires_at > ` + lastingLimit + ` LIMIT $1) RETURNING 1),
+				(SELECT topic, key FROM {s}.notes WHERE expires_at > ` + lastingLimit + ` LIMIT $1)
+				AND expires_at > ` + lastingLimit + ` RETURNING 1),
 			c AS (DELETE FROM {s}.claims WHERE name IN
-				(SELECT name FROM {s}.claims WHERE expires_at > ` + lastingLimit + ` LIMIT $1) RETURNING 1),
+				(SELECT name FROM {s}.claims WHERE expires_at > ` + lastingLimit + ` LIMIT $1)
+				AND expires_at > ` + lastingLimit + ` RETURNING 1),
 			k AS (DELETE FROM {s}.cache WHERE key IN
-				(SELECT key FROM {s}.cache WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1),
+				(SELECT key FROM {s}.cache WHERE expires_at = 'infinity' LIMIT $1)
+				AND expires_at = 'infinity' RETURNING 1),
 			o AS (DELETE FROM {s}.outcomes WHERE key IN
-				(SELECT key FROM {s}.outcomes WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1),
+				(SELECT key FROM {s}.outcomes WHERE expires_at = 'infinity' LIMIT $1)
+				AND expires_at = 'infinity' RETURNING 1),
 			x AS (DELETE FROM {s}.counters WHERE key IN
-				(SELECT key FROM {s}.counters WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1),
+				(SELECT key FROM {s}.counters WHERE expires_at = 'infinity' LIMIT $1)
+				AND expires_at = 'infinity' RETURNING 1),
 			b AS (DELETE FROM {s}.bindings WHERE key IN
-				(SELECT key FROM {s}.bindings WHERE expires_at = 'infinity' LIMIT $1) RETURNING 1)
+				(SELECT key FROM {s}.bindings WHERE expires_at = 'infinity' LIMIT $1)
+				AND expires_at = 'infinity' RETURNING 1)
 			SELECT (SELECT count(*) FROM n) + (SELECT count(*) FROM c) + (SELECT count(*) FROM k)
 				+ (SELECT count(*) FROM o) + (SELECT count(*) FROM x) + (SELECT count(*) FROM b)`),
 	}
