@@ -56,6 +56,7 @@ func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl t
 	d := &download{e: e, key: key, obj: obj, body: resp.Body, ttl: ttl,
 		ctx: ctx, cancel: cancel, release: release, slots: slots, lease: lease}
 	d.limit = d.shareLimit()
+	obj.owed = lease != nil
 	if size > d.limit {
 		// The fleet's waiters need not wait for the end of a long
 		// download to learn that it will not come through the store.
@@ -84,6 +85,11 @@ func (d *download) tooBig() {
 	if d.lease == nil || d.streamed {
 		return
 	}
+	// Either way the fleet's waiters no longer wait for the end: those
+	// that read it from here are readers like any other.
+	d.e.flights.mu.Lock()
+	d.obj.owed = false
+	d.e.flights.mu.Unlock()
 	if sl, ok := d.lease.(StreamingLease); ok && sl.StreamAbove() > 0 {
 		ctx, cancel := context.WithTimeout(d.e.base, 5*time.Second)
 		err := sl.Stream(ctx)
@@ -223,6 +229,10 @@ func (d *download) copy(f *flight) error {
 			if n > d.limit && d.lease != nil && !d.streamed {
 				// A body of unknown length just outgrew the store.
 				d.tooBig()
+				if !d.obj.keep {
+					// Owed to nobody now: it stops if nobody reads.
+					d.e.flights.unkeep(f)
+				}
 			}
 			if d.obj.keep && d.unkeepable(n) {
 				// Decided from the headers, undone by the body: a download

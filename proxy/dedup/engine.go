@@ -908,7 +908,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		// spool, for every local reader, and is cached here. A peer that
 		// cannot serve it costs one download from the origin, never an
 		// error.
-		if resp = e.askPeer(ctx, key, *peer); resp != nil {
+		if resp = e.askPeer(ctx, key, *peer, req.Header.Get("Range") != ""); resp != nil {
 			label = CacheCoalesced
 		}
 	}

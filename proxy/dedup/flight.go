@@ -77,9 +77,17 @@ type object struct {
 	body *spool
 	// keep: the body is to be cached when complete. A body nobody keeps
 	// is not worth finishing once nobody reads it.
-	keep   bool
+	keep bool
+	// owed: the flight's fleet lease waits for the body (it goes to the
+	// other instances' waiters whole, when complete), so the download
+	// goes on with nobody reading it here. Guarded by flights.mu.
+	owed   bool
 	cancel context.CancelCauseFunc // stops the download
 }
+
+// unwanted reports whether nobody needs the rest of the body: it is not to
+// be kept, nor owed to the fleet. flights.mu is held.
+func (o *object) unwanted() bool { return !o.keep && !o.owed }
 
 // flights is the registry of running flights.
 type flights struct {
@@ -125,7 +133,7 @@ func (fs *flights) publish(f *flight, res *flightResult) {
 	switch {
 	case res.obj != nil:
 		f.held = true
-		stop = f.interest == 0 && !res.obj.keep
+		stop = f.interest == 0 && res.obj.unwanted()
 	case res.stream != nil && f.leaderGone:
 		drop = true
 	}
@@ -157,7 +165,7 @@ func (fs *flights) leave(f *flight, leader bool) *flightResult {
 	if res == nil && leader {
 		f.leaderGone = true
 	}
-	stop := res != nil && res.obj != nil && !res.obj.keep && f.interest == 0 && f.listed
+	stop := res != nil && res.obj != nil && res.obj.unwanted() && f.interest == 0 && f.listed
 	if stop {
 		fs.unlistLocked(f)
 	}
@@ -234,7 +242,7 @@ func (fs *flights) stopKeeping(f *flight, unlist bool) {
 	fs.mu.Lock()
 	obj := f.res.obj
 	obj.keep = false
-	stop := f.interest == 0 && (unlist || f.listed)
+	stop := f.interest == 0 && !obj.owed && (unlist || f.listed)
 	if unlist || stop {
 		fs.unlistLocked(f)
 	}

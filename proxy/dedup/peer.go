@@ -169,12 +169,16 @@ func validKey(key string) bool {
 // its response when it serves the object, nil when it cannot (refused,
 // timed out, a bad token, nothing under key), which the caller answers
 // with its own download.
-func (e *Engine) askPeer(ctx context.Context, key string, peer Peer) *http.Response {
+//
+// ranged says the flight's own request carries a Range (key is that
+// range's): the peer's answer is then the flight's answer to it, a 206
+// included.
+func (e *Engine) askPeer(ctx context.Context, key string, peer Peer, ranged bool) *http.Response {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+peer.Addr+PeerPath+key, nil)
 	if err == nil {
 		var resp *http.Response
 		if resp, err = e.peers.RoundTrip(req); err == nil {
-			if err = wholePeerAnswer(resp, key); err == nil {
+			if err = wholePeerAnswer(resp, key, ranged); err == nil {
 				return resp
 			}
 			if !resp.Close && resp.StatusCode != http.StatusSwitchingProtocols {
@@ -196,13 +200,13 @@ func (e *Engine) askPeer(ctx context.Context, key string, peer Peer) *http.Respo
 // without Range, is not that whole body, which the follower can read into
 // its flight; nil when it is. The follower's clients would get what it
 // takes as it is, and its cache keep it.
-func wholePeerAnswer(resp *http.Response, key string) error {
+func wholePeerAnswer(resp *http.Response, key string, ranged bool) error {
 	switch {
 	case resp.Header.Get(HeaderCacheKey) != key:
 		// Not one of its objects: the listener's refusal (a bad
 		// token), or nothing held under key any more.
 		return fmt.Errorf("%w: %s", errPeer, resp.Status)
-	case resp.StatusCode < http.StatusOK || resp.StatusCode == http.StatusPartialContent:
+	case resp.StatusCode < http.StatusOK || resp.StatusCode == http.StatusPartialContent && !ranged:
 		// Neither a part nor an upgrade answers a GET of the whole body.
 		return fmt.Errorf("%w: %s to a GET of the whole body", errPeer, resp.Status)
 	case resp.ProtoMajor == 1 && resp.ContentLength < 0 && !slices.Contains(resp.TransferEncoding, "chunked"):

@@ -136,6 +136,13 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 	if meta.Status != http.StatusOK || undecodedFor(meta.Header, ae) != nil || !ifRangeMatches(req.Header.Get("If-Range"), meta.Header) || !singleRange(rangeHdr) {
 		return e.serveWhole(req, meta, b, key, xcache)
 	}
+	if ob, ok := b.(objectBody); ok && ob.obj.size < 0 && fromFirstByte(rangeHdr) && !ob.obj.body.complete() {
+		// Every byte from the first of a body whose length is not known
+		// yet: the whole response is that range, and it can start now,
+		// rather than once the download is over (or, past
+		// max_object_bytes, relayed and its start gone).
+		return e.serveWhole(req, meta, b, key, xcache)
+	}
 	size, err := b.length(req.Context())
 	if err != nil {
 		b.done()
