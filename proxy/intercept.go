@@ -322,7 +322,21 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 	h2 := false
 	if first[0] == recordTypeHandshake {
 		t.scheme = "https"
-		tc, hello, err := s.terminateTLS(client, stream, t)
+		_ = client.SetDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
+		rc, hello, err := capture.PeekClientHello(stream)
+		if err != nil {
+			s.logger.Debug("intercepted tunnel: the ClientHello did not parse; its requests go out with Go's",
+				"client", t.remoteAddr, "target", t.host, "err", err)
+		}
+		if hello != nil && strings.HasSuffix(hello.ServerName, ".") {
+			// A fully qualified SNI ("example.com.") is refused by
+			// crypto/tls (RFC 6066 wants no trailing dot), though origins
+			// take it: the tunnel goes to its target blind, as it is.
+			_ = client.SetDeadline(time.Time{})
+			s.tunnelBlind(client, rc, t)
+			return
+		}
+		tc, err := s.terminateTLS(client, rc, stream, hello, t)
 		if err != nil {
 			s.handshakeFailed(t, err)
 			client.Close()
@@ -375,6 +389,14 @@ func peekHTTP(stream net.Conn) (net.Conn, bool) {
 // byte for byte, through the upstream a blind CONNECT would take. The
 // client was told 200 already: a failed dial can only close it.
 func (s *Server) tunnelBlind(client, fromClient net.Conn, t *tunnel) {
+	// One request for the rate limit, as a bypass CONNECT's or a SOCKS5
+	// blind tunnel's dial is: the dial is upstream work.
+	name, _, _ := net.SplitHostPort(t.host)
+	if d, ok := s.allow(context.Background(), t.info.Client, name); !ok {
+		s.logger.Warn("tunnel to a non-HTTP service refused", "target", t.host, "client", t.remoteAddr, "err", rateLimitedError{d})
+		client.Close()
+		return
+	}
 	up, err := s.dialBlind(context.Background(), t.host, t.info, t.remoteAddr)
 	if err != nil {
 		s.logger.Warn("tunnel to a non-HTTP service failed", "target", t.host, "client", t.remoteAddr, "err", err)
@@ -394,18 +416,13 @@ func (s *Server) pushInner(c *tappedConn) {
 	}
 }
 
-// terminateTLS reads the client's raw ClientHello off stream (the tunnel's
-// client side, client the connection under it) and completes the TLS
-// handshake with a certificate for its SNI, all within
-// read_header_timeout. The hello is nil when it did not parse: the
-// handshake goes on and the tunnel's requests go out the Go way.
-func (s *Server) terminateTLS(client, stream net.Conn, t *tunnel) (*tls.Conn, *fingerprint.ClientHello, error) {
-	_ = client.SetDeadline(time.Now().Add(s.cfg.ReadHeaderTimeout))
-	rc, hello, err := capture.PeekClientHello(stream)
-	if err != nil {
-		s.logger.Debug("intercepted tunnel: the ClientHello did not parse; its requests go out with Go's",
-			"client", t.remoteAddr, "target", t.host, "err", err)
-	}
+// terminateTLS completes the TLS handshake of a tunnel's client side
+// (stream; client the connection under it; rc replays the ClientHello
+// intercept read off stream, parsed as hello) with a certificate for its
+// SNI, within the read_header_timeout intercept set. The hello is nil
+// when it did not parse: the handshake goes on and the tunnel's requests
+// go out the Go way.
+func (s *Server) terminateTLS(client, rc, stream net.Conn, hello *fingerprint.ClientHello, t *tunnel) (*tls.Conn, error) {
 	cfg := s.certs.ServerConfig(t.host).Clone()
 	cfg.NextProtos = mitmProtos(hello)
 	// A client resuming a session would put onceproxy's ticket (a
@@ -414,10 +431,10 @@ func (s *Server) terminateTLS(client, stream net.Conn, t *tunnel) (*tls.Conn, *f
 	cfg.SessionTicketsDisabled = true
 	tc := tls.Server(replayed{Conn: rc, under: stream}, cfg)
 	if err := tc.Handshake(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	_ = client.SetDeadline(time.Time{})
-	return tc, hello, nil
+	return tc, nil
 }
 
 // serveIntercepted completes a decrypted request into the absolute form a
