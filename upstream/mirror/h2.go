@@ -1081,7 +1081,10 @@ func (cc *H2Conn) readLoop() {
 	streamErr := fmt.Errorf("mirror: h2 connection lost: %w", cc.err)
 	unanswered := fmt.Errorf("mirror: h2 connection lost: %w: %w", ErrNoResponse, cc.err)
 	for _, cs := range cc.streams {
-		if cs.resp == nil && cs.interim == 0 {
+		if cs.resp != nil && cs.recvEnded {
+			// Answered in full: what is buffered is the whole body.
+			cs.end(nil)
+		} else if cs.resp == nil && cs.interim == 0 {
 			cs.end(unanswered)
 		} else {
 			cs.end(streamErr)
