@@ -32,20 +32,7 @@ func TestSweepKeepsARowRenewedWhileItRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 		renew(tx)
-		swept := make(chan struct{})
-		go func() {
-			defer close(swept)
-			b.be.sweep.once(ctx)
-		}()
-		waitFor(t, "the sweep to wait for the renewed row", func() bool {
-			var n int
-			_ = mon.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%.sweep(%'`).Scan(&n)
-			return n > 0
-		})
-		if err := tx.Commit(ctx); err != nil {
-			t.Fatal(err)
-		}
-		<-swept
+		sweepBehind(t, b.be, tx, mon)
 	}
 	count := func(sql string) int {
 		var n int
@@ -103,12 +90,28 @@ func TestEvictionKeepsARowStoredWhileItRuns(t *testing.T) {
 	if _, err := tx.Exec(ctx, a.store.sql.set, "v1:1", "", make([]byte, 600), time.Now(), time.Hour.Milliseconds(), "none", "x"); err != nil {
 		t.Fatal(err)
 	}
+	sweepBehind(t, a.be, tx, mon)
+	var n int
+	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT count(*) FROM {s}.cache WHERE key = 'v1:1'`)).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 1 {
+		t.Errorf("the sweep evicted the value stored last, as if it were the oldest")
+	}
+}
+
+// sweepBehind runs be's sweep while tx holds the rows it wrote, and
+// commits tx once the sweep waits for one of them (mon watches for that);
+// it returns when the sweep is done.
+func sweepBehind(t *testing.T, be *Backend, tx pgx.Tx, mon *pgx.Conn) {
+	t.Helper()
+	ctx := t.Context()
 	swept := make(chan struct{})
 	go func() {
 		defer close(swept)
-		a.be.sweep.once(ctx)
+		be.sweep.once(ctx)
 	}()
-	waitFor(t, "the sweep to wait for the stored row", func() bool {
+	waitFor(t, "the sweep to wait for a row the transaction wrote", func() bool {
 		var n int
 		_ = mon.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%.sweep(%'`).Scan(&n)
 		return n > 0
@@ -117,11 +120,4 @@ func TestEvictionKeepsARowStoredWhileItRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 	<-swept
-	var n int
-	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT count(*) FROM {s}.cache WHERE key = 'v1:1'`)).Scan(&n); err != nil {
-		t.Fatal(err)
-	}
-	if n != 1 {
-		t.Errorf("the sweep evicted the value stored last, as if it were the oldest")
-	}
 }
