@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -202,5 +203,33 @@ func TestReloadKeepsTheCurrency(t *testing.T) {
 	}
 	if got := a.Engine.Stats().Currency; got != before {
 		t.Errorf("currency %q after the reload, want the running %q", got, before)
+	}
+}
+
+// TestReloadKeepsTheLoginThrottle: a reload that leaves auth alone (here
+// only log.level changes) keeps the proxy users' store, so a client that
+// used up auth.max_failures_per_minute stays throttled; a new store would
+// let a password guesser start over at every reload.
+func TestReloadKeepsTheLoginThrottle(t *testing.T) {
+	const users = "auth:\n  max_failures_per_minute: 2\n  users: [{name: alice, password_env: ALICE_PW}]\n"
+	path := writeConfig(t, users+"log: {level: info}\n")
+	a := buildFromFile(t, path, []string{"ALICE_PW=right-password"})
+	const client = "127.0.0.9"
+	for i := range 2 {
+		if ok, _ := a.live.Verify(client, "alice", fmt.Sprint("guess-", i)); ok {
+			t.Fatalf("guess %d accepted", i)
+		}
+	}
+	if _, wait := a.live.Verify(client, "alice", "guess-2"); wait == 0 {
+		t.Fatal("no throttle after max_failures_per_minute failures")
+	}
+	if err := os.WriteFile(path, []byte(users+"log: {level: debug}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if _, wait := a.live.Verify(client, "alice", "guess-3"); wait == 0 {
+		t.Error("a reload that left auth alone lifted the client's login throttle")
 	}
 }

@@ -143,11 +143,16 @@ func (a *App) reloadOnce() (admin.Reload, error) {
 	if err != nil {
 		return admin.Reload{}, fmt.Errorf("reload: guard: %w", err)
 	}
-	users, err := auth.New(merged.Auth, a.getenv)
-	if err != nil {
-		return admin.Reload{}, fmt.Errorf("reload: %w", err)
+	// The users' store is rebuilt only when auth changed: a new one would
+	// forget each client's failed logins (auth.max_failures_per_minute)
+	// and the credentials it verified.
+	var users *auth.Users
+	if !reflect.DeepEqual(a.cfg.Auth, merged.Auth) {
+		if users, err = auth.New(merged.Auth, a.getenv); err != nil {
+			return admin.Reload{}, fmt.Errorf("reload: %w", err)
+		}
 	}
-	if users.Enabled() != a.live.users.Load().Enabled() {
+	if users != nil && users.Enabled() != a.live.users.Load().Enabled() {
 		// Turning authentication on or off changes what the doors do
 		// with every connection (and which listeners are safe): restart.
 		users.Close()
