@@ -2,17 +2,21 @@ package proxy_test
 
 import (
 	"bufio"
+	"context"
 	"crypto/x509"
 	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/app"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
@@ -260,5 +264,38 @@ func TestForbiddenSpellingsRefusedBeforeLookup(t *testing.T) {
 	}
 	if got := lookups.looked(); len(got) == 0 || got[0] != "public.test" {
 		t.Fatalf("lookups after a permitted name: %q", got)
+	}
+}
+
+// TestGuardReloadRetiresPooledConnections: the guard checks an address
+// when it is dialled. A reload that stops allowing the address a name
+// resolves to must not leave the connection pooled under the old guard
+// carrying requests to it: the next request dials again and is refused.
+func TestGuardReloadRetiresPooledConnections(t *testing.T) {
+	origin := plainOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(origin.URL, "http://"))
+	lookup := func(context.Context, string, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	var tightened atomic.Bool
+	w := newWorld(t, worldOpts{
+		guard:        &netguard.Config{AllowCIDRs: []string{"127.0.0.0/8"}},
+		upstreamOpts: []upstream.Option{upstream.WithLookup(lookup)},
+		reloaded: func(c *app.Config) {
+			if tightened.Load() {
+				c.Guard = netguard.Config{}
+			}
+		},
+	})
+	c := w.client(false)
+	if resp, body := w.get(c, "http://origin.test:"+port+"/a"); resp.StatusCode != 200 {
+		t.Fatalf("before the reload: %d %q", resp.StatusCode, body)
+	}
+	tightened.Store(true)
+	if _, err := w.app.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	if resp, body := w.get(c, "http://origin.test:"+port+"/b"); resp.StatusCode != http.StatusForbidden {
+		t.Errorf("after the guard stopped allowing 127.0.0.0/8: %d %q, want 403", resp.StatusCode, body)
 	}
 }

@@ -73,6 +73,9 @@ type worldOpts struct {
 	guard     *netguard.Config
 	// quiet discards logs (benchmarks: the buffer would grow without bound).
 	quiet bool
+	// reloaded, when set, changes the configuration a reload
+	// (world.app.Reload) reads: a copy of the one the world started with.
+	reloaded func(*app.Config)
 	// The seams of app.Options.
 	upstreamOpts []upstream.Option
 	next         func(http.RoundTripper) http.RoundTripper
@@ -156,7 +159,16 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	if o.guard != nil {
 		cfg.Guard = *o.guard
 	}
+	var load func() (*app.Config, error)
+	if o.reloaded != nil {
+		load = func() (*app.Config, error) {
+			next := *cfg
+			o.reloaded(&next)
+			return &next, nil
+		}
+	}
 	a, err := app.Build(cfg, app.Options{
+		Load:            load,
 		Logger:          logger,
 		Getenv:          func(k string) string { return env[k] },
 		UpstreamOptions: o.upstreamOpts,

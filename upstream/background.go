@@ -360,9 +360,10 @@ func (p *Pool) recycleLoop(ctx context.Context) {
 			if s.recycleDue(now) {
 				s.renew()
 			} else {
-				s.pruneOld()
+				s.net.pruneOld()
 			}
 		}
+		p.direct.pruneOld()
 	}
 }
 

@@ -66,9 +66,11 @@ const (
 // upstream sessions, or directly when it has none configured. Create it
 // with New, run its background loops with Run, release it with Close.
 type Pool struct {
-	log    *slog.Logger
-	kit    *connKit
-	direct *http.Transport
+	log *slog.Logger
+	kit *connKit
+	// direct carries requests that leave from this host without the
+	// client's fingerprint (RetireDirect renews it).
+	direct netSet
 	getenv func(string) string
 	// defPrice prices sessions whose provider sets no prices (savings.*).
 	defPrice dedup.Price
@@ -178,7 +180,12 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	if b, ok := o.bus.(Bindings); ok {
 		p.fleet = &fleetBindings{store: b, local: &bindings{ttl: fleetLocalTTL}}
 	}
-	p.direct = kit.transport(kit.dialDirect, nil, true, cfg.IdleConnTimeout)
+	p.direct.init(func() *netTransports {
+		nt := new(netTransports)
+		nt.tls = kit.transport(nt.counted(kit.dialDirect), nil, true, cfg.IdleConnTimeout)
+		nt.plain = nt.tls
+		return nt
+	})
 	p.directMirror = kit.mirroredTransport(kit.dialDirect, true, true, cfg.IdleConnTimeout)
 	st, fresh, err := p.build(cfg, nil)
 	if err != nil {
@@ -397,7 +404,7 @@ func (p *Pool) sendDirect(req *http.Request, r *rule) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	var tr http.RoundTripper = p.direct
+	var tr http.RoundTripper = p.direct.current().tls
 	if r.mirror && p.directMirror.takes(out) {
 		tr = p.directMirror
 	}
@@ -582,6 +589,17 @@ func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Resp
 	return nil, &DialError{Op: req.Method + " " + req.URL.Host + " through upstream proxy " + s.proxyURL.Host, Err: gerr}
 }
 
+// RetireDirect retires every connection the pool opened to origins from
+// this host: the idle ones close now, the busy ones once their requests
+// are done, and none takes a new one. A reload that changes the SSRF
+// guard calls it: the guard checks an address when it is dialled, and a
+// pooled connection would otherwise go on carrying requests to an address
+// the new guard refuses.
+func (p *Pool) RetireDirect() {
+	p.direct.renew()
+	p.directMirror.closeIdle()
+}
+
 // Describe names the egress for logs, without credentials.
 func (p *Pool) Describe() string {
 	st := p.st.Load()
@@ -609,7 +627,7 @@ func (p *Pool) Describe() string {
 
 // Close drops pooled idle connections. Call it after Run has returned.
 func (p *Pool) Close() {
-	p.direct.CloseIdleConnections()
+	p.direct.closeIdle()
 	p.directMirror.close()
 	for _, s := range p.sessions.Load().list {
 		s.close()

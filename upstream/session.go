@@ -72,14 +72,9 @@ type session struct {
 	prov atomic.Pointer[provider]
 	gw   *gateway
 
-	// net holds net/http's transports for the current exit IP; newNet
-	// builds a fresh pair, which a rotation swaps in (renew). Replaced
-	// pairs stay in old while a connection of theirs is open, so that
-	// closeIdle and close still reach it.
-	net    atomic.Pointer[netTransports]
-	newNet func() *netTransports
-	oldMu  sync.Mutex
-	old    []*netTransports
+	// net holds net/http's transports for the current exit IP; a
+	// rotation replaces them (renew).
+	net netSet
 	// mirror carries the requests of intercepted clients with their own
 	// fingerprint, over the same tunnels as tlsTr (plain http too, through
 	// a SOCKS5 gateway).
@@ -112,7 +107,7 @@ func (s *session) transportFor(req *http.Request, mirror bool) http.RoundTripper
 	if mirror && s.mirror.takes(req) {
 		return s.mirror
 	}
-	nt := s.net.Load()
+	nt := s.net.current()
 	if req.URL.Scheme == "http" {
 		return nt.plain
 	}
@@ -145,37 +140,18 @@ func (s *session) rotatedTo(ip string) {
 // and the busy ones take no request after their current ones. Many
 // gateways route only new connections through a rotated session's new exit
 // IP, so a connection busy at a rotation leads to the old one for as long
-// as it lives. net/http's transports cannot retire a busy connection (an
-// HTTP/1.1 one goes back to the idle pool when done, an HTTP/2 one takes
-// new streams), so the session moves to a fresh pair of transports; the
-// mirrored transport retires its connections itself.
+// as it lives.
 func (s *session) renew() {
-	prev := s.net.Swap(s.newNet())
-	s.oldMu.Lock()
-	s.old = append(s.old, prev)
-	s.oldMu.Unlock()
-	s.closeIdle()
+	s.net.renew()
+	s.mirror.closeIdle()
 }
 
 // closeIdle drops the session's pooled connections: after a rotation they
 // lead to the old exit IP. Mirrored connections still busy are retired
 // too: they close when done and take no new request.
 func (s *session) closeIdle() {
-	s.net.Load().closeIdle()
-	s.pruneOld()
+	s.net.closeIdle()
 	s.mirror.closeIdle()
-}
-
-// pruneOld closes the idle connections of the net/http transports that
-// renew replaced (the connections busy then, once they are done), and
-// forgets the transports left with none open.
-func (s *session) pruneOld() {
-	s.oldMu.Lock()
-	defer s.oldMu.Unlock()
-	s.old = slices.DeleteFunc(s.old, func(nt *netTransports) bool {
-		nt.closeIdle()
-		return nt.open.Load() == 0
-	})
 }
 
 // close drops the session's pooled connections for good: its mirrored
@@ -185,12 +161,60 @@ func (s *session) close() {
 	s.mirror.close()
 }
 
-// netTransports are a session's net/http transports of one exit IP. tls
-// carries https requests; its DialContext opens a tunnel to the origin
-// through the gateway (CONNECT or SOCKS5) with our own deadline handling.
-// plain carries http requests: through an HTTP gateway in absolute form
-// (what gateways expect for plain HTTP), through a SOCKS5 gateway the same
-// tunnel as tls (plain == tls).
+// netSet is a session's net/http transports (or those of direct egress),
+// which renew can replace whole: net/http's transports cannot retire a
+// busy connection (an HTTP/1.1 one goes back to the idle pool when done,
+// an HTTP/2 one takes new streams), so retiring every connection means
+// moving to a fresh pair. Replaced pairs are kept while a connection of
+// theirs is open, so that closeIdle and pruneOld still reach it.
+type netSet struct {
+	cur   atomic.Pointer[netTransports]
+	build func() *netTransports
+	mu    sync.Mutex
+	old   []*netTransports
+}
+
+func (ns *netSet) init(build func() *netTransports) {
+	ns.build = build
+	ns.cur.Store(build())
+}
+
+func (ns *netSet) current() *netTransports { return ns.cur.Load() }
+
+// renew moves to fresh transports and closes the old ones' idle
+// connections; their busy ones close once done (pruneOld).
+func (ns *netSet) renew() {
+	prev := ns.cur.Swap(ns.build())
+	ns.mu.Lock()
+	ns.old = append(ns.old, prev)
+	ns.mu.Unlock()
+	ns.closeIdle()
+}
+
+// closeIdle closes the idle connections of the current transports and of
+// the replaced ones.
+func (ns *netSet) closeIdle() {
+	ns.cur.Load().closeIdle()
+	ns.pruneOld()
+}
+
+// pruneOld closes the idle connections of the replaced transports (the
+// connections busy at renew, once they are done), and forgets the
+// transports left with none open.
+func (ns *netSet) pruneOld() {
+	ns.mu.Lock()
+	defer ns.mu.Unlock()
+	ns.old = slices.DeleteFunc(ns.old, func(nt *netTransports) bool {
+		nt.closeIdle()
+		return nt.open.Load() == 0
+	})
+}
+
+// netTransports are net/http's transports of one exit IP. tls carries
+// https requests; a session's opens a tunnel to the origin through the
+// gateway (CONNECT or SOCKS5) with our own deadline handling. plain
+// carries http requests: through an HTTP gateway in absolute form (what
+// gateways expect for plain HTTP), else the same transport as tls.
 type netTransports struct {
 	tls, plain *http.Transport
 	open       atomic.Int64 // connections dialled and not yet closed
@@ -350,12 +374,12 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			}
 			return k.idle(c), nil
 		}
-		s.newNet = func() *netTransports {
+		s.net.init(func() *netTransports {
 			nt := new(netTransports)
 			nt.tls = k.transport(nt.counted(tunnel), nil, keepAlive, idleTimeout)
 			nt.plain = k.transport(nt.counted(gateway), pu, keepAlive, idleTimeout)
 			return nt
-		}
+		})
 		// Plain http stays with net/http: the gateway wants it in
 		// absolute form.
 		s.mirror = k.mirroredTransport(tunnel, false, keepAlive, idleTimeout)
@@ -385,17 +409,16 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 			}
 			return k.idle(raw.conn), nil
 		}
-		s.newNet = func() *netTransports {
+		s.net.init(func() *netTransports {
 			nt := new(netTransports)
 			nt.tls = k.transport(nt.counted(tunnel), nil, keepAlive, idleTimeout)
 			nt.plain = nt.tls
 			return nt
-		}
+		})
 		s.mirror = k.mirroredTransport(tunnel, true, keepAlive, idleTimeout)
 	default:
 		return nil, fmt.Errorf("session %s: unsupported scheme %q", spec.id, pu.Scheme)
 	}
-	s.net.Store(s.newNet())
 	return s, nil
 }
 

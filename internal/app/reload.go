@@ -189,6 +189,9 @@ func (a *App) reloadOnce() (admin.Reload, error) {
 		a.log.Error("configuration reload: dedup not applied", "err", err)
 	}
 	a.live.guard.Store(guard)
+	if !reflect.DeepEqual(a.cfg.Guard, merged.Guard) {
+		a.Upstream.RetireDirect()
+	}
 	if users != nil {
 		// Requests being verified by the old store finish with it; its
 		// cache only stops refreshing.
