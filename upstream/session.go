@@ -76,8 +76,8 @@ type session struct {
 	// rotation replaces them (renew).
 	net netSet
 	// mirror carries the requests of intercepted clients with their own
-	// fingerprint, over the same tunnels as tlsTr (plain http too, through
-	// a SOCKS5 gateway).
+	// fingerprint, over the same tunnels as net's tls transport (plain
+	// http too, through a SOCKS5 gateway).
 	mirror *mirroredTransport
 	// tunnel opens a byte tunnel to addr through the gateway.
 	tunnel func(ctx context.Context, addr string) (net.Conn, error)
