@@ -4,8 +4,11 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/tls"
+	"crypto/x509"
 	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -128,5 +131,43 @@ func TestFullyQualifiedSNIGoesThroughBlind(t *testing.T) {
 				t.Fatalf("the MITM answered the hello with record type %#x (%v), want a ServerHello (0x16); 0x15 is an alert", first, err)
 			}
 		})
+	}
+}
+
+// TestNonHTTPALPNGoesThroughBlind: a TLS client that offers only
+// protocols other than HTTP (MQTT, IMAP, PostgreSQL's direct TLS, ACME's
+// tls-alpn-01) has nothing for the MITM to serve: intercepted, it got a
+// certificate from the proxy's CA and then an HTTP loop that answers its
+// protocol with a 400. Its tunnel goes to the target blind, so it meets
+// the origin's own certificate and protocol.
+func TestNonHTTPALPNGoesThroughBlind(t *testing.T) {
+	w := newWorld(t, worldOpts{proxy: proxy.Config{ReadHeaderTimeout: 3 * time.Second}})
+	origin := httptest.NewUnstartedServer(nil)
+	origin.TLS = &tls.Config{NextProtos: []string{"mqtt"}}
+	origin.Config.TLSNextProto = map[string]func(*http.Server, *tls.Conn, http.Handler){
+		"mqtt": func(_ *http.Server, c *tls.Conn, _ http.Handler) {
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			_, _ = io.Copy(c, c)
+		},
+	}
+	origin.StartTLS()
+	defer origin.Close()
+	roots := x509.NewCertPool()
+	roots.AddCert(origin.Certificate())
+
+	conn, br := connectTunnel(t, w, origin.Listener.Addr().String())
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	tc := tls.Client(&bufConn{Conn: conn, r: br}, &tls.Config{ServerName: "example.com", RootCAs: roots, NextProtos: []string{"mqtt"}})
+	if err := tc.Handshake(); err != nil {
+		t.Fatalf("handshake through the tunnel: %v (the MITM took a non-HTTP TLS client)", err)
+	}
+	if p := tc.ConnectionState().NegotiatedProtocol; p != "mqtt" {
+		t.Fatalf("negotiated %q, want the origin's mqtt", p)
+	}
+	io.WriteString(tc, "\x10\x0c\x00\x04MQTT")
+	got := make([]byte, 8)
+	if _, err := io.ReadFull(tc, got); err != nil || string(got) != "\x10\x0c\x00\x04MQTT" {
+		t.Fatalf("echo: %q, %v", got, err)
 	}
 }
