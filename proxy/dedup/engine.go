@@ -212,6 +212,13 @@ func (e overloadError) Error() string {
 }
 func (overloadError) HTTPStatus() int { return http.StatusServiceUnavailable }
 
+// refusedForItsClient reports whether res is a leader's refusal under
+// max_flights_per_client, which says nothing about its waiters' clients.
+func refusedForItsClient(res *flightResult) bool {
+	var o overloadError
+	return errors.As(res.err, &o) && o.perClient
+}
+
 // timeoutError is the flight deadline: classified as a timeout (504).
 type timeoutError struct{ d time.Duration }
 
@@ -446,6 +453,17 @@ func (e *Engine) coalesce(req *http.Request, rule *Rule, key string, body []byte
 	f, leader, settled, err := e.ride(req, rule, key, body)
 	if err != nil {
 		return nil, err
+	}
+	if !leader && refusedForItsClient(f.res) {
+		// The leader's client was over its own max_flights_per_client:
+		// no answer for this one, which is not. It runs the fetch itself
+		// (the failed flight is unlisted) or joins the one that does.
+		// Once: a second refusal in a row is another client's again, at
+		// the same microsecond, and is answered as it is.
+		e.flights.leave(f, false)
+		if f, leader, settled, err = e.ride(req, rule, key, body); err != nil {
+			return nil, err
+		}
 	}
 	res := f.res
 	if meta := res.meta(); meta != nil && !meta.varyMatches(req.Header) {
