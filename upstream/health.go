@@ -66,8 +66,9 @@ var penalties = [...]penalty{
 }
 
 const (
-	// escalateAfter consecutive failures of any kind put a session out for
-	// escalatedCooldown: it keeps failing, stop spending requests on it.
+	// escalateAfter consecutive failures (429s, bans, connection errors;
+	// not the origin's 5xx) put a session out for escalatedCooldown: it
+	// keeps failing, stop spending requests on it.
 	escalateAfter     = 3
 	escalatedCooldown = 10 * time.Minute
 	// maxRetryAfter caps how long an origin's Retry-After can bench a
@@ -163,7 +164,13 @@ func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, e
 	}
 	p := penalties[o]
 	h.weight = max(h.weight-p.weight, minWeight)
-	h.failures++
+	if o != outcomeServerError {
+		// A 5xx is the origin's trouble, not the exit IP's: a site that
+		// is down answers every session so. Were it counted, three of
+		// them escalated each session in turn to escalatedCooldown, and
+		// one dead site took the pool out for every other one.
+		h.failures++
+	}
 	cool := p.cooldown
 	if retryAfter > cool {
 		cool = min(retryAfter, maxRetryAfter)

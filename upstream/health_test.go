@@ -35,17 +35,23 @@ func TestMarkArithmetic(t *testing.T) {
 		{"Retry-After shorter than 60s", 5, []step{{0, outcomeRateLimited, 5 * time.Second}}, 3, 1, 60 * time.Second, outcomeRateLimited},
 		{"Retry-After capped at 1h", 5, []step{{0, outcomeRateLimited, 48 * time.Hour}}, 3, 1, time.Hour, outcomeRateLimited},
 		{"connection error: -3, 300s", 5, []step{{0, outcomeConnError, 0}}, 2, 1, 300 * time.Second, outcomeConnError},
-		{"5xx: -1, no cooldown", 5, []step{{0, outcomeServerError, 0}}, 4, 1, 0, outcomeNone},
+		{"5xx: -1, no cooldown, no failure", 5, []step{{0, outcomeServerError, 0}}, 4, 0, 0, outcomeNone},
 		{"weight floor is 1", 5, []step{{0, outcomeConnError, 0}, {time.Second, outcomeConnError, 0}}, 1, 2, 301 * time.Second, outcomeConnError},
-		{"3 consecutive failures: 10 min", 5, []step{
+		{"3 consecutive failures: 10 min", 10, []step{
+			{0, outcomeRateLimited, 0}, {time.Minute, outcomeBanned, 0}, {2 * time.Minute, outcomeRateLimited, 0},
+		}, 4, 3, 2*time.Minute + 10*time.Minute, outcomeRateLimited},
+		{"5xx in a row never bench", 5, []step{
 			{0, outcomeServerError, 0}, {time.Second, outcomeServerError, 0}, {2 * time.Second, outcomeServerError, 0},
-		}, 2, 3, 2*time.Second + 10*time.Minute, outcomeServerError},
+		}, 2, 0, 0, outcomeNone},
+		{"5xx neither add to nor break a streak", 10, []step{
+			{0, outcomeRateLimited, 0}, {time.Minute, outcomeServerError, 0}, {2 * time.Minute, outcomeRateLimited, 0},
+		}, 5, 2, 3 * time.Minute, outcomeRateLimited},
 		{"success clears failures and cooldown", 5, []step{
 			{0, outcomeRateLimited, 0}, {time.Second, outcomeOK, 0},
 		}, 4, 0, 0, outcomeNone},
 		{"success breaks the streak", 5, []step{
-			{0, outcomeServerError, 0}, {1, outcomeServerError, 0}, {2, outcomeOK, 0}, {3, outcomeServerError, 0},
-		}, 3, 1, 0, outcomeNone},
+			{0, outcomeConnError, 0}, {time.Hour, outcomeConnError, 0}, {2 * time.Hour, outcomeOK, 0}, {3 * time.Hour, outcomeConnError, 0},
+		}, 1, 1, 3*time.Hour + 300*time.Second, outcomeConnError},
 		{"a milder failure never shortens a cooldown", 5, []step{
 			{0, outcomeConnError, 0}, {10 * time.Second, outcomeRateLimited, 0},
 		}, 1, 2, 300 * time.Second, outcomeConnError},

@@ -1254,7 +1254,7 @@ func testServerErrorRetriedElsewhere(t *testing.T, c client) {
 		t.Fatalf("got %+v, want 200 via s2", r)
 	}
 	st := statusOf(t, p, "s1")
-	if st.Weight != 4 || !st.Available || st.LastOutcome != "server_error" || st.ConsecutiveFailures != 1 || fp.Rotations("s1") != 0 {
+	if st.Weight != 4 || !st.Available || st.LastOutcome != "server_error" || st.ConsecutiveFailures != 0 || fp.Rotations("s1") != 0 {
 		t.Fatalf("s1 after a 502: %+v, %d rotations", st, fp.Rotations("s1"))
 	}
 	c.mirrored(t, p)

@@ -28,7 +28,8 @@ type SessionStatus struct {
 	// Weight the current health weight (1-10).
 	BaseWeight int `json:"base_weight"`
 	Weight     int `json:"weight"`
-	// ConsecutiveFailures resets on success; 3 mean a 10 minute cooldown.
+	// ConsecutiveFailures counts 429s, bans and connection errors (not an
+	// origin's 5xx); it resets on success, and 3 mean a 10 minute cooldown.
 	ConsecutiveFailures int `json:"consecutive_failures"`
 	// Available is false while cooling down.
 	Available         bool      `json:"available"`
