@@ -147,13 +147,24 @@ func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, e
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.last, h.lastAt, h.lastErr = o, now, errMsg
-	if o == outcomeOK && since != h.coolEpoch && now.Before(h.coolUntil) {
-		// The request was sent before the cooldown began: its 200 says
-		// nothing about the exit IP since the 429 (or the fleet's news).
-		// Many requests share a session; were the ones admitted before a
-		// rate limit to end its cooldown as they come back, the session
-		// would never sit one out, nor its failures add up.
-		return 0
+	if since != h.coolEpoch && now.Before(h.coolUntil) {
+		// The request was sent before the cooldown began. Its 200 says
+		// nothing about the exit IP since the 429 (or the fleet's news):
+		// many requests share a session, and were the ones admitted
+		// before a rate limit to end its cooldown as they come back, the
+		// session would never sit one out. Its failure is the wall that
+		// began the cooldown, met by every request in flight at once (or
+		// a tunnel the rotation after it cut), not one more: counted
+		// each, ten requests in flight at a 429 benched the session for
+		// escalatedCooldown, its new exit IP with it. It may still ask
+		// for a longer cooldown by a Retry-After of its own.
+		if o.failure() && retryAfter > 0 {
+			if cool := min(retryAfter, maxRetryAfter); h.benchUntil(now.Add(cool), o) {
+				cooling = cool
+				h.publish()
+			}
+		}
+		return cooling
 	}
 	if o == outcomeOK {
 		h.weight = min(h.weight+1, maxWeight)

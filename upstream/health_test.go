@@ -152,3 +152,36 @@ func TestDecodePrefixOfTruncatedBodies(t *testing.T) {
 		t.Error("corrupt gzip produced text")
 	}
 }
+
+// TestOneWallOneFailure: requests in flight together when a 429 comes back
+// meet the same wall. The first failure benches the session; the others,
+// sent before that cooldown began, add neither failures nor penalties (ten
+// of them used to escalate it to the ten-minute cooldown at once), but a
+// Retry-After of their own still lengthens the cooldown.
+func TestOneWallOneFailure(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	var h health
+	h.init(5)
+	since := h.epoch() // every request below was sent before the wall
+	for i := range 10 {
+		h.markSince(outcomeRateLimited, t0.Add(time.Duration(i)*time.Millisecond), 0, "", since)
+	}
+	h.markSince(outcomeConnError, t0.Add(20*time.Millisecond), 0, "tunnel cut by the rotation", since)
+	s := h.snapshot()
+	if s.weight != 3 || s.failures != 1 || !s.coolUntil.Equal(t0.Add(time.Minute)) || s.coolReason != outcomeRateLimited {
+		t.Fatalf("after one wall met 11 times: weight %d failures %d cooldown %v (%s), want 3, 1, %v (rate_limited)",
+			s.weight, s.failures, s.coolUntil, s.coolReason, t0.Add(time.Minute))
+	}
+	if d := h.markSince(outcomeRateLimited, t0.Add(30*time.Millisecond), 10*time.Minute, "", since); d != 10*time.Minute {
+		t.Errorf("a Retry-After of 10m in the same wall cooled for %v", d)
+	}
+	if s := h.snapshot(); s.failures != 1 || !s.coolUntil.Equal(t0.Add(30*time.Millisecond+10*time.Minute)) {
+		t.Errorf("after its Retry-After: failures %d cooldown %v", s.failures, s.coolUntil)
+	}
+	// A request sent after the cooldown ended is a new wall.
+	later := t0.Add(time.Hour)
+	h.markSince(outcomeRateLimited, later, 0, "", h.epoch())
+	if s := h.snapshot(); s.failures != 2 || !s.coolUntil.Equal(later.Add(time.Minute)) {
+		t.Errorf("a later 429: failures %d cooldown %v, want 2 and %v", s.failures, s.coolUntil, later.Add(time.Minute))
+	}
+}
