@@ -3,6 +3,7 @@ package upstream_test
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
@@ -32,5 +33,81 @@ func TestOneOriginsErrorsDoNotBenchThePool(t *testing.T) {
 	r, err := send(t, p, http.MethodGet, up.URL+"/", clientinfo.Info{}, "")
 	if err != nil || r.status != http.StatusOK {
 		t.Fatalf("another site after the dead one's 503s: %+v, %v; sessions %+v", r, err, p.Sessions())
+	}
+}
+
+// TestOneHangingOriginDoesNotBenchThePool: one site stops answering (its
+// requests time out waiting for the response headers, on every session
+// alike). That is the site's trouble, not the sessions': the other sites
+// must still be reachable through them.
+func TestOneHangingOriginDoesNotBenchThePool(t *testing.T) {
+	t.Run("http", func(t *testing.T) { testOneHangingOriginDoesNotBenchThePool(t, false) })
+	t.Run("https", func(t *testing.T) { testOneHangingOriginDoesNotBenchThePool(t, true) })
+}
+
+func testOneHangingOriginDoesNotBenchThePool(t *testing.T, useTLS bool) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	hang := newOrigin(t, useTLS)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	hang.setBehave(func(_ string, w http.ResponseWriter, r *http.Request) bool {
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+		return true
+	})
+	fine := newOrigin(t, useTLS)
+	logger, _ := testLogger(t)
+	cfg := providerConfig(fp)
+	cfg.ResponseHeaderTimeout = 150 * time.Millisecond
+	if useTLS {
+		cfg.CAFiles = []string{originCAFile(t, hang.Server), originCAFile(t, fine.Server)}
+	}
+	p := newPool(t, cfg, logger)
+	for range 3 {
+		if r, err := send(t, p, http.MethodGet, hang.URL+"/", clientinfo.Info{}, ""); err == nil {
+			t.Fatalf("the hanging site answered: %+v", r)
+		}
+	}
+	r, err := send(t, p, http.MethodGet, fine.URL+"/", clientinfo.Info{}, "")
+	if err != nil || r.status != http.StatusOK {
+		t.Fatalf("another site after the hanging one's timeouts: %+v, %v; sessions %+v", r, err, p.Sessions())
+	}
+}
+
+// TestHangingExitIsChargedOnceAnotherAnswers: the origin answers every
+// exit IP but one, whose requests time out. The request still gets its
+// answer through another session, and the session that could not is
+// charged a connection error: the origin was reachable, its exit was not.
+func TestHangingExitIsChargedOnceAnotherAnswers(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	o := newOrigin(t, false)
+	bad := exitIP(t, fp, "s1")
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	o.setBehave(func(ip string, _ http.ResponseWriter, r *http.Request) bool {
+		if ip != bad {
+			return false
+		}
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+		return true
+	})
+	logger, _ := testLogger(t)
+	cfg := providerConfig(fp)
+	cfg.ResponseHeaderTimeout = 150 * time.Millisecond
+	p := newPool(t, cfg, logger)
+	r := mustGet(t, p, o.URL+"/", clientinfo.Info{Session: "s1"})
+	if r.status != http.StatusOK || r.upstream != "s2" {
+		t.Fatalf("got %+v, want 200 through s2", r)
+	}
+	if st := statusOf(t, p, "s1"); st.Available || st.CooldownReason != "connection_error" || st.ConsecutiveFailures != 1 {
+		t.Fatalf("s1, which timed out where s2 answered: %+v", st)
+	}
+	if st := statusOf(t, p, "s2"); !st.Available || st.ConsecutiveFailures != 0 {
+		t.Fatalf("s2: %+v", st)
 	}
 }

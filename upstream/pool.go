@@ -294,6 +294,21 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path)
 			continue
 		}
+		if v.unsure {
+			// A hanging or failing origin, or this session: not known
+			// yet. Charged once another session reaches the origin;
+			// never when none does (one dead site must not bench the
+			// pool for every other one). Its gateway did set it up.
+			p.gatewayOutcome(s, v, err)
+			tried = append(tried, s)
+			if !misses.add(s, v.msg, false) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
+				!r.retries(req.Method) || rotated == nil && !anyUsable(p.sessions.Load(), &pr, p.now(), tried) {
+				return p.answer(s, nil, err)
+			}
+			p.log.Info("upstream attempt failed, the origin or the session; retrying once on another session", "session", s.id,
+				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path)
+			continue
+		}
 		if resp != nil && (v.kind == outcomeOK || v.kind == outcomeBanned) {
 			// The origin answered through s: the sessions whose gateway
 			// said it could not reach it were at fault after all. Not on
@@ -524,6 +539,12 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 // when the gateway timed out) with the gateway's reason. Gateways that
 // cannot be reached, refuse our credentials or fail otherwise are the
 // session's fault at once, as before.
+//
+// A connection that fails after its gateway set it up (verdict.unsure: a
+// timeout awaiting the headers, a reset) follows the same rule, for the
+// methods a rule retries: a hanging origin does that through every
+// session, and one request to it used to bench two sessions for five
+// minutes.
 type targetMisses struct {
 	n    int          // misses seen
 	list []targetMiss // those to charge

@@ -143,6 +143,12 @@ type verdict struct {
 	target bool
 	// uncharged: a target miss never charged (TargetUnreachableError).
 	uncharged bool
+	// unsure: the connection failed after the gateway set it up (a
+	// timeout awaiting the origin's headers, a reset, a handshake with
+	// the origin that stalled), which a hanging origin causes through
+	// every session alike. Charged to the session only once another one
+	// reaches the origin: see targetMisses in pool.go.
+	unsure bool
 }
 
 // banScanLimit bounds how much of a body is read to look for a ban_body
@@ -215,7 +221,7 @@ func classifyErr(ctx context.Context, err error) verdict {
 	case errors.As(err, &de):
 		return verdict{kind: outcomeConnError, neverSent: true, msg: err.Error(), gateway: gatewayUnreachable(err)}
 	default:
-		return verdict{kind: outcomeConnError, msg: err.Error()}
+		return verdict{kind: outcomeConnError, unsure: true, msg: err.Error()}
 	}
 }
 
