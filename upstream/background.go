@@ -226,15 +226,25 @@ func (p *Pool) healthLoop(ctx context.Context) {
 // open hundreds of connections at the same instant.
 const probeParallelism = 16
 
-// healthRound probes the sessions in parallel and waits for all probes.
+// healthRound probes the sessions in parallel, waits for all probes, and
+// marks their outcomes (settleRound).
 func (p *Pool) healthRound(ctx context.Context, hc HealthConfig) {
 	sem := make(chan struct{}, probeParallelism)
-	var wg sync.WaitGroup
+	var (
+		wg      sync.WaitGroup
+		mu      sync.Mutex
+		results []probeResult
+	)
 	now := p.now()
+	defer func() {
+		wg.Wait()
+		if ctx.Err() == nil {
+			p.settleRound(hc, results)
+		}
+	}()
 	// The slot is taken before the goroutine starts: a provider listing
 	// thousands of sessions must not start thousands of goroutines that
 	// only wait.
-	defer wg.Wait()
 	// A benched gateway gets one probe a round, through its first session
 	// the round meets: every session of a provider may sit behind its
 	// one address, and a probe through each would dial the dead address
@@ -257,13 +267,58 @@ func (p *Pool) healthRound(ctx context.Context, hc HealthConfig) {
 		}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			p.probe(ctx, s, hc)
+			if r, ok := p.probe(ctx, s, hc); ok {
+				mu.Lock()
+				results = append(results, r)
+				mu.Unlock()
+			}
 		})
 	}
 }
 
-// probe fetches health.url through s and marks the outcome.
-func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
+// probeResult is one probe's verdict, marked once its round is over.
+type probeResult struct {
+	s     *session
+	since uint64 // the session's cooldown epoch when the probe began
+	v     verdict
+	// urlsFault: the failure may be health.url's own (it hung, answered
+	// 5xx or 429, or the gateway could not reach it), not the session's.
+	urlsFault bool
+}
+
+// settleRound marks a round's outcomes. health.url is meant to be always
+// up, but it is one site like any other: when every probe of a round
+// failed in a way the URL itself explains, and more than one did, the
+// URL is down, not every session, and none is charged. Charged one by
+// one, a hanging health.url benched the whole pool every round, and with
+// it the traffic to every other site.
+func (p *Pool) settleRound(hc HealthConfig, results []probeResult) {
+	reached, urlFaults := false, 0
+	for _, r := range results {
+		reached = reached || r.v.kind == outcomeOK
+		if r.urlsFault {
+			urlFaults++
+		}
+	}
+	urlDown := !reached && urlFaults > 1
+	if urlDown {
+		p.log.Warn("upstream health probes failed through every session: health.url looks down; no session charged",
+			"url", hc.URL, "sessions", urlFaults, "detail", results[0].s.scrub(results[0].v.msg))
+	}
+	for _, r := range results {
+		if urlDown && r.urlsFault {
+			continue
+		}
+		p.mark(r.s, r.since, r.v.kind, r.v.retryAfter, r.s.scrub(r.v.msg))
+		if r.v.kind.failure() {
+			p.log.Warn("upstream health probe failed", "session", r.s.id, "outcome", r.v.kind.String(), "detail", r.s.scrub(r.v.msg))
+		}
+	}
+}
+
+// probe fetches health.url through s and returns the outcome to mark; ok
+// is false when there is none (shutting down).
+func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) (r probeResult, ok bool) {
 	since := s.h.epoch()
 	pctx, cancel := context.WithTimeout(ctx, hc.Timeout)
 	defer cancel()
@@ -280,11 +335,16 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
 		if resp != nil {
 			resp.Body.Close()
 		}
-		return
+		return r, false
 	}
 	var v verdict
+	urlsFault := false
 	if err != nil {
 		v = classifyErr(pctx, err)
+		// The gateway set the connection up, or said it could not reach
+		// the URL: the URL may be down (settleRound). A gateway that
+		// cannot be reached or refused the session is the session's.
+		urlsFault = v.target || v.unsure || v.kind == outcomeNone
 		if v.target {
 			// health.url is the operator's always-up URL: a gateway that
 			// cannot reach it is the session's trouble.
@@ -302,8 +362,10 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
 		switch {
 		case resp.StatusCode == http.StatusTooManyRequests:
 			v = verdict{kind: outcomeRateLimited, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: "health probe: " + resp.Status}
+			urlsFault = true
 		case resp.StatusCode >= 500:
 			v = verdict{kind: outcomeServerError, msg: "health probe: " + resp.Status}
+			urlsFault = true
 		default:
 			v = verdict{kind: outcomeOK}
 			if ip := exitIPFromBody(body); ip != "" && !s.perRequest {
@@ -311,10 +373,7 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) {
 			}
 		}
 	}
-	p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg))
-	if v.kind.failure() {
-		p.log.Warn("upstream health probe failed", "session", s.id, "outcome", v.kind.String(), "detail", s.scrub(v.msg))
-	}
+	return probeResult{s: s, since: since, v: v, urlsFault: urlsFault && v.kind.failure()}, true
 }
 
 // exitIPFromBody reads an exit IP from an IP-echo answer: a bare address

@@ -1,12 +1,17 @@
 package upstream_test
 
 import (
+	"context"
 	"net/http"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // TestOneOriginsErrorsDoNotBenchThePool: one site is down (its own load
@@ -109,5 +114,51 @@ func TestHangingExitIsChargedOnceAnotherAnswers(t *testing.T) {
 	}
 	if st := statusOf(t, p, "s2"); !st.Available || st.ConsecutiveFailures != 0 {
 		t.Fatalf("s2: %+v", st)
+	}
+}
+
+// TestHealthURLDownBenchesNoSession: health.url is meant to be always up,
+// but it is one site like any other. When it hangs for every session, the
+// probes say so of the URL, not of each session: none is charged, and
+// traffic to every other site goes on through them.
+func TestHealthURLDownBenchesNoSession(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	down := newOrigin(t, false)
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	var probes atomic.Int32
+	down.setBehave(func(_ string, _ http.ResponseWriter, r *http.Request) bool {
+		probes.Add(1)
+		select {
+		case <-stop:
+		case <-r.Context().Done():
+		}
+		return true
+	})
+	fine := newOrigin(t, false)
+	logger, logs := testLogger(t)
+	cfg := providerConfig(fp)
+	cfg.Health = upstream.HealthConfig{URL: down.URL + "/ip", Interval: 20 * time.Millisecond, Timeout: 150 * time.Millisecond}
+	p := newPool(t, cfg, logger)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+	defer func() {
+		cancel()
+		<-done
+	}()
+	// Rounds run one after the other: a probe of the second means the
+	// first is over, its marks made.
+	testkit.Eventually(t, testkit.Patience, func() bool { return probes.Load() >= 3 }, "a second round of probes")
+	for _, id := range []string{"s1", "s2"} {
+		if st := statusOf(t, p, id); !st.Available || st.ConsecutiveFailures != 0 {
+			t.Errorf("%s after health.url hung for every session: %+v", id, st)
+		}
+	}
+	if r, err := send(t, p, http.MethodGet, fine.URL+"/", clientinfo.Info{}, ""); err != nil || r.status != http.StatusOK {
+		t.Fatalf("another site while health.url hangs: %+v, %v", r, err)
+	}
+	if !strings.Contains(logs.String(), "health.url") {
+		t.Errorf("nothing in the log says health.url is down:\n%s", logs.String())
 	}
 }
