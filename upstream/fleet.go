@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"runtime/debug"
+	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
@@ -73,6 +75,9 @@ type SessionEvent struct {
 	Reason string        `json:"reason,omitempty"`
 	// ExitIP is the session's new exit IP after a rotation, when known.
 	ExitIP string `json:"exit_ip,omitempty"`
+	// Host is the site a cooldown is for (an origin's 429 or ban); ""
+	// for the session as a whole.
+	Host string `json:"host,omitempty"`
 }
 
 // The kinds of SessionEvent.
@@ -114,6 +119,9 @@ func decodeSessionEvent(msg string, left time.Duration) (SessionEvent, error) {
 		if o, ok := parseOutcome(ev.Reason); !ok || !o.failure() {
 			return ev, fmt.Errorf("%w: %q is not a failure outcome", errNote, ev.Reason)
 		}
+		if ev.Host != "" && !validSite(ev.Host) {
+			return ev, fmt.Errorf("%w: host %q is not a host name or address", errNote, clip(ev.Host, 64))
+		}
 	case EventRotated:
 		if ev.ExitIP != "" {
 			if _, err := netip.ParseAddr(ev.ExitIP); err != nil {
@@ -124,6 +132,38 @@ func decodeSessionEvent(msg string, left time.Duration) (SessionEvent, error) {
 		return ev, fmt.Errorf("%w: unknown kind %q", errNote, ev.Kind)
 	}
 	return ev, nil
+}
+
+// validSite reports whether host is a site as siteOf writes it: a
+// lower-case host name or address and a port, at most 260 bytes.
+func validSite(host string) bool {
+	if len(host) > 260 {
+		return false
+	}
+	for i := 0; i < len(host); i++ {
+		switch c := host[i]; {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '.', c == '-', c == '_', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// siteOf is the site of a request to host and port: "host:port", the
+// host in lower case. A port is part of it, as of a web origin.
+func siteOf(host, port string) string { return strings.ToLower(host) + ":" + port }
+
+// urlSite is siteOf for a request URL, its port defaulted by scheme.
+func urlSite(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return siteOf(u.Hostname(), port)
 }
 
 // publish tells the fleet about ev. A cooldown is lasting: instances that
@@ -138,7 +178,12 @@ func (p *Pool) publish(ev SessionEvent) {
 	}
 	key, ttl := "", time.Duration(0)
 	if ev.Kind == EventCooldown {
+		// One lasting note per session, and per site of a session: a
+		// site's must not replace the session's own, nor another site's.
 		key, ttl = ev.Session, ev.For
+		if ev.Host != "" {
+			key += "@" + ev.Host
+		}
 	}
 	p.bus.Publish(sessionTopic, key, string(b), ttl)
 }
@@ -210,10 +255,16 @@ func (p *Pool) claimRotation(ctx context.Context, s *session, gen uint64, pv *pr
 
 // mark records an outcome of s, for an attempt that started at s's
 // cooldown epoch since (s.h.epoch()), and tells the fleet when it benched s.
-func (p *Pool) mark(s *session, since uint64, o outcome, retryAfter time.Duration, msg string) {
-	if d := s.h.markSince(o, p.now(), retryAfter, msg, since); d > 0 {
-		p.publish(SessionEvent{Session: s.id, Kind: EventCooldown, For: d, Reason: o.String()})
-		p.checkProviders()
+func (p *Pool) mark(s *session, since uint64, o outcome, retryAfter time.Duration, msg, site string) {
+	if d := s.h.markSince(o, p.now(), retryAfter, msg, since, site); d > 0 {
+		ev := SessionEvent{Session: s.id, Kind: EventCooldown, For: d, Reason: o.String()}
+		if o.sited() {
+			ev.Host = site
+		}
+		p.publish(ev)
+		if ev.Host == "" {
+			p.checkProviders()
+		}
 	}
 }
 
@@ -251,7 +302,7 @@ func (p *Pool) applySessionEvent(ev SessionEvent) {
 	switch ev.Kind {
 	case EventCooldown:
 		reason, _ := parseOutcome(ev.Reason)
-		if s.h.coolFor(ev.For, reason, p.now()) {
+		if s.h.coolFor(ev.For, reason, p.now(), ev.Host) {
 			p.log.Info("upstream session cooling down: another instance saw it fail",
 				"session", s.id, "outcome", reason.String(), "for", ev.For)
 		}

@@ -10,6 +10,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
+	"strings"
 )
 
 // hub is the fleet seam for these tests: it hands each pool's notes to the
@@ -102,10 +103,14 @@ func TestCooldownSharedWithTheFleet(t *testing.T) {
 		t.Fatalf("instance A: %+v, want 200 from two after one's 429", r)
 	}
 	st := statusOf(t, b, "one")
-	if st.Available || st.CooldownReason != "rate_limited" {
-		t.Fatalf("instance B did not bench one: %+v (news sent: %+v)", st, h.sent)
+	sc, cooling := coolingAt(t, st, o.URL)
+	if !cooling || sc.Reason != "rate_limited" {
+		t.Fatalf("instance B did not bench one at the origin's site: %+v (news sent: %+v)", st, h.sent)
 	}
-	if left := time.Until(st.CooldownUntil); left < 590*time.Second || left > 601*time.Second {
+	if !st.Available {
+		t.Errorf("instance B benched one for every site after one site's 429: %+v", st)
+	}
+	if left := time.Until(sc.Until); left < 590*time.Second || left > 601*time.Second {
 		t.Errorf("B's cooldown %v, want A's (about 600s, Retry-After)", left)
 	}
 	if st.Weight != 5 || st.ConsecutiveFailures != 0 {
@@ -215,6 +220,9 @@ func TestMalformedNotesAreIgnored(t *testing.T) {
 		`{"session":"../../etc","kind":"rotated"}`,
 		`{"kind":"cooldown","for":60000000000,"reason":"rate_limited"}`,
 		`{"session":"s1","kind":"cooldown","for":"soon","reason":"rate_limited"}`,
+		`{"session":"s1","kind":"cooldown","for":60000000000,"reason":"rate_limited","host":"Example.COM:443"}`,
+		`{"session":"s1","kind":"cooldown","for":60000000000,"reason":"rate_limited","host":"a b:80"}`,
+		`{"session":"s1","kind":"cooldown","for":60000000000,"reason":"rate_limited","host":"` + strings.Repeat("a", 300) + `"}`,
 		`not json at all`,
 		``,
 	}

@@ -60,9 +60,14 @@ func TestConnectHandshakeHonoursDialTimeout(t *testing.T) {
 // the 429 answered an absolute-form request (plain http) or a CONNECT
 // (https, tunnels), which once lost the header and benched it for the
 // default 60s only.
+//
+// On plain http the gateway says the 429 is its own with Proxy-Status
+// (RFC 9209): without that, a 429 is the origin's, and benches the
+// session at the origin's site alone (TestSiteRateLimitSitsOutThatSite).
 func TestGateway429RetryAfter(t *testing.T) {
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Retry-After", "600")
+		w.Header().Set("Proxy-Status", "gw; error=http_request_denied")
 		http.Error(w, "session rate limited", http.StatusTooManyRequests)
 	}))
 	t.Cleanup(gw.Close)

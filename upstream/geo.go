@@ -63,12 +63,20 @@ func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *Exha
 		}
 		return &ExhaustedError{Reason: reason, Country: pr.country}
 	}
+	// Each session is ready when both its own cooldown and its cooldown
+	// at the request's site are over.
 	var next time.Duration
+	atSite := false // some session sits out the request's site alone
+	nowN := now.UnixNano()
 	for _, s := range matching {
-		if u := s.h.aCoolUntil.Load(); u != 0 {
-			if d := time.Duration(u - now.UnixNano()); d > 0 && (next == 0 || d < next) {
-				next = d
+		ready := max(s.h.aCoolUntil.Load(), nowN)
+		if m := s.h.aSites.Load(); m != nil {
+			if u, ok := (*m)[pr.site]; ok && u > ready {
+				ready, atSite = u, atSite || s.h.available(nowN)
 			}
+		}
+		if d := time.Duration(ready - nowN); d > 0 && (next == 0 || d < next) {
+			next = d
 		}
 	}
 	next = next.Round(time.Second)
@@ -77,13 +85,17 @@ func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *Exha
 	if where != "" {
 		scope += " " + where
 	}
-	reason := fmt.Sprintf("all %d %s are cooling down (next ready in %s)", n, scope, next)
+	cooling := "cooling down"
+	if atSite {
+		cooling += " for " + pr.site
+	}
+	reason := fmt.Sprintf("all %d %s are %s (next ready in %s)", n, scope, cooling, next)
 	if n == 1 {
 		one := "upstream session"
 		if where != "" {
 			one += " " + where
 		}
-		reason = fmt.Sprintf("the only %s (%s) is cooling down (ready in %s)", one, matching[0].id, next)
+		reason = fmt.Sprintf("the only %s (%s) is %s (ready in %s)", one, matching[0].id, cooling, next)
 	}
 	return &ExhaustedError{Sessions: n, NextReady: next, Reason: reason, Country: pr.country}
 }

@@ -1,7 +1,9 @@
 package upstream
 
 import (
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -88,15 +90,24 @@ type health struct {
 	last       outcome
 	lastErr    string
 	lastAt     time.Time
-	// coolEpoch counts the cooldowns started or extended: an attempt
-	// notes it when it starts (epoch), so that its success can tell a
-	// cooldown that began while it was in flight (see markSince).
+	// coolEpoch counts the cooldowns started or extended, the sites'
+	// too: an attempt notes it when it starts (epoch), so that its
+	// outcome can tell a cooldown that began while it was in flight (see
+	// markSince).
 	coolEpoch uint64
+	// sites are the cooldowns of one site each (see siteCool), at most
+	// maxSites; sitesDirty says publish must rebuild aSites.
+	sites      map[string]siteCool
+	sitesDirty bool
 
 	// Mirrors for lock-free reads, written under mu.
 	aWeight    atomic.Int32
 	aCoolUntil atomic.Int64 // unix nanoseconds; 0 = not cooling
 	aEpoch     atomic.Uint64
+	// aSites maps a cooling site to the end of its cooldown (unix
+	// nanoseconds); nil when none cools, which is what selection meets
+	// nearly always.
+	aSites atomic.Pointer[map[string]int64]
 
 	requests  atomic.Int64 // uses with an outcome
 	failed    atomic.Int64 // of which failures
@@ -110,7 +121,22 @@ func (h *health) init(weight int) {
 	h.mu.Unlock()
 }
 
-// publish copies weight and cooldown to the atomic mirrors. Caller holds mu.
+// siteCool is the cooldown of a session at one site (a host): a 429 or a
+// ban from an origin says "this exit IP, at this site, right now", and
+// nothing of the IP at any other site. Benched for all of them, the pool
+// stopped serving every site as soon as one of them limited everyone (a
+// site-wide rate limit: one request rotated and benched every session).
+type siteCool struct {
+	until   time.Time
+	reason  outcome
+	strikes int // walls in a row at this site: escalateAfter of them escalate
+}
+
+// maxSites bounds the sites a session keeps cooldowns for; past it the
+// one ending first makes room.
+const maxSites = 1024
+
+// publish copies weight and cooldowns to the atomic mirrors. Caller holds mu.
 func (h *health) publish() {
 	h.aWeight.Store(int32(h.weight))
 	h.aEpoch.Store(h.coolEpoch)
@@ -119,24 +145,102 @@ func (h *health) publish() {
 	} else {
 		h.aCoolUntil.Store(h.coolUntil.UnixNano())
 	}
+	if h.sitesDirty {
+		h.sitesDirty = false
+		if len(h.sites) == 0 {
+			h.aSites.Store(nil)
+			return
+		}
+		m := make(map[string]int64, len(h.sites))
+		for host, c := range h.sites {
+			m[host] = c.until.UnixNano()
+		}
+		h.aSites.Store(&m)
+	}
+}
+
+// siteCooling reports whether the session sits out host at now (unix
+// nanos).
+func (h *health) siteCooling(host string, now int64) bool {
+	m := h.aSites.Load()
+	if m == nil || host == "" {
+		return false
+	}
+	u, ok := (*m)[host]
+	return ok && u > now
+}
+
+// benchSite records c, the cooldown at host, extended to until (never
+// shortened), and reports whether it was extended. Caller holds mu and
+// publishes.
+func (h *health) benchSite(host string, c siteCool, until time.Time, reason outcome, now time.Time) bool {
+	extend := until.After(c.until)
+	if extend {
+		c.until, c.reason = until, reason
+	}
+	if _, ok := h.sites[host]; !ok {
+		if !extend {
+			return false
+		}
+		h.makeRoomForSite(now)
+	}
+	if h.sites == nil {
+		h.sites = make(map[string]siteCool)
+	}
+	h.sites[host] = c
+	if extend {
+		h.sitesDirty = true
+		h.coolEpoch++
+	}
+	return extend
+}
+
+// makeRoomForSite drops the sites whose cooldown is over and, at
+// maxSites still, the one ending first. Caller holds mu.
+func (h *health) makeRoomForSite(now time.Time) {
+	if len(h.sites) < maxSites {
+		return
+	}
+	first := ""
+	for host, c := range h.sites {
+		if !now.Before(c.until) {
+			delete(h.sites, host)
+			continue
+		}
+		if first == "" || c.until.Before(h.sites[first].until) {
+			first = host
+		}
+	}
+	if len(h.sites) >= maxSites {
+		delete(h.sites, first)
+	}
+	h.sitesDirty = true
 }
 
 // epoch is the cooldown epoch an attempt starting now notes (see markSince).
 func (h *health) epoch() uint64 { return h.aEpoch.Load() }
 
 // mark records one outcome at now of an attempt that started after every
-// cooldown so far (see markSince).
+// cooldown so far (see markSince), for the session as a whole.
 func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg string) (cooling time.Duration) {
-	return h.markSince(o, now, retryAfter, errMsg, h.epoch())
+	return h.markSince(o, now, retryAfter, errMsg, h.epoch(), "")
 }
+
+// sited reports whether o, as an origin's answer, speaks of the exit IP at
+// that origin's site alone (see siteCool).
+func (o outcome) sited() bool { return o == outcomeRateLimited || o == outcomeBanned }
 
 // markSince records one outcome at now of an attempt that started at
 // cooldown epoch since. retryAfter (from a 429 or ban) makes the cooldown
 // at least that long. A cooldown is never shortened by a later, milder
 // failure; a success ends it (the session demonstrably works), unless the
-// attempt started before the cooldown did. It returns the cooldown this
-// mark started or extended (0: none), for the fleet to hear about.
-func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, errMsg string, since uint64) (cooling time.Duration) {
+// attempt started before the cooldown did. site is the host the outcome
+// is the answer of ("" none: the session's own, a gateway's refusal): a
+// 429 or a ban from it benches the session at that site alone (siteCool),
+// and a success there ends that. It returns the cooldown this mark started
+// or extended (0: none), for the fleet to hear about: the site's when o is
+// sited and site is set, the session's otherwise.
+func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, errMsg string, since uint64, site string) (cooling time.Duration) {
 	if o == outcomeNone {
 		return 0
 	}
@@ -147,7 +251,11 @@ func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, e
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.last, h.lastAt, h.lastErr = o, now, errMsg
-	if since != h.coolEpoch && now.Before(h.coolUntil) {
+	sc, atSite := h.sites[site], site != "" && o.sited()
+	if site == "" {
+		sc = siteCool{}
+	}
+	if since != h.coolEpoch && (now.Before(h.coolUntil) || now.Before(sc.until)) {
 		// The request was sent before the cooldown began. Its 200 says
 		// nothing about the exit IP since the 429 (or the fleet's news):
 		// many requests share a session, and were the ones admitted
@@ -159,7 +267,8 @@ func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, e
 		// escalatedCooldown, its new exit IP with it. It may still ask
 		// for a longer cooldown by a Retry-After of its own.
 		if o.failure() && retryAfter > 0 {
-			if cool := min(retryAfter, maxRetryAfter); h.benchUntil(now.Add(cool), o) {
+			cool := min(retryAfter, maxRetryAfter)
+			if atSite && h.benchSite(site, sc, now.Add(cool), o, now) || !atSite && h.benchUntil(now.Add(cool), o) {
 				cooling = cool
 				h.publish()
 			}
@@ -170,11 +279,27 @@ func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, e
 		h.weight = min(h.weight+1, maxWeight)
 		h.failures = 0
 		h.coolUntil, h.coolReason = time.Time{}, outcomeNone
+		if _, ok := h.sites[site]; ok && site != "" {
+			delete(h.sites, site)
+			h.sitesDirty = true
+		}
 		h.publish()
 		return 0
 	}
 	p := penalties[o]
 	h.weight = max(h.weight-p.weight, minWeight)
+	if atSite {
+		sc.strikes++
+		cool := max(p.cooldown, min(retryAfter, maxRetryAfter))
+		if sc.strikes >= escalateAfter && escalatedCooldown > cool {
+			cool = escalatedCooldown
+		}
+		if h.benchSite(site, sc, now.Add(cool), o, now) {
+			cooling = cool
+		}
+		h.publish()
+		return cooling
+	}
 	if o != outcomeServerError {
 		// A 5xx is the origin's trouble, not the exit IP's: a site that
 		// is down answers every session so. Were it counted, three of
@@ -208,18 +333,40 @@ func (h *health) benchUntil(until time.Time, reason outcome) bool {
 	return true
 }
 
-// coolFor applies a cooldown another instance of the fleet started: it
-// benches the session as long, but says nothing about this instance's own
-// requests (weight and failures stay as they are). It reports whether the
-// cooldown was extended.
-func (h *health) coolFor(d time.Duration, reason outcome, now time.Time) bool {
+// coolFor applies a cooldown another instance of the fleet started, at
+// site ("": the session's own): it benches the session as long, but says
+// nothing about this instance's own requests (weight and failures stay as
+// they are). It reports whether the cooldown was extended.
+func (h *health) coolFor(d time.Duration, reason outcome, now time.Time, site string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if d <= 0 || !h.benchUntil(now.Add(min(d, maxRetryAfter)), reason) {
+	if d <= 0 {
+		return false
+	}
+	until := now.Add(min(d, maxRetryAfter))
+	if site != "" && !h.benchSite(site, h.sites[site], until, reason, now) || site == "" && !h.benchUntil(until, reason) {
 		return false
 	}
 	h.publish()
 	return true
+}
+
+// coolingSites are the sites the session sits out at now, the first
+// limit of them by host, for the admin API.
+func (h *health) coolingSites(now time.Time, limit int) []SiteCooldown {
+	h.mu.Lock()
+	var out []SiteCooldown
+	for host, c := range h.sites {
+		if now.Before(c.until) {
+			out = append(out, SiteCooldown{Host: host, Until: c.until, Remaining: c.until.Sub(now).Round(time.Second).String(), Reason: c.reason.String()})
+		}
+	}
+	h.mu.Unlock()
+	slices.SortFunc(out, func(a, b SiteCooldown) int { return strings.Compare(a.Host, b.Host) })
+	if len(out) > limit {
+		out = out[:limit]
+	}
+	return out
 }
 
 // available reports whether the session may be chosen at now (unix nanos).

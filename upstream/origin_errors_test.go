@@ -3,6 +3,7 @@ package upstream_test
 import (
 	"context"
 	"net/http"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -161,4 +162,24 @@ func TestHealthURLDownBenchesNoSession(t *testing.T) {
 	if !strings.Contains(logs.String(), "health.url") {
 		t.Errorf("nothing in the log says health.url is down:\n%s", logs.String())
 	}
+}
+
+// coolingAt is st's cooldown at the site of rawURL (its host and port),
+// if the session sits it out.
+func coolingAt(t *testing.T, st upstream.SessionStatus, rawURL string) (upstream.SiteCooldown, bool) {
+	t.Helper()
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	site := strings.ToLower(u.Host)
+	if u.Port() == "" {
+		site += map[string]string{"http": ":80", "https": ":443"}[u.Scheme]
+	}
+	for _, c := range st.CoolingSites {
+		if c.Host == site {
+			return c, true
+		}
+	}
+	return upstream.SiteCooldown{}, false
 }

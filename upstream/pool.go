@@ -247,6 +247,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	info := clientinfo.From(ctx)
 	pr := r.pickRequest(info, host)
+	pr.site = urlSite(req.URL)
 	replayable := rewindable(req)
 	var (
 		tried   []*session
@@ -316,7 +317,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			misses.charge(p)
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg))
+		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), v.siteOf(&pr))
 		if v.kind == outcomeOK || v.kind == outcomeNone {
 			if v.kind == outcomeOK && pr.key != 0 {
 				p.bindings.put(pr.key, s.id, now.UnixNano())
@@ -467,9 +468,10 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		return p.kit.dialDirect(ctx, network, addr)
 	}
 	info := clientinfo.From(ctx)
-	host, _, _ := net.SplitHostPort(addr)
+	host, port, _ := net.SplitHostPort(addr)
 	r := st.match(host, "")
 	pr := r.pickRequest(info, host)
+	pr.site = siteOf(host, port)
 	var (
 		tried   []*session
 		lastErr error
@@ -498,7 +500,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		if err == nil {
 			misses.charge(p) // the target was reachable through s
 			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil)
-			p.mark(s, since, outcomeOK, 0, "")
+			p.mark(s, since, outcomeOK, 0, "", "")
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("tunnel through upstream session", "session", s.id, "target", addr)
 			}
@@ -515,7 +517,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 			continue
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg))
+		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), "")
 		if v.kind == outcomeNone {
 			return nil, lastErr
 		}
@@ -573,7 +575,7 @@ func (m *targetMisses) add(s *session, msg string, uncharged bool) bool {
 // charge marks the sessions that missed a target another session reached.
 func (m *targetMisses) charge(p *Pool) {
 	for _, tm := range m.list {
-		p.mark(tm.s, tm.s.h.epoch(), outcomeConnError, 0, tm.msg+" (reachable through another session)")
+		p.mark(tm.s, tm.s.h.epoch(), outcomeConnError, 0, tm.msg+" (reachable through another session)", "")
 	}
 	m.list = nil
 }

@@ -378,9 +378,10 @@ func testRateLimitedRotateAndRetry(t *testing.T, c client) {
 		t.Errorf("rate-limited IP got %d requests, want %d (one each)", o.hitsOf(bad), callers)
 	}
 	st := statusOf(t, p, "s1")
-	// Ten 429s at once are one wall: weight 5-2, one failure, the 429's
-	// 60 s. Counted ten times, they benched s1 (and the new exit IP the
-	// wall gave it) for the 10 minutes of 3+ failures in a row.
+	// Ten 429s at once are one wall: weight 5-2, the 429's 60 s, at the
+	// origin's site alone. Counted ten times, they benched s1 (and the new
+	// exit IP the wall gave it) for the 10 minutes of 3+ failures in a
+	// row.
 	last := map[string]bool{"rate_limited": true}
 	if c.fp != nil {
 		// Over TLS the requests ride the gateway's tunnels, which the
@@ -389,11 +390,12 @@ func testRateLimitedRotateAndRetry(t *testing.T, c client) {
 		// the caller still gets its 200 elsewhere).
 		last["connection_error"] = true
 	}
-	if st.Weight != 3 || st.ConsecutiveFailures != 1 || st.Available || st.CooldownReason != "rate_limited" ||
+	sc, cooling := coolingAt(t, st, o.URL)
+	if st.Weight != 3 || !cooling || sc.Reason != "rate_limited" || !st.Available ||
 		!last[st.LastOutcome] || st.ExitIP == bad || st.Rotations != 1 {
 		t.Errorf("s1 status after the wall: %+v", st)
 	}
-	if left := time.Until(st.CooldownUntil); left < 50*time.Second || left > time.Minute {
+	if left := time.Until(sc.Until); left < 50*time.Second || left > time.Minute {
 		t.Errorf("cooldown left %v, want the 429's minute", left)
 	}
 	if !strings.Contains(logs.String(), "upstream session rotated") {
@@ -415,11 +417,12 @@ func TestRateLimitedSingleCaller(t *testing.T) {
 		t.Fatalf("got %+v, want 200 from s2", r)
 	}
 	st := statusOf(t, p, "s1")
-	if st.Weight != 3 || st.ConsecutiveFailures != 1 || st.Available || st.Rotations != 1 {
+	sc, cooling := coolingAt(t, st, o.URL)
+	if st.Weight != 3 || !cooling || sc.Reason != "rate_limited" || !st.Available || st.Rotations != 1 {
 		t.Errorf("s1 after one 429: %+v", st)
 	}
 	// Retry-After: 600 makes the cooldown at least 600s (not the default 60s).
-	if left := time.Until(st.CooldownUntil); left < 590*time.Second || left > 601*time.Second {
+	if left := time.Until(sc.Until); left < 590*time.Second || left > 601*time.Second {
 		t.Errorf("cooldown left %v, want about 600s (Retry-After)", left)
 	}
 	if st2 := statusOf(t, p, "s2"); st2.Weight != 6 || st2.LastOutcome != "ok" {
@@ -540,8 +543,10 @@ func TestBanBody(t *testing.T) {
 	if r.status != 200 || r.upstream != "s2" || r.body != exitIP(t, fp, "s2") {
 		t.Fatalf("banned page not retried: %d via %s (%d bytes)", r.status, r.upstream, len(r.body))
 	}
-	if st := statusOf(t, p, "s1"); st.LastOutcome != "banned" || st.Available || fp.Rotations("s1") != 1 {
+	if st := statusOf(t, p, "s1"); st.LastOutcome != "banned" || fp.Rotations("s1") != 1 {
 		t.Fatalf("s1 after a ban page: %+v, %d rotations", st, fp.Rotations("s1"))
+	} else if sc, ok := coolingAt(t, st, o.URL); !ok || sc.Reason != "banned" {
+		t.Fatalf("s1 does not sit out the site that banned it: %+v", st)
 	}
 
 	// Final answer (no retries): the ban page reaches the client intact.

@@ -48,16 +48,8 @@ var squidUnreachable = map[string]bool{
 // one is the origin's own infrastructure, which the request reached. A
 // header that does not parse names nothing.
 func gatewayCouldNotReach(h http.Header) string {
-	if v := h.Values("Proxy-Status"); len(v) > 0 {
-		if list, err := httpsfv.UnmarshalList(v); err == nil && len(list) > 0 {
-			if it, ok := list[len(list)-1].(httpsfv.Item); ok {
-				if e, ok := it.Params.Get("error"); ok {
-					if tok, ok := e.(httpsfv.Token); ok && unreachableErrors[string(tok)] {
-						return "Proxy-Status: " + string(tok)
-					}
-				}
-			}
-		}
+	if tok, ok := gatewayError(h); ok && unreachableErrors[tok] {
+		return "Proxy-Status: " + tok
 	}
 	if v := h.Get("X-Squid-Error"); v != "" {
 		code, _, _ := strings.Cut(v, " ")
@@ -66,4 +58,28 @@ func gatewayCouldNotReach(h http.Header) string {
 		}
 	}
 	return ""
+}
+
+// gatewayError is the error the last member of Proxy-Status names, with
+// ok true when it names one (see gatewayCouldNotReach): the gateway wrote
+// the response itself, for that reason ("http_request_denied", say).
+func gatewayError(h http.Header) (tok string, ok bool) {
+	v := h.Values("Proxy-Status")
+	if len(v) == 0 {
+		return "", false
+	}
+	list, err := httpsfv.UnmarshalList(v)
+	if err != nil || len(list) == 0 {
+		return "", false
+	}
+	it, isItem := list[len(list)-1].(httpsfv.Item)
+	if !isItem {
+		return "", false
+	}
+	e, has := it.Params.Get("error")
+	if !has {
+		return "", false
+	}
+	t, isToken := e.(httpsfv.Token)
+	return string(t), isToken
 }

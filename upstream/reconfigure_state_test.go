@@ -97,8 +97,8 @@ func TestRequestAcrossAReloadMarksTheSuccessor(t *testing.T) {
 		t.Fatalf("the request across the reload: %+v, want the origin's 429", r)
 	}
 	after := statusOf(t, p, "a")
-	if after.Available || after.CooldownReason != "rate_limited" {
-		t.Errorf("a after a 429 that arrived past the reload: %+v, want it cooling down", after)
+	if sc, ok := coolingAt(t, after, o.URL); !ok || sc.Reason != "rate_limited" {
+		t.Errorf("a after a 429 that arrived past the reload: %+v, want it cooling down at the origin's site", after)
 	}
 	if after.Requests != 2 {
 		t.Errorf("a counts %d requests, want 2: the one across the reload was lost", after.Requests)

@@ -143,12 +143,25 @@ type verdict struct {
 	target bool
 	// uncharged: a target miss never charged (TargetUnreachableError).
 	uncharged bool
+	// site: the verdict is an origin's answer, which speaks of the exit
+	// IP at that site (see siteCool): a 429 or a ban benches the session
+	// there alone.
+	site bool
 	// unsure: the connection failed after the gateway set it up (a
 	// timeout awaiting the origin's headers, a reset, a handshake with
 	// the origin that stalled), which a hanging origin causes through
 	// every session alike. Charged to the session only once another one
 	// reaches the origin: see targetMisses in pool.go.
 	unsure bool
+}
+
+// siteOf is the site v's mark is for: the request's, for an origin's
+// answer; "" (the session as a whole) otherwise.
+func (v verdict) siteOf(pr *pickReq) string {
+	if v.site {
+		return pr.site
+	}
+	return ""
 }
 
 // banScanLimit bounds how much of a body is read to look for a ban_body
@@ -168,11 +181,14 @@ func (p *Pool) classify(ctx context.Context, r *rule, req *http.Request, resp *h
 	st := resp.StatusCode
 	switch {
 	case st == http.StatusTooManyRequests:
-		return verdict{kind: outcomeRateLimited, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: resp.Status}, nil
+		// The origin's, for its site, unless the gateway says it wrote it
+		// (plain http in absolute form): then it is the session's.
+		_, own := gatewayError(resp.Header)
+		return verdict{kind: outcomeRateLimited, site: !own, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: resp.Status}, nil
 	case slices.Contains(r.banStatuses, st):
-		return verdict{kind: outcomeBanned, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: "ban status " + resp.Status}, nil
+		return verdict{kind: outcomeBanned, site: true, retryAfter: retryAfter(resp.Header.Get("Retry-After"), p.now()), msg: "ban status " + resp.Status}, nil
 	case st >= 500:
-		return verdict{kind: outcomeServerError, msg: resp.Status}, nil
+		return verdict{kind: outcomeServerError, site: true, msg: resp.Status}, nil
 	}
 	if r.banBody != nil && bodyMayBan(req, resp) {
 		found, err := scanBody(resp, r.banBody)
@@ -181,10 +197,10 @@ func (p *Pool) classify(ctx context.Context, r *rule, req *http.Request, resp *h
 			return classifyErr(ctx, err), err
 		}
 		if found {
-			return verdict{kind: outcomeBanned, msg: fmt.Sprintf("ban body %q in a %s answer", r.banBody, resp.Status)}, nil
+			return verdict{kind: outcomeBanned, site: true, msg: fmt.Sprintf("ban body %q in a %s answer", r.banBody, resp.Status)}, nil
 		}
 	}
-	return verdict{kind: outcomeOK}, nil
+	return verdict{kind: outcomeOK, site: true}, nil
 }
 
 // bodyMayBan reports whether resp has a body worth scanning. Never a 101:

@@ -58,6 +58,9 @@ type pickReq struct {
 	sticky uint64
 	// country and city the request must exit from; "" any.
 	country, city string
+	// site is the request's host (siteOf): a session that sits it out
+	// (siteCool) is not picked for it.
+	site string
 }
 
 // FNV-1a, 64 bit.
@@ -155,11 +158,11 @@ func weightedRandom(list []*session, usable func(*session) bool) *session {
 }
 
 // usable reports whether s may take an attempt of pr at now (unix nanos):
-// not cooling, in the request's country and city, not among skip (the
+// not cooling, for every site or the request's, in its country and city, not among skip (the
 // sessions this request tried). strict also leaves out the sessions of a
 // provider whose API keeps failing or whose gateway refuses connections.
 func usable(s *session, pr *pickReq, now int64, skip []*session, strict bool) bool {
-	if !s.h.available(now) || !inPlace(s, pr) {
+	if !s.h.available(now) || s.h.siteCooling(pr.site, now) || !inPlace(s, pr) {
 		return false
 	}
 	if slices.Contains(skip, s) {

@@ -28,14 +28,19 @@ type SessionStatus struct {
 	// Weight the current health weight (1-10).
 	BaseWeight int `json:"base_weight"`
 	Weight     int `json:"weight"`
-	// ConsecutiveFailures counts 429s, bans and connection errors (not an
-	// origin's 5xx); it resets on success, and 3 mean a 10 minute cooldown.
+	// ConsecutiveFailures counts the session's own failures (connection
+	// errors, a gateway's 429); it resets on success, and 3 mean a 10
+	// minute cooldown. An origin's 429s and bans count per site
+	// (CoolingSites), its 5xx not at all.
 	ConsecutiveFailures int `json:"consecutive_failures"`
-	// Available is false while cooling down.
+	// Available is false while the session cools down for every site.
 	Available         bool      `json:"available"`
 	CooldownUntil     time.Time `json:"cooldown_until,omitzero"`
 	CooldownRemaining string    `json:"cooldown_remaining,omitempty"`
 	CooldownReason    string    `json:"cooldown_reason,omitempty"`
+	// CoolingSites are the sites (hosts) the session sits out after
+	// their 429 or ban, by host, the first 100.
+	CoolingSites []SiteCooldown `json:"cooling_sites,omitempty"`
 	// LastOutcome is ok, rate_limited, banned, connection_error or
 	// server_error; LastError its detail.
 	LastOutcome string    `json:"last_outcome,omitempty"`
@@ -48,6 +53,18 @@ type SessionStatus struct {
 	Failures  int64  `json:"failures"`
 	Rotations int64  `json:"rotations"`
 }
+
+// SiteCooldown is a session's cooldown at one site: an origin's 429 or
+// ban says "this exit IP, at this site".
+type SiteCooldown struct {
+	Host      string    `json:"host"`
+	Until     time.Time `json:"until"`
+	Remaining string    `json:"remaining"`
+	Reason    string    `json:"reason"`
+}
+
+// maxSitesShown bounds SessionStatus.CoolingSites.
+const maxSitesShown = 100
 
 // Sessions lists the sessions, sorted by id.
 func (p *Pool) Sessions() []SessionStatus {
@@ -88,6 +105,7 @@ func (p *Pool) Sessions() []SessionStatus {
 			st.CooldownRemaining = h.coolUntil.Sub(now).Round(time.Second).String()
 			st.CooldownReason = h.coolReason.String()
 		}
+		st.CoolingSites = s.h.coolingSites(now, maxSitesShown)
 		out = append(out, st)
 	}
 	return out

@@ -73,7 +73,8 @@ const (
 	// replies "connection refused" (SOCKS5).
 	ModeRefuse
 	// Mode429 answers 429 at the gateway (to CONNECT and absolute-form
-	// requests; SOCKS5 gets "connection not allowed").
+	// requests, with Proxy-Status naming the gateway's own error; SOCKS5
+	// gets "connection not allowed").
 	Mode429
 	// Mode502 answers 502 at the gateway (SOCKS5: "host unreachable").
 	Mode502

@@ -52,6 +52,9 @@ func (p *Provider) serveGateway(w http.ResponseWriter, r *http.Request) {
 		// Drop the connection without a word.
 		panic(http.ErrAbortHandler)
 	case Mode429:
+		// Its own answer, as RFC 9209 has a gateway say: a client can
+		// tell it from an origin's 429 to an absolute-form request.
+		w.Header().Set("Proxy-Status", "fakeprovider; error=http_request_denied")
 		http.Error(w, "fakeprovider: session rate limited", http.StatusTooManyRequests)
 		return
 	case Mode502:

@@ -1,0 +1,61 @@
+package upstream_test
+
+import (
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
+)
+
+// TestSiteRateLimitSitsOutThatSite: a site that rate-limits every exit IP
+// (a site-wide limit) answers 429 through each session. A 429 speaks of an
+// exit IP at that site only: the sessions sit that site out, and every
+// other site goes on through them. Benched for every site, as they were,
+// one request to such a site rotated and benched the whole pool, and the
+// traffic to every other site got 503s for a minute.
+func TestSiteRateLimitSitsOutThatSite(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	limited := newOrigin(t, false)
+	limited.setBehave(func(_ string, w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Retry-After", "120")
+		http.Error(w, "slow down", http.StatusTooManyRequests)
+		return true
+	})
+	fine := newOrigin(t, false)
+	logger, _ := testLogger(t)
+	p := newPool(t, providerConfig(fp), logger)
+	if r := mustGet(t, p, limited.URL+"/", clientinfo.Info{}); r.status != http.StatusTooManyRequests {
+		t.Fatalf("the limited site: %+v, want its 429 in the end", r)
+	}
+	for _, id := range []string{"s1", "s2"} {
+		st := statusOf(t, p, id)
+		sc, ok := coolingAt(t, st, limited.URL)
+		if !st.Available || !ok || sc.Reason != "rate_limited" || sc.Remaining != "2m0s" {
+			t.Errorf("%s after the site's 429: %+v", id, st)
+		}
+	}
+	for range 4 {
+		if r, err := send(t, p, http.MethodGet, fine.URL+"/", clientinfo.Info{}, ""); err != nil || r.status != http.StatusOK {
+			t.Fatalf("another site after one site's 429s: %+v, %v", r, err)
+		}
+	}
+	// The limited site itself waits, without a request upstream.
+	seen := func() int {
+		limited.mu.Lock()
+		defer limited.mu.Unlock()
+		return len(limited.seen)
+	}
+	hits := seen()
+	_, err := send(t, p, http.MethodGet, limited.URL+"/", clientinfo.Info{}, "")
+	var ex *upstream.ExhaustedError
+	if !errors.As(err, &ex) || !strings.Contains(ex.Reason, "cooling down for 127.0.0.1:") || ex.NextReady <= 0 {
+		t.Fatalf("the limited site while its cooldowns last: %v, want every session cooling down for it", err)
+	}
+	if n := seen(); n != hits {
+		t.Errorf("the limited site got %d more requests while every session sat it out", n-hits)
+	}
+}
