@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
 )
@@ -75,11 +76,25 @@ type cacheLabeled interface {
 	CacheHeaders() (xcache, key string)
 }
 
+// retryLater is an error that knows when the request may succeed: no
+// upstream session is free before then (upstream.ExhaustedError), the
+// flight slots are full. Its answer says so in Retry-After, which clients'
+// backoff (urllib3's Retry, say) honours.
+type retryLater interface {
+	RetryAfter() time.Duration
+}
+
 // failureResponse is errorResponse for an error from forwarding: status by
 // classify, plus the X-Cache headers when the error carries them.
 func failureResponse(req *http.Request, err error) (*http.Response, int, errorKind) {
 	status, kind := classify(err)
 	resp := errorResponse(req, status, kind, err.Error())
+	var later retryLater
+	if errors.As(err, &later) {
+		if d := later.RetryAfter(); d > 0 {
+			resp.Header.Set("Retry-After", retryAfter(d))
+		}
+	}
 	var cl cacheLabeled
 	if errors.As(err, &cl) {
 		xcache, key := cl.CacheHeaders()

@@ -54,6 +54,9 @@ func (e *ExhaustedError) Unwrap() error { return e.Cause }
 // HTTPStatus is 503: the condition is temporary.
 func (e *ExhaustedError) HTTPStatus() int { return http.StatusServiceUnavailable }
 
+// RetryAfter is NextReady: when a session is free again (0: unknown).
+func (e *ExhaustedError) RetryAfter() time.Duration { return e.NextReady }
+
 // Is makes errors.Is(err, ErrExhausted) true.
 func (e *ExhaustedError) Is(target error) bool { return target == ErrExhausted }
 

@@ -212,6 +212,10 @@ func (e overloadError) Error() string {
 }
 func (overloadError) HTTPStatus() int { return http.StatusServiceUnavailable }
 
+// RetryAfter is a second: flights end in about that, and a client that
+// retries at once only meets the limit again.
+func (overloadError) RetryAfter() time.Duration { return time.Second }
+
 // refusedForItsClient reports whether res is a leader's refusal under
 // max_flights_per_client, which says nothing about its waiters' clients.
 func refusedForItsClient(res *flightResult) bool {
