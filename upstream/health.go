@@ -351,6 +351,21 @@ func (h *health) coolFor(d time.Duration, reason outcome, now time.Time, site st
 	return true
 }
 
+// sitesCooling counts the sites the session sits out at now.
+func (h *health) sitesCooling(now time.Time) int {
+	m := h.aSites.Load()
+	if m == nil {
+		return 0
+	}
+	n := 0
+	for _, u := range *m {
+		if u > now.UnixNano() {
+			n++
+		}
+	}
+	return n
+}
+
 // coolingSites are the sites the session sits out at now, the first
 // limit of them by host, for the admin API.
 func (h *health) coolingSites(now time.Time, limit int) []SiteCooldown {

@@ -38,6 +38,9 @@ func TestSiteRateLimitSitsOutThatSite(t *testing.T) {
 			t.Errorf("%s after the site's 429: %+v", id, st)
 		}
 	}
+	if n := p.SiteCooldowns(); n != 2 {
+		t.Errorf("SiteCooldowns = %d, want both sessions at the one site", n)
+	}
 	for range 4 {
 		if r, err := send(t, p, http.MethodGet, fine.URL+"/", clientinfo.Info{}, ""); err != nil || r.status != http.StatusOK {
 			t.Fatalf("another site after one site's 429s: %+v, %v", r, err)

@@ -66,6 +66,18 @@ type SiteCooldown struct {
 // maxSitesShown bounds SessionStatus.CoolingSites.
 const maxSitesShown = 100
 
+// SiteCooldowns counts the (session, site) pairs sitting out now: each a
+// session whose exit IP a site answered with a 429 or a ban. Many at once
+// are a site limiting the pool, which no session's own state shows.
+func (p *Pool) SiteCooldowns() int {
+	now := p.now()
+	n := 0
+	for _, s := range p.sessions.Load().list {
+		n += s.h.sitesCooling(now)
+	}
+	return n
+}
+
 // Sessions lists the sessions, sorted by id.
 func (p *Pool) Sessions() []SessionStatus {
 	now := p.now()

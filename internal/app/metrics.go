@@ -134,6 +134,8 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 			}
 			return float64(cooling) / float64(len(list))
 		})
+	m.Gauge("upstream_site_cooldowns", "Upstream sessions sitting out one site each now, after its 429 or ban (a session sitting out two sites counts twice).",
+		func() float64 { return float64(up.SiteCooldowns()) })
 	rejected := func() float64 { return float64(up.NotesRejected()) }
 	if shared != nil {
 		m.Register(metrics.NewVec("store_available", "1 when the store shared by the fleet is in use, 0 while its breaker is open.",
