@@ -65,7 +65,8 @@ func bindingName(key uint64) string { return "bind:" + strconv.FormatUint(key, 1
 // skip lists the sessions this request tried already. A bound session among
 // them that is still fit to serve (it failed this request without a
 // cooldown: the origin's 500, a target its gateway could not reach) keeps
-// the key: this attempt goes to cand, and the next request goes back.
+// the key: this attempt goes to cand, and the next request goes back. So
+// does a bound session that sits out the request's site alone (siteCool).
 func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*session) bool, skip []*session) *session {
 	fb := p.fleet
 	now := p.now().UnixNano()
@@ -97,9 +98,20 @@ func (p *Pool) agree(ctx context.Context, pr *pickReq, cand *session, ok func(*s
 		}
 		from = id
 	}
-	if b := p.sessions.Load().byID[from]; b != nil && slices.Contains(skip, b) &&
-		usable(b, pr, now, nil, false) && b.prov.Load().priority >= cand.prov.Load().priority {
-		return cand // a detour for this retry only
+	if b := p.sessions.Load().byID[from]; b != nil && b.prov.Load().priority >= cand.prov.Load().priority {
+		if slices.Contains(skip, b) && usable(b, pr, now, nil, false) {
+			return cand // a detour for this retry only
+		}
+		if b.h.siteCooling(pr.site, now) {
+			// It sits out this request's site alone (its 429 or ban):
+			// the key stays, for every other site; this one goes to cand
+			// until then.
+			elsewhere := *pr
+			elsewhere.site = ""
+			if usable(b, &elsewhere, now, nil, false) {
+				return cand
+			}
+		}
 	}
 	fb.lookups.Add(1)
 	id, err := fb.store.Rebind(ctx, name, from, cand.id, bindingTTL)

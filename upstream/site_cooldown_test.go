@@ -62,3 +62,49 @@ func TestSiteRateLimitSitsOutThatSite(t *testing.T) {
 		t.Errorf("the limited site got %d more requests while every session sat it out", n-hits)
 	}
 }
+
+// TestStickyKeyStaysForOtherSites: a client's sticky session meets a 429
+// at another site than the one it is used for. That site's requests go
+// through another session while it sits it out; the key itself stays on
+// its session for every other site (whose exit IP the 429's rotation
+// changed, as it would have without a sticky key). In a fleet the key
+// moved to another session for good, fleet-wide, on the other site's
+// request.
+func TestStickyKeyStaysForOtherSites(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 3})
+	home := newOrigin(t, false)
+	limited := newOrigin(t, false)
+	logger, _ := testLogger(t)
+	cfg := upstream.Config{Sessions: []upstream.SessionConfig{
+		{ID: "a", URL: fp.URL("s1", "http")}, {ID: "b", URL: fp.URL("s2", "http")}, {ID: "c", URL: fp.URL("s3", "http")}}}
+	for _, fleet := range []bool{false, true} {
+		t.Run(map[bool]string{false: "alone", true: "fleet"}[fleet], func(t *testing.T) {
+			var opts []upstream.Option
+			if fleet {
+				opts = append(opts, upstream.WithBus(&memBindings{m: map[string]string{}}))
+			}
+			p, err := upstream.New(cfg, logger, opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(p.Close)
+			info := clientinfo.Info{Account: "acct", Session: "login"}
+			first := mustGet(t, p, home.URL, info)
+			sticky := first.upstream
+			limited.setBehave(func(ip string, w http.ResponseWriter, _ *http.Request) bool {
+				if s, _ := fp.Session(map[string]string{"a": "s1", "b": "s2", "c": "s3"}[sticky]); ip == s.ExitIP {
+					http.Error(w, "slow down", http.StatusTooManyRequests)
+					return true
+				}
+				return false
+			})
+			t.Cleanup(func() { limited.setBehave(nil) })
+			if r := mustGet(t, p, limited.URL, info); r.status != http.StatusOK || r.upstream == sticky {
+				t.Fatalf("the limited site: %+v, want a 200 through another session than %s", r, sticky)
+			}
+			if r := mustGet(t, p, home.URL, info); r.upstream != sticky {
+				t.Errorf("the first site after another site's 429: through %s, want the sticky %s", r.upstream, sticky)
+			}
+		})
+	}
+}
