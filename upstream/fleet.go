@@ -6,9 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"net/url"
 	"runtime/debug"
-	"strings"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
@@ -132,38 +130,6 @@ func decodeSessionEvent(msg string, left time.Duration) (SessionEvent, error) {
 		return ev, fmt.Errorf("%w: unknown kind %q", errNote, ev.Kind)
 	}
 	return ev, nil
-}
-
-// validSite reports whether host is a site as siteOf writes it: a
-// lower-case host name or address and a port, at most 260 bytes.
-func validSite(host string) bool {
-	if len(host) > 260 {
-		return false
-	}
-	for i := 0; i < len(host); i++ {
-		switch c := host[i]; {
-		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '.', c == '-', c == '_', c == ':':
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// siteOf is the site of a request to host and port: "host:port", the
-// host in lower case. A port is part of it, as of a web origin.
-func siteOf(host, port string) string { return strings.ToLower(host) + ":" + port }
-
-// urlSite is siteOf for a request URL, its port defaulted by scheme.
-func urlSite(u *url.URL) string {
-	port := u.Port()
-	if port == "" {
-		port = "80"
-		if u.Scheme == "https" {
-			port = "443"
-		}
-	}
-	return siteOf(u.Hostname(), port)
 }
 
 // publish tells the fleet about ev. A cooldown is lasting: instances that

@@ -1,6 +1,7 @@
 package upstream
 
 import (
+	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -130,6 +131,38 @@ type siteCool struct {
 	until   time.Time
 	reason  outcome
 	strikes int // walls in a row at this site: escalateAfter of them escalate
+}
+
+// validSite reports whether host is a site as siteOf writes it: a
+// lower-case host name or address and a port, at most 260 bytes.
+func validSite(host string) bool {
+	if len(host) > 260 {
+		return false
+	}
+	for i := 0; i < len(host); i++ {
+		switch c := host[i]; {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '.', c == '-', c == '_', c == ':':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// siteOf is the site of a request to host and port: "host:port", the
+// host in lower case. A port is part of it, as of a web origin.
+func siteOf(host, port string) string { return strings.ToLower(host) + ":" + port }
+
+// urlSite is siteOf for a request URL, its port defaulted by scheme.
+func urlSite(u *url.URL) string {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+		if u.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return siteOf(u.Hostname(), port)
 }
 
 // maxSites bounds the sites a session keeps cooldowns for; past it the

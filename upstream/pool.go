@@ -317,7 +317,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			misses.charge(p)
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), v.siteOf(&pr))
+		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), v.markSite(&pr))
 		if v.kind == outcomeOK || v.kind == outcomeNone {
 			if v.kind == outcomeOK && pr.key != 0 {
 				p.bindings.put(pr.key, s.id, now.UnixNano())

@@ -155,9 +155,9 @@ type verdict struct {
 	unsure bool
 }
 
-// siteOf is the site v's mark is for: the request's, for an origin's
+// markSite is the site v's mark is for: the request's, for an origin's
 // answer; "" (the session as a whole) otherwise.
-func (v verdict) siteOf(pr *pickReq) string {
+func (v verdict) markSite(pr *pickReq) string {
 	if v.site {
 		return pr.site
 	}
