@@ -189,9 +189,25 @@ func TestFleetStickyKeyKeepsItsSessionAfterARetry(t *testing.T) {
 		}
 		return false
 	})
-	logger, _ := testLogger(t)
 	cfg := upstream.Config{Sessions: []upstream.SessionConfig{
 		{ID: "a", URL: fp.URL("s1", "http")}, {ID: "b", URL: fp.URL("s2", "http")}, {ID: "c", URL: fp.URL("s3", "http")}}}
+	aloneAndFleet(t, cfg, func(t *testing.T, p *upstream.Pool) {
+		info := clientinfo.Info{Account: "acct", Session: "crawl"}
+		first := mustGet(t, p, o.URL, info)
+		fail.Store(true)
+		if r := mustGet(t, p, o.URL, info); r.status != http.StatusOK || r.upstream == first.upstream {
+			t.Fatalf("the retried request: %+v; want a 200 through another session than %s", r, first.upstream)
+		}
+		if after := mustGet(t, p, o.URL, info); after.upstream != first.upstream {
+			t.Errorf("after one retry the sticky key moved from %s to %s", first.upstream, after.upstream)
+		}
+	})
+}
+
+// aloneAndFleet runs f on a pool over cfg alone, then on one whose fleet
+// store is a memBindings.
+func aloneAndFleet(t *testing.T, cfg upstream.Config, f func(t *testing.T, p *upstream.Pool)) {
+	logger, _ := testLogger(t)
 	for _, fleet := range []bool{false, true} {
 		t.Run(map[bool]string{false: "alone", true: "fleet"}[fleet], func(t *testing.T) {
 			var opts []upstream.Option
@@ -203,15 +219,7 @@ func TestFleetStickyKeyKeepsItsSessionAfterARetry(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(p.Close)
-			info := clientinfo.Info{Account: "acct", Session: "crawl"}
-			first := mustGet(t, p, o.URL, info)
-			fail.Store(true)
-			if r := mustGet(t, p, o.URL, info); r.status != http.StatusOK || r.upstream == first.upstream {
-				t.Fatalf("the retried request: %+v; want a 200 through another session than %s", r, first.upstream)
-			}
-			if after := mustGet(t, p, o.URL, info); after.upstream != first.upstream {
-				t.Errorf("after one retry the sticky key moved from %s to %s", first.upstream, after.upstream)
-			}
+			f(t, p)
 		})
 	}
 }

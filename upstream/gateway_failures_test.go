@@ -129,13 +129,7 @@ func TestHealthProbe407IsNoSuccess(t *testing.T) {
 		Sessions: []upstream.SessionConfig{{ID: "a", URL: "http://u:wrong@" + gw.srv.Listener.Addr().String()}},
 		Health:   upstream.HealthConfig{URL: o.URL + "/ip", Interval: 20 * time.Millisecond, Timeout: time.Second},
 	}, logger)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- p.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runPool(t, p)
 	testkit.Eventually(t, testkit.Patience, func() bool {
 		st := statusOf(t, p, "a")
 		return !st.Available && st.LastOutcome == "connection_error"

@@ -1,7 +1,6 @@
 package upstream_test
 
 import (
-	"context"
 	"net/http"
 	"net/url"
 	"strings"
@@ -141,13 +140,7 @@ func TestHealthURLDownBenchesNoSession(t *testing.T) {
 	cfg := providerConfig(fp)
 	cfg.Health = upstream.HealthConfig{URL: down.URL + "/ip", Interval: 20 * time.Millisecond, Timeout: 150 * time.Millisecond}
 	p := newPool(t, cfg, logger)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- p.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runPool(t, p)
 	// Rounds run one after the other: a probe of the second means the
 	// first is over, its marks made.
 	testkit.Eventually(t, testkit.Patience, func() bool { return probes.Load() >= 3 }, "a second round of probes")

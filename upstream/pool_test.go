@@ -1067,13 +1067,7 @@ func TestHealthChecks(t *testing.T) {
 	logger, _ := testLogger(t)
 	p := newPool(t, cfg, logger)
 	fp.SetMode("s2", fakeprovider.ModeRefuse)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error)
-	go func() { done <- p.Run(ctx) }()
-	defer func() {
-		cancel()
-		<-done
-	}()
+	runPool(t, p)
 	testkit.Eventually(t, testkit.Patience, func() bool {
 		st := statusOf(t, p, "b")
 		return !st.Available && st.LastOutcome == "connection_error"
@@ -1264,4 +1258,17 @@ func testServerErrorRetriedElsewhere(t *testing.T, c client) {
 		t.Fatalf("s1 after a 502: %+v, %d rotations", st, fp.Rotations("s1"))
 	}
 	c.mirrored(t, p)
+}
+
+// runPool runs p's background work (provider refreshes, health rounds)
+// until the test ends.
+func runPool(t *testing.T, p *upstream.Pool) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- p.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+	})
 }

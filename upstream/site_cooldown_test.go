@@ -74,37 +74,25 @@ func TestStickyKeyStaysForOtherSites(t *testing.T) {
 	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 3})
 	home := newOrigin(t, false)
 	limited := newOrigin(t, false)
-	logger, _ := testLogger(t)
 	cfg := upstream.Config{Sessions: []upstream.SessionConfig{
 		{ID: "a", URL: fp.URL("s1", "http")}, {ID: "b", URL: fp.URL("s2", "http")}, {ID: "c", URL: fp.URL("s3", "http")}}}
-	for _, fleet := range []bool{false, true} {
-		t.Run(map[bool]string{false: "alone", true: "fleet"}[fleet], func(t *testing.T) {
-			var opts []upstream.Option
-			if fleet {
-				opts = append(opts, upstream.WithBus(&memBindings{m: map[string]string{}}))
+	aloneAndFleet(t, cfg, func(t *testing.T, p *upstream.Pool) {
+		info := clientinfo.Info{Account: "acct", Session: "login"}
+		first := mustGet(t, p, home.URL, info)
+		sticky := first.upstream
+		limited.setBehave(func(ip string, w http.ResponseWriter, _ *http.Request) bool {
+			if s, _ := fp.Session(map[string]string{"a": "s1", "b": "s2", "c": "s3"}[sticky]); ip == s.ExitIP {
+				http.Error(w, "slow down", http.StatusTooManyRequests)
+				return true
 			}
-			p, err := upstream.New(cfg, logger, opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(p.Close)
-			info := clientinfo.Info{Account: "acct", Session: "login"}
-			first := mustGet(t, p, home.URL, info)
-			sticky := first.upstream
-			limited.setBehave(func(ip string, w http.ResponseWriter, _ *http.Request) bool {
-				if s, _ := fp.Session(map[string]string{"a": "s1", "b": "s2", "c": "s3"}[sticky]); ip == s.ExitIP {
-					http.Error(w, "slow down", http.StatusTooManyRequests)
-					return true
-				}
-				return false
-			})
-			t.Cleanup(func() { limited.setBehave(nil) })
-			if r := mustGet(t, p, limited.URL, info); r.status != http.StatusOK || r.upstream == sticky {
-				t.Fatalf("the limited site: %+v, want a 200 through another session than %s", r, sticky)
-			}
-			if r := mustGet(t, p, home.URL, info); r.upstream != sticky {
-				t.Errorf("the first site after another site's 429: through %s, want the sticky %s", r.upstream, sticky)
-			}
+			return false
 		})
-	}
+		t.Cleanup(func() { limited.setBehave(nil) })
+		if r := mustGet(t, p, limited.URL, info); r.status != http.StatusOK || r.upstream == sticky {
+			t.Fatalf("the limited site: %+v, want a 200 through another session than %s", r, sticky)
+		}
+		if r := mustGet(t, p, home.URL, info); r.upstream != sticky {
+			t.Errorf("the first site after another site's 429: through %s, want the sticky %s", r.upstream, sticky)
+		}
+	})
 }
