@@ -16,6 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
 	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
 	"github.com/seed-a3c387e8/onceproxy/internal/logtext"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
@@ -210,6 +211,14 @@ func (c *Config) validate(getenv func(string) string) error {
 		// that opens the proxy ports (a container published on the
 		// host's loopback) opens this one too.
 		errs = append(errs, fmt.Errorf("admin.token_env: none configured while admin.listen (%s) is not a loopback address: anyone who reaches it could reload the configuration, rotate sessions and drop the cache; name a variable holding a token, or set auth.allow_unauthenticated: true if the port is protected otherwise", c.Admin.Listen))
+	}
+	if m := c.Process.MemoryLimit; m.Size > 0 {
+		// The memory cache, once full, is always resident (spools and
+		// certificates come and go). Said in whole MiB, rounded up.
+		if least := (int64(c.Dedup.Memory.MaxBytes) + minMemoryHeadroom + 1<<20 - 1) &^ (1<<20 - 1); int64(m.Size) < least {
+			errs = append(errs, fmt.Errorf("process.memory_limit: %s is below the memory cache (dedup.memory.max_bytes, %s) plus %s for the rest: at least %s; under it the collector runs without end once the cache fills. Raise it, lower dedup.memory.max_bytes, or use auto",
+				m.Size, c.Dedup.Memory.MaxBytes, bytesize.Size(minMemoryHeadroom), bytesize.Size(least)))
+		}
 	}
 	if len(errs) == 0 {
 		return nil

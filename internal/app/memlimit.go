@@ -113,6 +113,13 @@ func (m MemoryLimit) MarshalText() ([]byte, error) {
 	return m.Size.MarshalText()
 }
 
+// minMemoryHeadroom is what a configured memory limit must leave above
+// the memory cache's bound for everything else: the runtime, goroutine
+// stacks, connection buffers. A limit below it (512,
+// meaning bytes) is accepted by the runtime and makes the collector run
+// without end.
+const minMemoryHeadroom = 32 << 20
+
 // cgroupShare is the part of a container's memory limit given to the Go
 // runtime: the rest is the binary, kernel buffers and what Go does not see.
 const cgroupShare = 0.9

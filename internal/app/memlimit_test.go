@@ -63,6 +63,19 @@ func TestMemoryLimit(t *testing.T) {
 	if err != nil || c.Process.MemoryLimit.Size != 512<<20 {
 		t.Errorf("env override: %+v %v", c.Process.MemoryLimit, err)
 	}
+	// A size below what the configuration keeps in memory is refused at
+	// start-up, naming the key and the least it could be.
+	for _, small := range []string{"process: {memory_limit: 512}\n", "process: {memory_limit: 280MiB}\n"} {
+		_, err := LoadConfig(shippedConfig, writeConfig(t, small), nil)
+		if err == nil || !strings.Contains(err.Error(), "process.memory_limit:") || !strings.Contains(err.Error(), "at least") {
+			t.Errorf("%q: %v, want process.memory_limit refused as below the configured bounds", small, err)
+		}
+	}
+	for _, fine := range []string{"process: {memory_limit: 300MiB}\n", "process: {memory_limit: 100MiB}\ndedup: {memory: {max_bytes: 64MiB}}\n"} {
+		if _, err := LoadConfig(shippedConfig, writeConfig(t, fine), nil); err != nil {
+			t.Errorf("%q: %v", fine, err)
+		}
+	}
 	for _, bad := range []string{"process: {memory_limit: lots}\n", "process: {memory_limit: -1}\n"} {
 		if _, err := LoadConfig(shippedConfig, writeConfig(t, bad), nil); err == nil || !strings.Contains(err.Error(), "auto, off or a size") {
 			t.Errorf("%q: %v", bad, err)
