@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
@@ -330,6 +332,14 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) (r probeR
 		return // validated at start-up
 	}
 	req.Header.Set("User-Agent", "onceproxy-health")
+	// Whether the probe got a connection to the URL (through the
+	// gateway's CONNECT, for https): a failure before that is the
+	// session's, whatever deadline ended it. net/http reports a dial the
+	// request's context ended as that context's error alone.
+	var connected atomic.Bool
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		GotConn: func(httptrace.GotConnInfo) { connected.Store(true) },
+	}))
 	// A probe has no client to mirror. s.roundTrip makes a gateway's 407
 	// to a plain-http probe the auth failure it is, not a success.
 	resp, err := s.roundTrip(s.transportFor(req, false), req)
@@ -344,10 +354,11 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) (r probeR
 	urlsFault := false
 	if err != nil {
 		v = classifyErr(pctx, err)
-		// The gateway set the connection up, or said it could not reach
-		// the URL: the URL may be down (settleRound). A gateway that
-		// cannot be reached or refused the session is the session's.
-		urlsFault = v.target || v.unsure || v.kind == outcomeNone
+		// The gateway said it could not reach the URL, or set the
+		// connection up and then it failed: the URL may be down
+		// (settleRound). A gateway that cannot be reached, refused the
+		// session or hung at CONNECT is the session's.
+		urlsFault = v.target || connected.Load() && (v.unsure || v.kind == outcomeNone)
 		if v.target {
 			// health.url is the operator's always-up URL: a gateway that
 			// cannot reach it is the session's trouble.

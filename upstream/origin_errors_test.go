@@ -176,3 +176,35 @@ func coolingAt(t *testing.T, st upstream.SessionStatus, rawURL string) (upstream
 	}
 	return upstream.SiteCooldown{}, false
 }
+
+// TestHealthProbesChargeAHangingGateway: every session's gateway accepts
+// and says nothing to CONNECT, and the probes' own timeout ends them. That
+// is no hanging health.url (the request never got past the gateway): the
+// sessions are charged, as when one gateway of several hangs.
+func TestHealthProbesChargeAHangingGateway(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	o := newOrigin(t, true) // https: a CONNECT, which the gateways leave hanging
+	var probes atomic.Int32
+	o.setBehave(func(string, http.ResponseWriter, *http.Request) bool { probes.Add(1); return false })
+	fp.SetMode("s1", fakeprovider.ModeHang)
+	fp.SetMode("s2", fakeprovider.ModeHang)
+	t.Cleanup(func() { fp.SetMode("s1", fakeprovider.ModeOK); fp.SetMode("s2", fakeprovider.ModeOK) })
+	logger, _ := testLogger(t)
+	cfg := providerConfig(fp)
+	cfg.DialTimeout = 10 * time.Second // the probe's timeout comes first
+	cfg.CAFiles = []string{originCAFile(t, o.Server)}
+	cfg.Health = upstream.HealthConfig{URL: o.URL + "/ip", Interval: 20 * time.Millisecond, Timeout: 150 * time.Millisecond}
+	p := newPool(t, cfg, logger)
+	runPool(t, p)
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		for _, id := range []string{"s1", "s2"} {
+			if st := statusOf(t, p, id); st.Available || st.LastOutcome != "connection_error" {
+				return false
+			}
+		}
+		return true
+	}, "both sessions charged for their hanging gateway")
+	if n := probes.Load(); n != 0 {
+		t.Errorf("health.url got %d probes through gateways that hang", n)
+	}
+}
