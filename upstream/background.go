@@ -286,9 +286,10 @@ type probeResult struct {
 	// urlsFault: the failure may be health.url's own (it hung, answered
 	// 5xx or 429, or the gateway could not reach it), not the session's.
 	urlsFault bool
-	// site is health.url's host when v is its answer: a 429 benches the
-	// session there alone, a success ends that (see siteCool).
-	site string
+	// site is health.url's; scoped says v is its answer: a 429 benches
+	// the session there alone, a success ends that (see siteCool).
+	site   string
+	scoped bool
 }
 
 // settleRound marks a round's outcomes. health.url is meant to be always
@@ -314,7 +315,7 @@ func (p *Pool) settleRound(hc HealthConfig, results []probeResult) {
 		if urlDown && r.urlsFault {
 			continue
 		}
-		p.mark(r.s, r.since, r.v.kind, r.v.retryAfter, r.s.scrub(r.v.msg), r.site)
+		p.mark(r.s, r.since, r.v.kind, r.v.retryAfter, r.s.scrub(r.v.msg), r.site, r.scoped)
 		if r.v.kind.failure() {
 			p.log.Warn("upstream health probe failed", "session", r.s.id, "outcome", r.v.kind.String(), "detail", r.s.scrub(r.v.msg))
 		}
@@ -387,11 +388,8 @@ func (p *Pool) probe(ctx context.Context, s *session, hc HealthConfig) (r probeR
 			}
 		}
 	}
-	r = probeResult{s: s, since: since, v: v, urlsFault: urlsFault && v.kind.failure()}
-	if resp != nil && err == nil {
-		r.site = urlSite(req.URL)
-	}
-	return r, true
+	return probeResult{s: s, since: since, v: v, urlsFault: urlsFault && v.kind.failure(),
+		site: urlSite(req.URL), scoped: resp != nil && err == nil}, true
 }
 
 // exitIPFromBody reads an exit IP from an IP-echo answer: a bare address

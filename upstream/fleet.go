@@ -221,10 +221,10 @@ func (p *Pool) claimRotation(ctx context.Context, s *session, gen uint64, pv *pr
 
 // mark records an outcome of s, for an attempt that started at s's
 // cooldown epoch since (s.h.epoch()), and tells the fleet when it benched s.
-func (p *Pool) mark(s *session, since uint64, o outcome, retryAfter time.Duration, msg, site string) {
-	if d := s.h.markSince(o, p.now(), retryAfter, msg, since, site); d > 0 {
+func (p *Pool) mark(s *session, since uint64, o outcome, retryAfter time.Duration, msg, site string, scoped bool) {
+	if d := s.h.markSince(o, p.now(), retryAfter, msg, since, site, scoped); d > 0 {
 		ev := SessionEvent{Session: s.id, Kind: EventCooldown, For: d, Reason: o.String()}
-		if o.sited() {
+		if scoped && o.sited() {
 			ev.Host = site
 		}
 		p.publish(ev)

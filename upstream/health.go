@@ -256,7 +256,7 @@ func (h *health) epoch() uint64 { return h.aEpoch.Load() }
 // mark records one outcome at now of an attempt that started after every
 // cooldown so far (see markSince), for the session as a whole.
 func (h *health) mark(o outcome, now time.Time, retryAfter time.Duration, errMsg string) (cooling time.Duration) {
-	return h.markSince(o, now, retryAfter, errMsg, h.epoch(), "")
+	return h.markSince(o, now, retryAfter, errMsg, h.epoch(), "", false)
 }
 
 // sited reports whether o, as an origin's answer, speaks of the exit IP at
@@ -267,13 +267,16 @@ func (o outcome) sited() bool { return o == outcomeRateLimited || o == outcomeBa
 // cooldown epoch since. retryAfter (from a 429 or ban) makes the cooldown
 // at least that long. A cooldown is never shortened by a later, milder
 // failure; a success ends it (the session demonstrably works), unless the
-// attempt started before the cooldown did. site is the host the outcome
-// is the answer of ("" none: the session's own, a gateway's refusal): a
-// 429 or a ban from it benches the session at that site alone (siteCool),
-// and a success there ends that. It returns the cooldown this mark started
-// or extended (0: none), for the fleet to hear about: the site's when o is
-// sited and site is set, the session's otherwise.
-func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, errMsg string, since uint64, site string) (cooling time.Duration) {
+// attempt started before the cooldown did. site is the site the attempt
+// went to ("" none known): a cooldown there that began after the attempt
+// makes its outcome the same wall, whatever the outcome (the tunnels a
+// rotation after a site's 429 cut included). scoped says the outcome is
+// the site's own answer: a 429 or a ban then benches the session at that
+// site alone (siteCool), and a success there ends that. It returns the
+// cooldown this mark started or extended (0: none), for the fleet to hear
+// about: the site's when the mark is scoped and sited, the session's
+// otherwise.
+func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, errMsg string, since uint64, site string, scoped bool) (cooling time.Duration) {
 	if o == outcomeNone {
 		return 0
 	}
@@ -284,7 +287,7 @@ func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, e
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.last, h.lastAt, h.lastErr = o, now, errMsg
-	sc, atSite := h.sites[site], site != "" && o.sited()
+	sc, atSite := h.sites[site], scoped && site != "" && o.sited()
 	if site == "" {
 		sc = siteCool{}
 	}
@@ -312,7 +315,7 @@ func (h *health) markSince(o outcome, now time.Time, retryAfter time.Duration, e
 		h.weight = min(h.weight+1, maxWeight)
 		h.failures = 0
 		h.coolUntil, h.coolReason = time.Time{}, outcomeNone
-		if _, ok := h.sites[site]; ok && site != "" {
+		if _, ok := h.sites[site]; ok && site != "" && scoped {
 			delete(h.sites, site)
 			h.sitesDirty = true
 		}

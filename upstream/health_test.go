@@ -165,15 +165,15 @@ func TestOneWallOneFailure(t *testing.T) {
 	h.init(5)
 	since := h.epoch() // every request below was sent before the wall
 	for i := range 10 {
-		h.markSince(outcomeRateLimited, t0.Add(time.Duration(i)*time.Millisecond), 0, "", since, "")
+		h.markSince(outcomeRateLimited, t0.Add(time.Duration(i)*time.Millisecond), 0, "", since, "", false)
 	}
-	h.markSince(outcomeConnError, t0.Add(20*time.Millisecond), 0, "tunnel cut by the rotation", since, "")
+	h.markSince(outcomeConnError, t0.Add(20*time.Millisecond), 0, "tunnel cut by the rotation", since, "", false)
 	s := h.snapshot()
 	if s.weight != 3 || s.failures != 1 || !s.coolUntil.Equal(t0.Add(time.Minute)) || s.coolReason != outcomeRateLimited {
 		t.Fatalf("after one wall met 11 times: weight %d failures %d cooldown %v (%s), want 3, 1, %v (rate_limited)",
 			s.weight, s.failures, s.coolUntil, s.coolReason, t0.Add(time.Minute))
 	}
-	if d := h.markSince(outcomeRateLimited, t0.Add(30*time.Millisecond), 10*time.Minute, "", since, ""); d != 10*time.Minute {
+	if d := h.markSince(outcomeRateLimited, t0.Add(30*time.Millisecond), 10*time.Minute, "", since, "", false); d != 10*time.Minute {
 		t.Errorf("a Retry-After of 10m in the same wall cooled for %v", d)
 	}
 	if s := h.snapshot(); s.failures != 1 || !s.coolUntil.Equal(t0.Add(30*time.Millisecond+10*time.Minute)) {
@@ -181,7 +181,7 @@ func TestOneWallOneFailure(t *testing.T) {
 	}
 	// A request sent after the cooldown ended is a new wall.
 	later := t0.Add(time.Hour)
-	h.markSince(outcomeRateLimited, later, 0, "", h.epoch(), "")
+	h.markSince(outcomeRateLimited, later, 0, "", h.epoch(), "", false)
 	if s := h.snapshot(); s.failures != 2 || !s.coolUntil.Equal(later.Add(time.Minute)) {
 		t.Errorf("a later 429: failures %d cooldown %v, want 2 and %v", s.failures, s.coolUntil, later.Add(time.Minute))
 	}
@@ -195,7 +195,7 @@ func TestSiteCooldownArithmetic(t *testing.T) {
 	var h health
 	h.init(10)
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
-	h.markSince(outcomeRateLimited, at(0), 0, "", h.epoch(), "a.example:443")
+	h.markSince(outcomeRateLimited, at(0), 0, "", h.epoch(), "a.example:443", true)
 	if !h.available(at(0).UnixNano()) || !h.siteCooling("a.example:443", at(0).UnixNano()) ||
 		h.siteCooling("b.example:443", at(0).UnixNano()) || !h.siteCooling("a.example:443", at(time.Minute-1).UnixNano()) ||
 		h.siteCooling("a.example:443", at(time.Minute).UnixNano()) {
@@ -206,25 +206,25 @@ func TestSiteCooldownArithmetic(t *testing.T) {
 	}
 	// Two more walls there, each after the last cooldown ended: the third
 	// escalates, at that site.
-	h.markSince(outcomeBanned, at(2*time.Minute), 0, "", h.epoch(), "a.example:443")
-	h.markSince(outcomeRateLimited, at(4*time.Minute), 0, "", h.epoch(), "a.example:443")
+	h.markSince(outcomeBanned, at(2*time.Minute), 0, "", h.epoch(), "a.example:443", true)
+	h.markSince(outcomeRateLimited, at(4*time.Minute), 0, "", h.epoch(), "a.example:443", true)
 	if !h.siteCooling("a.example:443", at(4*time.Minute+9*time.Minute).UnixNano()) || !h.available(at(5*time.Minute).UnixNano()) {
 		t.Fatalf("three walls at a.example: want 10 minutes there, the session free")
 	}
 	// A success there ends it, and its count.
-	h.markSince(outcomeOK, at(20*time.Minute), 0, "", h.epoch(), "a.example:443")
-	h.markSince(outcomeRateLimited, at(21*time.Minute), 0, "", h.epoch(), "a.example:443")
+	h.markSince(outcomeOK, at(20*time.Minute), 0, "", h.epoch(), "a.example:443", true)
+	h.markSince(outcomeRateLimited, at(21*time.Minute), 0, "", h.epoch(), "a.example:443", true)
 	if h.siteCooling("a.example:443", at(22*time.Minute).UnixNano()) {
 		t.Fatalf("after a success at a.example, a 429 there escalated: its walls were not reset")
 	}
 	// A 429 without a site (a gateway's) benches the session for all.
-	h.markSince(outcomeRateLimited, at(30*time.Minute), 0, "", h.epoch(), "")
+	h.markSince(outcomeRateLimited, at(30*time.Minute), 0, "", h.epoch(), "", false)
 	if h.available(at(30 * time.Minute).UnixNano()) {
 		t.Fatalf("a gateway's 429 did not bench the session")
 	}
 	// Bounded: the sites past maxSites make room.
 	for i := range maxSites + 50 {
-		h.markSince(outcomeRateLimited, at(40*time.Minute), time.Duration(i+1)*time.Second, "", h.epoch(), fmt.Sprintf("s%d.example:443", i))
+		h.markSince(outcomeRateLimited, at(40*time.Minute), time.Duration(i+1)*time.Second, "", h.epoch(), fmt.Sprintf("s%d.example:443", i), true)
 	}
 	h.mu.Lock()
 	n := len(h.sites)
@@ -234,5 +234,31 @@ func TestSiteCooldownArithmetic(t *testing.T) {
 	}
 	if !h.siteCooling(fmt.Sprintf("s%d.example:443", maxSites+49), at(40*time.Minute).UnixNano()) {
 		t.Errorf("the newest site was not kept")
+	}
+}
+
+// TestSiteWallSwallowsItsCutTunnels: requests in flight to a site when it
+// answers 429 end in connection errors once the rotation that follows
+// cuts their tunnels. Those are the site's wall too (they went to it, and
+// began before its cooldown): counted as the session's own failures, nine
+// of them escalated it to the ten-minute bench for every site.
+func TestSiteWallSwallowsItsCutTunnels(t *testing.T) {
+	t0 := time.Unix(1_000_000, 0)
+	var h health
+	h.init(5)
+	since := h.epoch()
+	h.markSince(outcomeRateLimited, t0, 0, "", since, "a.example:443", true)
+	for i := range 9 {
+		h.markSince(outcomeConnError, t0.Add(time.Duration(i+1)*time.Millisecond), 0, "tunnel cut", since, "a.example:443", false)
+	}
+	s := h.snapshot()
+	if s.failures != 0 || s.weight != 3 || !h.available(t0.Add(time.Second).UnixNano()) {
+		t.Fatalf("after one site's wall and its cut tunnels: failures %d weight %d available %v, want 0, 3 and the session free",
+			s.failures, s.weight, h.available(t0.Add(time.Second).UnixNano()))
+	}
+	// One to another site counts, even begun before the wall.
+	h.markSince(outcomeConnError, t0.Add(time.Second), 0, "", since, "b.example:443", false)
+	if s := h.snapshot(); s.failures != 1 {
+		t.Errorf("failures %d, want the other site's 1", s.failures)
 	}
 }

@@ -287,7 +287,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			tried = append(tried, s)
 			// A session rotated after a 429 is still to be tried: the
 			// loop falls back to its new exit IP.
-			if !misses.add(s, v.msg, v.uncharged) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
+			if !misses.add(s, v.msg, v.uncharged, since, pr.site) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
 				rotated == nil && !anyUsable(p.sessions.Load(), &pr, p.now(), tried) {
 				return p.answer(s, nil, err)
 			}
@@ -302,7 +302,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			// pool for every other one). Its gateway did set it up.
 			p.gatewayOutcome(s, v, err)
 			tried = append(tried, s)
-			if !misses.add(s, v.msg, false) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
+			if !misses.add(s, v.msg, false, since, pr.site) || attempt >= st.cfg.Retry.MaxAttempts || !replayable ||
 				!r.retries(req.Method) || rotated == nil && !anyUsable(p.sessions.Load(), &pr, p.now(), tried) {
 				return p.answer(s, nil, err)
 			}
@@ -317,7 +317,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			misses.charge(p)
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), v.markSite(&pr))
+		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), pr.site, v.site)
 		if v.kind == outcomeOK || v.kind == outcomeNone {
 			if v.kind == outcomeOK && pr.key != 0 {
 				p.bindings.put(pr.key, s.id, now.UnixNano())
@@ -500,7 +500,7 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		if err == nil {
 			misses.charge(p) // the target was reachable through s
 			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil)
-			p.mark(s, since, outcomeOK, 0, "", "")
+			p.mark(s, since, outcomeOK, 0, "", pr.site, false)
 			if p.log.Enabled(ctx, slog.LevelDebug) {
 				p.log.Debug("tunnel through upstream session", "session", s.id, "target", addr)
 			}
@@ -511,13 +511,13 @@ func (p *Pool) DialContext(ctx context.Context, network, addr string) (net.Conn,
 		if v.target {
 			p.gatewayOutcome(s, verdict{kind: outcomeOK}, nil) // the gateway answered
 			tried = append(tried, s)
-			if !misses.add(s, v.msg, v.uncharged) {
+			if !misses.add(s, v.msg, v.uncharged, since, pr.site) {
 				return nil, lastErr
 			}
 			continue
 		}
 		p.gatewayOutcome(s, v, err)
-		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), "")
+		p.mark(s, since, v.kind, v.retryAfter, s.scrub(v.msg), pr.site, false)
 		if v.kind == outcomeNone {
 			return nil, lastErr
 		}
@@ -553,8 +553,10 @@ type targetMisses struct {
 }
 
 type targetMiss struct {
-	s   *session
-	msg string
+	s     *session
+	msg   string
+	since uint64 // the session's cooldown epoch when the attempt began
+	site  string
 }
 
 // maxTargetMisses is how many gateways must say the target is unreachable
@@ -564,10 +566,10 @@ const maxTargetMisses = 2
 // add records a miss of s and reports whether the request may be tried
 // once more. An uncharged miss is never charged: see
 // TargetUnreachableError.uncharged.
-func (m *targetMisses) add(s *session, msg string, uncharged bool) bool {
+func (m *targetMisses) add(s *session, msg string, uncharged bool, since uint64, site string) bool {
 	m.n++
 	if !uncharged {
-		m.list = append(m.list, targetMiss{s, s.scrub(msg)})
+		m.list = append(m.list, targetMiss{s, s.scrub(msg), since, site})
 	}
 	return m.n < maxTargetMisses
 }
@@ -575,7 +577,9 @@ func (m *targetMisses) add(s *session, msg string, uncharged bool) bool {
 // charge marks the sessions that missed a target another session reached.
 func (m *targetMisses) charge(p *Pool) {
 	for _, tm := range m.list {
-		p.mark(tm.s, tm.s.h.epoch(), outcomeConnError, 0, tm.msg+" (reachable through another session)", "")
+		// As of its attempt: a cooldown that began since (a site's 429,
+		// whose rotation cut this attempt's tunnel) makes it that wall.
+		p.mark(tm.s, tm.since, outcomeConnError, 0, tm.msg+" (reachable through another session)", tm.site, false)
 	}
 	m.list = nil
 }

@@ -155,15 +155,6 @@ type verdict struct {
 	unsure bool
 }
 
-// markSite is the site v's mark is for: the request's, for an origin's
-// answer; "" (the session as a whole) otherwise.
-func (v verdict) markSite(pr *pickReq) string {
-	if v.site {
-		return pr.site
-	}
-	return ""
-}
-
 // banScanLimit bounds how much of a body is read to look for a ban_body
 // substring: bans are short pages, and a rule must not make us buffer a
 // 2 GB download.
