@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	socks5 "github.com/things-go/go-socks5"
@@ -134,7 +135,10 @@ func (p *Provider) forward(w http.ResponseWriter, r *http.Request, s *session) {
 		return
 	}
 	ip := p.exitFor(s)
-	dialFailed := false // the transport's one dial (no keep-alives) failed
+	// The transport's one dial (no keep-alives) failed. It is written by
+	// the transport's dialing goroutine, which outlives a RoundTrip its
+	// request's context ended: atomic, not a plain bool.
+	var dialFailed atomic.Bool
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	out.Header.Del("Proxy-Authorization")
@@ -144,7 +148,7 @@ func (p *Provider) forward(w http.ResponseWriter, r *http.Request, s *session) {
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			d := net.Dialer{LocalAddr: &net.TCPAddr{IP: ip.AsSlice()}, Timeout: 5 * time.Second}
 			c, err := d.DialContext(ctx, network, addr)
-			dialFailed = err != nil
+			dialFailed.Store(err != nil)
 			return c, err
 		},
 		DisableKeepAlives:  true,
@@ -153,7 +157,7 @@ func (p *Provider) forward(w http.ResponseWriter, r *http.Request, s *session) {
 	defer tr.CloseIdleConnections()
 	resp, err := tr.RoundTrip(out)
 	if err != nil {
-		if dialFailed {
+		if dialFailed.Load() {
 			// As gateways say it (RFC 9209): the target was never reached.
 			w.Header().Set("Proxy-Status", "fakeprovider; error=destination_unavailable")
 		}
