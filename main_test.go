@@ -516,7 +516,6 @@ func TestMetricsAfterMixedLoad(t *testing.T) {
 		"ONCEPROXY_ADMIN_TOKEN_ENV=TEST_ADMIN_TOKEN", "TEST_ADMIN_TOKEN=tok")
 	p, admin := startInstance(t, env)
 	anon, alice := plainClient(p, "", ""), plainClient(p, "alice", "pw")
-	testkit.ClearOfWindowEdge(time.Minute) // rate_limit.window's default
 	for _, step := range []struct {
 		c    *http.Client
 		url  string
@@ -604,7 +603,6 @@ func TestRateLimitAcrossInstances(t *testing.T) {
 	a, _ := startInstance(t, env())
 	b, _ := startInstance(t, env())
 	ca, cb := plainClient(a, "", ""), plainClient(b, "", "")
-	testkit.ClearOfWindowEdge(time.Minute) // rate_limit.window's default
 	for i, c := range []*http.Client{ca, ca, cb} {
 		if st, body := status(t, c, fmt.Sprintf("%s/r%d", origin.URL, i)); st != 200 {
 			t.Fatalf("request %d: %d %q", i+1, st, body)

@@ -25,7 +25,6 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/app"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
-	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/auth"
@@ -156,7 +155,6 @@ func newWorld(t testing.TB, o worldOpts) *world {
 	}
 	if o.rateLimit != nil {
 		cfg.RateLimit = *o.rateLimit
-		testkit.ClearOfWindowEdge(o.rateLimit.Window)
 	}
 	if o.guard != nil {
 		cfg.Guard = *o.guard

@@ -201,20 +201,3 @@ func RawHTTP(t testing.TB, answer string) string {
 	}()
 	return ln.Addr().String()
 }
-
-// windowMargin is how long before the next window a test that counts
-// requests against a fixed-window rate limit waits it out instead: such
-// a test takes well under it.
-const windowMargin = 5 * time.Second
-
-// ClearOfWindowEdge waits, when the clock is within windowMargin of the
-// next multiple of window, until that multiple has passed. The rate
-// limiter counts in windows aligned to the clock (ratelimit: now.Truncate),
-// and a test that straddled two of them saw its fifth request of four
-// allowed, in a fresh window.
-func ClearOfWindowEdge(window time.Duration) {
-	now := time.Now()
-	if d := now.Truncate(window).Add(window).Sub(now); d < windowMargin {
-		time.Sleep(d + 10*time.Millisecond)
-	}
-}

@@ -1,9 +1,17 @@
-// Package ratelimit keeps one client from flooding the proxy: a fixed
-// window of N requests per client, counted in this process or, when Redis
-// is configured, across the fleet. Who the client is (its proxy account,
-// else its IP) is the front door's decision (clientinfo.Info.Client); the
-// limiter only counts. It also offers Polite, a per-target-host pace for
-// upstream requests.
+// Package ratelimit keeps one client from flooding the proxy: N requests
+// per window per client, counted in this process or, when Redis or
+// PostgreSQL is configured, across the fleet. Who the client is (its proxy
+// account, else its IP) is the front door's decision
+// (clientinfo.Info.Client); the limiter only counts. It also offers
+// Polite, a per-target-host pace for upstream requests.
+//
+// The allowance is a generic cell rate algorithm (GCRA, a token bucket
+// kept as one time per client): a burst of N at once, then one request
+// every window/N. A fixed window counter, the obvious alternative, lets
+// a client send N at the end of one window and N more at the start of the
+// next: twice the limit within a moment, which is what a limit is there
+// to stop. GCRA keeps one number per client, so the fleet's counter is
+// still one key and one atomic step per request (Counter).
 package ratelimit
 
 import (
@@ -11,7 +19,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -24,7 +31,8 @@ import (
 type Config struct {
 	// Requests allowed per client per window; 0 turns client limits off.
 	Requests int `yaml:"requests"`
-	// Window is the fixed window. Default 1m.
+	// Window is the time over which Requests are allowed: a client may
+	// send Requests at once, then one every Window/Requests. Default 1m.
 	Window time.Duration `yaml:"window"`
 	// FailClosed refuses requests (503) when the shared counter (Redis) is
 	// unreachable. Default false: fail open, let them through.
@@ -59,6 +67,9 @@ func (c Config) Validate() error {
 	}
 	if c.Window < time.Second {
 		errs = append(errs, fmt.Errorf("window: must be at least 1s, got %s", c.Window))
+	} else if c.Requests > 0 && c.Window/time.Duration(c.Requests) < time.Microsecond {
+		// The shared counters keep time in microseconds.
+		errs = append(errs, fmt.Errorf("requests: %d per %s is more than one per microsecond", c.Requests, c.Window))
 	}
 	for i, h := range c.ExcludeHosts {
 		if err := hostmatch.Valid(h); err != nil {
@@ -74,11 +85,16 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// Counter counts hits in a fixed window: it increments key and returns the
-// new count, the key expiring after ttl. The memory counter is in this
-// package; the fleet one is rediscache.Store.
+// Counter keeps each client's place in its allowance. Take admits one
+// request under key unless the key is more than burst ahead of now once
+// the request adds interval to it (GCRA): an admitted request moves the
+// key's time on by interval (from now, when it lags behind now), a
+// refused one moves nothing. It returns how far ahead of now the key is
+// after the call. The memory counter is in this package; the fleet's are
+// rediscache.Bus and pgstore.Bus, which keep time by the store's clock so
+// that every instance agrees.
 type Counter interface {
-	IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error)
+	Take(ctx context.Context, key string, interval, burst time.Duration) (ahead time.Duration, ok bool, err error)
 }
 
 // Limiter decides per request. Create it with New.
@@ -88,12 +104,11 @@ type Limiter struct {
 	own      *MemoryCounter // the counter New made, closed by Close
 	rejected atomic.Uint64
 	failed   atomic.Uint64
-	now      func() time.Time
 }
 
 // New returns a limiter counting in counter (nil: in this process).
 func New(cfg Config, counter Counter) (*Limiter, error) {
-	l := &Limiter{counter: counter, now: time.Now}
+	l := &Limiter{counter: counter}
 	if err := l.Reconfigure(cfg); err != nil {
 		return nil, err
 	}
@@ -119,8 +134,8 @@ func compile(cfg Config) (*limits, error) {
 }
 
 // Reconfigure replaces the limits while the limiter serves (a reload of
-// the configuration): requests already counted stay counted in their
-// window. It fails, changing nothing, for an invalid cfg.
+// the configuration): each client keeps its place in the allowance, and
+// the new limits measure it from then on. It fails, changing nothing, for an invalid cfg.
 func (l *Limiter) Reconfigure(cfg Config) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -146,7 +161,7 @@ type Decision struct {
 	Allowed    bool
 	Limit      int
 	Remaining  int
-	RetryAfter time.Duration // until the window resets, when refused
+	RetryAfter time.Duration // until the next request would be admitted, when refused
 	// Unavailable: the shared counter could not be reached (the request
 	// was let through, unless FailClosed).
 	Unavailable bool
@@ -164,26 +179,25 @@ func (l *Limiter) Allow(ctx context.Context, client, host string) Decision {
 	if set.cfg.Requests <= 0 || set.exclude.Match(host) {
 		return Decision{Allowed: true}
 	}
-	now := l.now()
-	w := set.cfg.Window
-	start := now.Truncate(w)
-	key := "rl:" + client + ":" + strconv.FormatInt(start.Unix(), 10)
-	n, err := l.counter.IncrWindow(ctx, key, w+time.Second)
-	reset := start.Add(w).Sub(now)
+	w, n := set.cfg.Window, set.cfg.Requests
+	interval := w / time.Duration(n)
+	ahead, ok, err := l.counter.Take(ctx, "gcra:"+client, interval, w)
 	if err != nil {
 		l.failed.Add(1)
 		if set.cfg.FailClosed {
-			return Decision{Allowed: false, Limit: set.cfg.Requests, RetryAfter: reset, Unavailable: true}
+			return Decision{Allowed: false, Limit: n, RetryAfter: interval, Unavailable: true}
 		}
-		return Decision{Allowed: true, Limit: set.cfg.Requests, Unavailable: true}
+		return Decision{Allowed: true, Limit: n, Unavailable: true}
 	}
-	d := Decision{Limit: set.cfg.Requests, Remaining: max(set.cfg.Requests-int(n), 0)}
-	if n <= int64(set.cfg.Requests) {
-		d.Allowed = true
+	ahead = min(max(ahead, 0), w)
+	d := Decision{Allowed: ok, Limit: n, Remaining: int((w - ahead) / interval)}
+	if ok {
 		return d
 	}
 	l.rejected.Add(1)
-	d.RetryAfter = reset
+	// The key moves back to now at one second a second: the next
+	// request fits once it is no more than w-interval ahead.
+	d.RetryAfter = max(ahead+interval-w, time.Millisecond)
 	return d
 }
 
@@ -197,14 +211,15 @@ func (l *Limiter) Rejected() uint64 {
 
 // MemoryCounter is a Counter in this process, bounded in size.
 type MemoryCounter struct {
-	c *otter.Cache[string, *atomic.Int64]
+	c   *otter.Cache[string, *atomic.Int64] // a key's time, in ns since the epoch
+	now func() time.Time
 }
 
 // NewMemoryCounter returns an empty counter.
 func NewMemoryCounter() *MemoryCounter {
-	return &MemoryCounter{c: otter.Must(&otter.Options[string, *atomic.Int64]{
-		// One entry per active client and window: 100k clients is a lot
-		// of scrapers, and an evicted count only forgives a few requests.
+	return &MemoryCounter{now: time.Now, c: otter.Must(&otter.Options[string, *atomic.Int64]{
+		// One entry per client active within its window: 100k clients is
+		// a lot of scrapers, and an evicted one only gets a fresh burst.
 		MaximumSize: 100_000,
 		ExpiryCalculator: otter.ExpiryCreatingFunc(func(e otter.Entry[string, *atomic.Int64]) time.Duration {
 			return 2 * time.Minute
@@ -212,13 +227,23 @@ func NewMemoryCounter() *MemoryCounter {
 	})}
 }
 
-// IncrWindow implements Counter.
-func (m *MemoryCounter) IncrWindow(_ context.Context, key string, ttl time.Duration) (int64, error) {
+// Take implements Counter.
+func (m *MemoryCounter) Take(_ context.Context, key string, interval, burst time.Duration) (time.Duration, bool, error) {
+	now := m.now().UnixNano()
 	v, _ := m.c.ComputeIfAbsent(key, func() (*atomic.Int64, bool) { return new(atomic.Int64), false })
-	if ttl > 0 {
-		m.c.SetExpiresAfter(key, ttl)
+	for {
+		at := v.Load()
+		next := max(at, now) + int64(interval)
+		if next-now > int64(burst) {
+			return time.Duration(max(at, now) - now), false, nil
+		}
+		if v.CompareAndSwap(at, next) {
+			// Once the key's time has passed it holds nothing a new
+			// entry would not: let it go then.
+			m.c.SetExpiresAfter(key, time.Duration(next-now)+time.Second)
+			return time.Duration(next - now), true, nil
+		}
 	}
-	return v.Add(1), nil
 }
 
 // Close stops the counter's background work.

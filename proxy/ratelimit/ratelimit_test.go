@@ -6,18 +6,28 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 )
 
-func TestFixedWindow(t *testing.T) {
-	l, err := New(Config{Requests: 3, Window: time.Minute}, nil)
+// clocked returns a limiter counting in this process by a clock the test
+// moves.
+func clocked(t *testing.T, cfg Config) (*Limiter, *time.Time) {
+	t.Helper()
+	l, err := New(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(l.Close)
 	now := time.Date(2026, 11, 29, 10, 0, 10, 0, time.UTC)
-	l.now = func() time.Time { return now }
+	l.own.now = func() time.Time { return now }
+	return l, &now
+}
+
+func TestAllowance(t *testing.T) {
+	l, now := clocked(t, Config{Requests: 3, Window: time.Minute})
 	ctx := context.Background()
 	for i := range 3 {
 		if d := l.Allow(ctx, "a", "site.test"); !d.Allowed || d.Remaining != 2-i {
@@ -25,25 +35,88 @@ func TestFixedWindow(t *testing.T) {
 		}
 	}
 	d := l.Allow(ctx, "a", "site.test")
-	if d.Allowed || d.RetryAfter != 50*time.Second {
-		t.Fatalf("4th request: %+v", d)
+	if d.Allowed || d.RetryAfter != 20*time.Second || d.Limit != 3 {
+		t.Fatalf("4th request: %+v, want refused, retry in 20s (a minute's third)", d)
 	}
 	if d := l.Allow(ctx, "b", "site.test"); !d.Allowed {
 		t.Fatalf("another client was limited: %+v", d)
 	}
-	now = now.Add(50 * time.Second) // next window
-	if d := l.Allow(ctx, "a", "site.test"); !d.Allowed {
-		t.Fatalf("new window: %+v", d)
+	*now = now.Add(19 * time.Second)
+	if d := l.Allow(ctx, "a", "site.test"); d.Allowed || d.RetryAfter != time.Second {
+		t.Fatalf("19s later: %+v, want refused for 1s more", d)
 	}
-	if l.Rejected() != 1 {
-		t.Fatalf("rejected = %d", l.Rejected())
+	*now = now.Add(time.Second)
+	if d := l.Allow(ctx, "a", "site.test"); !d.Allowed || d.Remaining != 0 {
+		t.Fatalf("20s later: %+v, want one more admitted", d)
+	}
+	if d := l.Allow(ctx, "a", "site.test"); d.Allowed {
+		t.Fatalf("right after it: %+v", d)
+	}
+	if l.Rejected() != 3 {
+		t.Fatalf("rejected = %d, want 3", l.Rejected())
+	}
+}
+
+// TestNoDoubleBurstAtTheWindowEdge: a client that spends its allowance at
+// the end of one minute gets nothing more at the start of the next. With
+// the fixed windows of before, 10 requests at 10:00:59.9 and 10 more at
+// 10:01:00.1 all went through: twice the limit within 200ms.
+func TestNoDoubleBurstAtTheWindowEdge(t *testing.T) {
+	l, now := clocked(t, Config{Requests: 10, Window: time.Minute})
+	*now = time.Date(2026, 11, 29, 10, 0, 59, 900_000_000, time.UTC)
+	admitted := 0
+	for _, at := range []time.Duration{0, 200 * time.Millisecond} {
+		*now = now.Add(at)
+		for range 10 {
+			if l.Allow(context.Background(), "a", "site.test").Allowed {
+				admitted++
+			}
+		}
+	}
+	if admitted != 10 {
+		t.Fatalf("%d requests admitted across the minute's edge within 200ms, want 10", admitted)
+	}
+}
+
+// TestAllowanceOverTime: a client sending a request every second for ten
+// minutes at 3 a minute gets its burst of 3 and then one every 20s.
+func TestAllowanceOverTime(t *testing.T) {
+	l, now := clocked(t, Config{Requests: 3, Window: time.Minute})
+	admitted := 0
+	for range 600 {
+		if l.Allow(context.Background(), "a", "site.test").Allowed {
+			admitted++
+		}
+		*now = now.Add(time.Second)
+	}
+	if want := 3 + 599/20; admitted != want {
+		t.Fatalf("%d admitted in 10 minutes, want %d", admitted, want)
+	}
+}
+
+// TestConcurrentTakes: requests racing on one client are admitted exactly
+// up to the limit.
+func TestConcurrentTakes(t *testing.T) {
+	l, _ := clocked(t, Config{Requests: 50, Window: time.Minute})
+	var admitted atomic.Int64
+	var wg sync.WaitGroup
+	for range 200 {
+		wg.Go(func() {
+			if l.Allow(context.Background(), "a", "site.test").Allowed {
+				admitted.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	if n := admitted.Load(); n != 50 {
+		t.Fatalf("%d of 200 concurrent requests admitted, want 50", n)
 	}
 }
 
 type brokenCounter struct{}
 
-func (brokenCounter) IncrWindow(context.Context, string, time.Duration) (int64, error) {
-	return 0, errors.New("redis down")
+func (brokenCounter) Take(context.Context, string, time.Duration, time.Duration) (time.Duration, bool, error) {
+	return 0, false, errors.New("redis down")
 }
 
 func TestFailOpenAndClosed(t *testing.T) {
@@ -78,6 +151,9 @@ func TestExcludeHostsAndOff(t *testing.T) {
 }
 
 func TestValidate(t *testing.T) {
+	if err := (Config{Requests: 2_000_000, Window: time.Second}).Validate(); err == nil || !strings.Contains(err.Error(), "requests:") {
+		t.Errorf("2,000,000 requests a second: %v, want refused (more than one per microsecond)", err)
+	}
 	err := (Config{Requests: -1, Window: time.Millisecond, ExcludeHosts: []string{"ok.test", "*internal.test"}, PerHostRPS: -1, PerHostBurst: -1}).Validate()
 	if err == nil {
 		t.Fatal("bad config accepted")

@@ -219,20 +219,31 @@ func (b *Bus) Claim(ctx context.Context, name string, ttl time.Duration) (releas
 	}, true
 }
 
-// IncrWindow counts one hit on key for the fleet-wide rate limiter and
-// returns the new count; the key expires after ttl (a fixed window). It
-// fails fast with dedup.ErrUnavailable while the breaker is open.
-func (b *Bus) IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error) {
+// Take implements ratelimit.Counter fleet-wide: one statement per
+// request. It fails fast with dedup.ErrUnavailable while the breaker is
+// open.
+func (b *Bus) Take(ctx context.Context, key string, interval, burst time.Duration) (time.Duration, bool, error) {
 	if !storable(key) {
 		// A client name that is not text (bytes in a proxy user name)
-		// still gets a counter of its own.
+		// still gets a row of its own.
 		key = "x:" + hexKey(key)
 	}
-	var n int64
+	var admitted, refused *int64
 	err := b.exec(ctx, func(ctx context.Context) error {
-		return b.pool.QueryRow(ctx, b.sql.incr, key, ttl.Milliseconds()).Scan(&n)
+		return b.pool.QueryRow(ctx, b.sql.take, key, interval.Microseconds(), burst.Microseconds()).Scan(&admitted, &refused)
 	})
-	return n, err
+	switch {
+	case err != nil:
+		return 0, false, err
+	case admitted != nil:
+		return time.Duration(*admitted) * time.Microsecond, true, nil
+	case refused != nil:
+		return time.Duration(*refused) * time.Microsecond, false, nil
+	default:
+		// Refused on a row another instance wrote after this statement's
+		// snapshot: its place is unknown, so the whole burst.
+		return burst, false, nil
+	}
 }
 
 // errNotText refuses a binding that PostgreSQL text cannot hold.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/countertest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/fleetevent"
@@ -361,31 +362,11 @@ func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
 	})
 }
 
-// TestIncrWindowCountsFleetWide: one fixed window counted by every
-// instance, starting over once it expires.
-func TestIncrWindowCountsFleetWide(t *testing.T) {
+// TestTakeCountsFleetWide: one allowance spent by every instance, by the
+// database's clock.
+func TestTakeCountsFleetWide(t *testing.T) {
 	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0].bus, f.insts[1].bus
-	ctx := context.Background()
-	for i, bus := range []*Bus{a, b, a, b} {
-		n, err := bus.IncrWindow(ctx, "rl:alice:1", 300*time.Millisecond)
-		if err != nil || n != int64(i+1) {
-			t.Fatalf("hit %d: %d, %v", i+1, n, err)
-		}
-	}
-	if n, err := a.IncrWindow(ctx, "rl:bob:1", time.Minute); err != nil || n != 1 {
-		t.Fatalf("another key: %d, %v", n, err)
-	}
-	// A client name that is not text still counts, under a name of its own.
-	for i := range 2 {
-		if n, err := b.IncrWindow(ctx, "rl:\xff\x00:1", time.Minute); err != nil || n != int64(i+1) {
-			t.Fatalf("binary key, hit %d: %d, %v", i+1, n, err)
-		}
-	}
-	waitFor(t, "the window to expire", func() bool {
-		n, err := b.IncrWindow(ctx, "rl:alice:1", 300*time.Millisecond)
-		return err == nil && n == 1
-	})
+	countertest.Agree(t, f.insts[0].bus, f.insts[1].bus)
 }
 
 // TestFlightEndWakesOnlyWhenWaitedOn: the end of a flight nobody waits

@@ -155,15 +155,19 @@ func TestJoinWaitsOnALostLockOfItsOwn(t *testing.T) {
 
 // TestGarbageCounterKeepsTheBreakerClosed: one counters row this build
 // never writes (n at the bigint maximum, from another version or psql)
-// made each IncrWindow on its key fail with "bigint out of range", which
-// the breaker counted as the database failing: after breaker_failures hits
-// of that one client, the whole shared layer was switched off.
+// must not fail the rate limiter's statement on its key ("bigint out of
+// range"), which the breaker would count as the database failing: after
+// breaker_failures hits of that one client, the whole shared layer would
+// be switched off. The client is held back for one burst at most.
 func TestGarbageCounterKeepsTheBreakerClosed(t *testing.T) {
 	f := newFleet(t, 1, Config{BreakerInterval: time.Minute}, dedup.Config{}, nil)
 	a := f.insts[0]
 	f.exec(`INSERT INTO {s}.counters VALUES ('client-x', 9223372036854775807, now() + interval '1 minute')`)
 	for range 5 {
-		_, _ = a.bus.IncrWindow(context.Background(), "client-x", time.Minute)
+		ahead, ok, err := a.bus.Take(context.Background(), "client-x", time.Second, time.Minute)
+		if err != nil || ok || ahead != time.Minute {
+			t.Errorf("Take on a row at the bigint maximum: %s %v %v, want refused, a burst (1m) ahead", ahead, ok, err)
+		}
 	}
 	if !a.be.Available() {
 		t.Fatalf("one unreadable counters row switched the shared layer off (errors %d)", a.be.Errors())
@@ -194,17 +198,19 @@ func TestSchemaThisRoleCannotSetUp(t *testing.T) {
 	}
 }
 
-// TestCounterFromElsewhereStartsAWindow: a counters row ending far
-// beyond any window of this length, or counting below zero, starts a new
-// window at the next hit instead of holding the key for ever.
-func TestCounterFromElsewhereStartsAWindow(t *testing.T) {
+// TestCounterFromElsewhereIsAtRest: a counters row far in the past (an
+// old build's fixed-window count), counting below zero, or expired
+// whatever it holds, is a client at rest: its burst is whole.
+func TestCounterFromElsewhereIsAtRest(t *testing.T) {
 	f := newFleet(t, 1, Config{}, dedup.Config{}, nil)
 	a := f.insts[0]
-	f.exec(`INSERT INTO {s}.counters VALUES ('far', 1000, now() + interval '10 years'), ('negative', -5, now() + interval '1 minute')`)
-	for _, key := range []string{"far", "negative"} {
-		n, err := a.bus.IncrWindow(context.Background(), key, time.Minute)
-		if err != nil || n != 1 {
-			t.Errorf("%s: IncrWindow = %d, %v; want a new window (1)", key, n, err)
+	f.exec(`INSERT INTO {s}.counters VALUES ('far', 1000, now() + interval '10 years'), ('negative', -5, now() + interval '1 minute'),
+		('expired', 9223372036854775807, now() - interval '1 second')`)
+	for _, key := range []string{"far", "negative", "expired"} {
+		for i := range 3 {
+			if ahead, ok, err := a.bus.Take(context.Background(), key, time.Second, 2*time.Second); err != nil || ok != (i < 2) {
+				t.Errorf("%s: take %d = %s %v %v, want a whole burst of 2", key, i+1, ahead, ok, err)
+			}
 		}
 	}
 }

@@ -21,7 +21,7 @@ type statements struct {
 	stream, peer, expirePeer string
 
 	// The bus.
-	notify, keepNote, recall, claim, unclaim, incr string
+	notify, keepNote, recall, claim, unclaim, take string
 	bind, rebind                                   string
 
 	// Statistics.
@@ -215,20 +215,29 @@ func newStatements(schema string) statements {
 				session = CASE WHEN b.expires_at <= now() OR b.session = $2 THEN excluded.session ELSE b.session END,
 				expires_at = excluded.expires_at
 			RETURNING session`),
-		// A fixed window: the first hit (or the first after expiry) starts
-		// it. A row no window of this length could have left (ending after
-		// this one would, or a count below zero: written by something
-		// else) starts one too, and the count saturates instead of
-		// failing the statement, which the breaker would take for the
-		// database failing.
-		incr: s(`INSERT INTO {s}.counters AS c (key, n, expires_at)
-			VALUES ($1, 1, now() + $2::bigint * interval '1 millisecond')
-			ON CONFLICT (key) DO UPDATE SET
-				n = CASE WHEN c.expires_at <= now() OR c.expires_at > excluded.expires_at OR c.n < 0 THEN 1
-					ELSE least(c.n, 9223372036854775806) + 1 END,
-				expires_at = CASE WHEN c.expires_at <= now() OR c.expires_at > excluded.expires_at OR c.n < 0 THEN excluded.expires_at
-					ELSE c.expires_at END
-			RETURNING n`),
+		// The rate limiter's step (ratelimit.Counter): the row holds the
+		// client's time in microseconds by the database's clock, which
+		// every instance shares; $2 is the interval and $3 the burst (µs).
+		// The upsert's row lock orders racing instances; a refusal writes
+		// nothing, and reports how far ahead the row was (read before
+		// it). A row this package did not write (an expired one, or one
+		// far ahead) counts as a client at rest or, ahead, as one whose
+		// burst is spent: it neither fails the statement, which the
+		// breaker would take for the database failing, nor holds a
+		// client back for longer than a burst.
+		take: s(`WITH clock AS (SELECT (extract(epoch FROM now()) * 1000000)::bigint AS us),
+			before AS (SELECT n, expires_at FROM {s}.counters WHERE key = $1),
+			took AS (
+				INSERT INTO {s}.counters AS c (key, n, expires_at)
+				SELECT $1, us + $2, now() + ($2 + 1000000) * interval '1 microsecond' FROM clock
+				ON CONFLICT (key) DO UPDATE SET
+					n = ` + takeBase + ` + $2,
+					expires_at = now() + (` + takeBase + ` + $2 - (excluded.n - $2) + 1000000) * interval '1 microsecond'
+				WHERE ` + takeBase + ` + $2 - (excluded.n - $2) <= $3
+				RETURNING n)
+			SELECT (SELECT n - us FROM took),
+				(SELECT CASE WHEN expires_at <= now() THEN 0 ELSE least(greatest(n, us), us + $3) - us END FROM before)
+			FROM clock`),
 
 		// Sums saturate: a row no build writes (a count at the bigint
 		// maximum) must not fail every flush, which the breaker would
@@ -266,3 +275,10 @@ func newStatements(schema string) statements {
 				+ (SELECT count(*) FROM o) + (SELECT count(*) FROM x) + (SELECT count(*) FROM b)`),
 	}
 }
+
+// takeBase is where the rate limiter's step starts from, in microseconds
+// (see take): the row's time, or now when the row lags behind now or has
+// expired, and at most a burst ahead of now. excluded.n is now plus the
+// interval.
+const takeBase = `CASE WHEN c.expires_at <= now() THEN excluded.n - $2
+	ELSE least(greatest(c.n, excluded.n - $2), excluded.n - $2 + $3) END`

@@ -2,6 +2,7 @@ package rediscache
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -236,25 +237,45 @@ func (b *Bus) Claim(ctx context.Context, name string, ttl time.Duration) (releas
 	}, true
 }
 
-// windowScript is a fixed-window counter: the first hit of a window sets
-// its expiry.
-var windowScript = redis.NewScript(`
-local n = redis.call('INCR', KEYS[1])
-if n == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
-return n
+// takeScript is the rate limiter's step (ratelimit.Counter): the key
+// holds the client's time in microseconds by Redis's clock, which every
+// instance shares. A value this package did not write (not a number,
+// another type, far ahead) counts as a client at rest or, ahead, as one
+// whose burst is spent: it never fails the step, nor holds a client back
+// for longer than a burst.
+// KEYS: the client's key. ARGV: interval, burst (µs). Returns {1 admitted
+// or 0, µs ahead of now after the step}.
+var takeScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local iv, burst = tonumber(ARGV[1]), tonumber(ARGV[2])
+local v = redis.pcall('GET', KEYS[1])
+local at = type(v) == 'string' and tonumber(v) or nil
+if type(v) == 'table' then redis.call('DEL', KEYS[1]) end
+if not at or at ~= at or at < now then at = now end
+if at > now + burst then at = now + burst end
+if at + iv - now > burst then return {0, at - now} end
+at = at + iv
+redis.call('SET', KEYS[1], string.format('%.0f', at), 'PX', math.ceil((at - now) / 1000) + 1000)
+return {1, at - now}
 `)
 
-// IncrWindow counts one hit on key for the fleet-wide rate limiter and
-// returns the new count; the key expires after ttl. It fails fast with
-// dedup.ErrUnavailable while the breaker is open.
-func (b *Bus) IncrWindow(ctx context.Context, key string, ttl time.Duration) (int64, error) {
-	var n int64
+// Take implements ratelimit.Counter fleet-wide: one script per request.
+// It fails fast with dedup.ErrUnavailable while the breaker is open.
+func (b *Bus) Take(ctx context.Context, key string, interval, burst time.Duration) (time.Duration, bool, error) {
+	var res []int64
 	err := b.exec(ctx, func(ctx context.Context) error {
 		var err error
-		n, err = windowScript.Run(ctx, b.rdb, []string{b.prefix + key}, ttl.Milliseconds()).Int64()
+		res, err = takeScript.Run(ctx, b.rdb, []string{b.prefix + key}, interval.Microseconds(), burst.Microseconds()).Int64Slice()
 		return err
 	})
-	return n, err
+	if err != nil {
+		return 0, false, err
+	}
+	if len(res) != 2 {
+		return 0, false, fmt.Errorf("redis: rate limiter step: %d values, want 2", len(res))
+	}
+	return time.Duration(res[1]) * time.Microsecond, res[0] == 1, nil
 }
 
 // bindScript returns the session a sticky key is bound to, binding it to
