@@ -174,8 +174,8 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	// Flights still running after the proxy drained are cut here.
 	a.closers = append(a.closers, a.Engine.Close)
 	if a.lns.peer != nil {
-		a.peer = newPeerServer(cfg.Fleet, a.lns.peer, peerToken, a.Engine.PeerHandler(), logger)
 		advertised := peerAdvertised(cfg.Fleet, a.lns.peer)
+		a.peer = newPeerServer(cfg.Fleet, a.lns.peer, peerToken, advertised, a.Engine.PeerHandler(), logger)
 		// Validation made sure a shared store is configured.
 		a.shared.cache.AdvertisePeer(advertised)
 		logger.Info("peer listening", "addr", a.lns.peer.Addr().String(), "advertised", advertised, "token", peerToken != "")

@@ -14,6 +14,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
+	"github.com/seed-a3c387e8/onceproxy/proxy/admin"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -159,11 +160,20 @@ type peerServer struct {
 	ln  *connlimit.Listener
 }
 
-func newPeerServer(c FleetConfig, ln net.Listener, token string, h http.Handler, logger *slog.Logger) *peerServer {
+// newPeerServer serves h on ln; advertised is the address the other
+// instances are told to use, which they send as Host.
+func newPeerServer(c FleetConfig, ln net.Listener, token, advertised string, h http.Handler, logger *slog.Logger) *peerServer {
+	if token == "" {
+		// Only a loopback listener goes without a token (Validate), and a
+		// browser on this machine can reach it.
+		h = admin.RequireLocalHost(h, advertised)
+	} else {
+		h = peerAuth(token, h)
+	}
 	return &peerServer{
 		ln: connlimit.New(ln, connlimit.Config{MaxConns: c.PeerMaxConns, IdleTimeout: c.PeerIdleTimeout}),
 		srv: &http.Server{
-			Handler:           peerAuth(token, h),
+			Handler:           h,
 			ReadHeaderTimeout: c.PeerTimeout,
 			IdleTimeout:       time.Minute,
 			MaxHeaderBytes:    16 << 10,
@@ -185,9 +195,6 @@ func (p *peerServer) serve() error {
 // constant-time comparison, so that neither the token's bytes nor its
 // length show in how long a refusal takes.
 func peerAuth(token string, next http.Handler) http.Handler {
-	if token == "" {
-		return next
-	}
 	want := sha256.Sum256([]byte("Bearer " + token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))

@@ -1,6 +1,8 @@
 package app
 
 import (
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -108,5 +110,58 @@ func expectLoad(t *testing.T, env []string, want string) {
 		t.Fatalf("refused: %v", err)
 	case want != "" && (err == nil || !strings.Contains(err.Error(), want)):
 		t.Fatalf("error %v, want one containing %q", err, want)
+	}
+}
+
+// TestPeerWithoutTokenAnswersThisMachineOnly: a loopback peer listener
+// without a token (Validate allows no other) answers only requests whose
+// Host is a loopback address, localhost or the address it advertises: a
+// web page that points a name of its own at 127.0.0.1 (DNS rebinding)
+// could otherwise read the bodies it serves. With a token, the token
+// decides.
+func TestPeerWithoutTokenAnswersThisMachineOnly(t *testing.T) {
+	object := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("object")) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	open := httptest.NewServer(newPeerServer(FleetConfig{}, ln, "", "peer.localdomain:7070", object, slog.New(slog.DiscardHandler)).srv.Handler)
+	defer open.Close()
+	port := strings.TrimPrefix(open.URL, "http://127.0.0.1:")
+	for _, tc := range []struct {
+		host string
+		want int
+	}{
+		{"127.0.0.1:" + port, http.StatusOK},
+		{"localhost:" + port, http.StatusOK},
+		{"[::1]:" + port, http.StatusOK},
+		{"peer.localdomain:7070", http.StatusOK},
+		{"attacker.example:" + port, http.StatusMisdirectedRequest},
+		{"attacker.example", http.StatusMisdirectedRequest},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, open.URL+"/dedup/v1/objects/x", nil)
+		req.Host = tc.host
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("Host %q: %d, want %d", tc.host, resp.StatusCode, tc.want)
+		}
+	}
+	tokened := httptest.NewServer(newPeerServer(FleetConfig{}, ln, "s3cret", "10.0.0.1:7070", object, slog.New(slog.DiscardHandler)).srv.Handler)
+	defer tokened.Close()
+	req, _ := http.NewRequest(http.MethodGet, tokened.URL+"/dedup/v1/objects/x", nil)
+	req.Host = "peer.internal:7070" // behind a balancer or a name of the operator's
+	req.Header.Set("Authorization", "Bearer s3cret")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("with the token, Host %q: %d, want 200", req.Host, resp.StatusCode)
 	}
 }

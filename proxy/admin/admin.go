@@ -14,6 +14,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"slices"
 	"strings"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
@@ -193,20 +194,21 @@ func New(o Options) http.Handler {
 		return requireToken(o.Token, h)
 	}
 	if o.LocalOnly {
-		return requireLocalHost(h)
+		return RequireLocalHost(h)
 	}
 	return h
 }
 
-// requireLocalHost answers only requests that name this machine in Host
-// (localhost, a loopback address): a page that points a name of its own
-// at 127.0.0.1 (DNS rebinding) is same-origin to the browser, and would
-// otherwise read what a token-less admin port serves.
-func requireLocalHost(next http.Handler) http.Handler {
+// RequireLocalHost answers only requests that name this machine in Host
+// (localhost, a loopback address) or one of also: a page that points a
+// name of its own at 127.0.0.1 (DNS rebinding) is same-origin to the
+// browser, and would otherwise read what a token-less loopback port (the
+// admin port, the peer listener) serves.
+func RequireLocalHost(next http.Handler, also ...string) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !listenaddr.Loopback(r.Host) {
+		if !listenaddr.Loopback(r.Host) && !slices.ContainsFunc(also, func(h string) bool { return strings.EqualFold(h, r.Host) }) {
 			WriteJSON(w, http.StatusMisdirectedRequest, map[string]string{
-				"error": "this admin port answers requests to localhost or a loopback address only (Host: " + r.Host + ")"})
+				"error": "this port answers requests to localhost or a loopback address only (Host: " + r.Host + ")"})
 			return
 		}
 		next.ServeHTTP(w, r)
