@@ -1,6 +1,11 @@
 package dedup
 
-import "sync/atomic"
+import (
+	"crypto/rand"
+	"sync"
+	"sync/atomic"
+	"time"
+)
 
 // X-Cache values: HIT (served from the cache, no upstream request),
 // COALESCED (waited on an identical request in flight, here or on another
@@ -120,8 +125,69 @@ func savingsPct[T int64 | uint64](saved, all T) float64 {
 // DayCounts are one instance's counts between two flushes to a shared
 // store's per-day counters: one write per flush instead of one per
 // request. The zero value is ready.
+//
+// A flush whose write got no answer cannot tell whether the store added
+// the counts: putting them back would count them twice when it did, and
+// dropping them would lose them when it did not. So counts leave in
+// batches with an id of their own (Take), a batch whose fate is unknown
+// is sent again as it is, under the same id, before any newer counts
+// (Settle), and the store adds a batch only if it has not added that id
+// already: each answer is counted exactly once.
 type DayCounts struct {
 	Hit, Coalesced, Miss, Bypass, Avoided, MoneyNano atomic.Int64
+
+	mu      sync.Mutex
+	pending *DayBatch // taken, not known to be added
+}
+
+// DayBatch is counts on their way to a shared store's day. Its ID is
+// unique to it: an instance's batches go one at a time, so a store need
+// only remember the last ID it added for each instance.
+type DayBatch struct {
+	ID  string
+	Day time.Time // the UTC day the counts were taken, at midnight
+	// Counts is hit, coalesced, miss, bypass, bytes avoided and money
+	// saved in billionths, in that order (Fields names them).
+	Counts [6]int64
+}
+
+// Fields names a DayBatch's counts, in order, as the stores keep them.
+var Fields = [6]string{"hit", "coalesced", "miss", "bypass", "bytes_avoided", "money_nano"}
+
+// Take returns the batch to write: the last one taken, if its fate is
+// unknown, else the counts recorded since (false when there are none).
+// Every Take is followed by a Settle.
+func (c *DayCounts) Take(now time.Time) (DayBatch, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending != nil {
+		return *c.pending, true
+	}
+	b := DayBatch{Day: now.UTC().Truncate(24 * time.Hour), ID: rand.Text()}
+	nonzero := false
+	for i, v := range c.fields() {
+		b.Counts[i] = v.Swap(0)
+		nonzero = nonzero || b.Counts[i] != 0
+	}
+	if !nonzero {
+		return DayBatch{}, false
+	}
+	c.pending = &b
+	return b, true
+}
+
+// Settle says whether the store added the batch Take returned: if not,
+// or if that is unknown, it is taken again by the next Take.
+func (c *DayCounts) Settle(added bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if added {
+		c.pending = nil
+	}
+}
+
+func (c *DayCounts) fields() [6]*atomic.Int64 {
+	return [6]*atomic.Int64{&c.Hit, &c.Coalesced, &c.Miss, &c.Bypass, &c.Avoided, &c.MoneyNano}
 }
 
 // Record counts one response, as a Recorder does. It runs for every

@@ -3,72 +3,15 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/url"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
-
-// cutRelay forwards TCP to target until cut, and again after heal.
-type cutRelay struct {
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	cut    bool
-	conns  []net.Conn
-}
-
-func newCutRelay(t *testing.T, target string) *cutRelay {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &cutRelay{ln: ln, target: target}
-	t.Cleanup(func() { ln.Close(); r.setCut(true) })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			if r.cut {
-				r.mu.Unlock()
-				c.Close()
-				continue
-			}
-			u, err := net.Dial("tcp", target)
-			if err != nil {
-				r.mu.Unlock()
-				c.Close()
-				continue
-			}
-			r.conns = append(r.conns, c, u)
-			r.mu.Unlock()
-			go func() { io.Copy(u, c); u.Close() }()
-			go func() { io.Copy(c, u); c.Close() }()
-		}
-	}()
-	return r
-}
-
-func (r *cutRelay) setCut(cut bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.cut = cut
-	if cut {
-		for _, c := range r.conns {
-			c.Close()
-		}
-		r.conns = nil
-	}
-}
 
 // TestPurgeDuringAPartitionIsNotUndone: instance A, cut off from
 // PostgreSQL, fetches a URL and keeps it for its whole TTL; meanwhile the
@@ -83,15 +26,15 @@ func TestPurgeDuringAPartitionIsNotUndone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	relay := newCutRelay(t, u.Host)
+	relay := testkit.StartRelay(t, u.Host)
 	direct := f.url
-	u.Host = relay.ln.Addr().String()
+	u.Host = relay.Addr()
 	f.url = u.String()
 	a := f.start("a", Config{BreakerInterval: 200 * time.Millisecond, BreakerFailures: 1}, dedup.Config{TTL: time.Hour})
 	f.url = direct
 
 	first := b.get(f.origin.URL + "/page")
-	relay.setCut(true)
+	relay.Cut(true)
 	waitFor(t, "A's breaker to open", func() bool {
 		a.get(fmt.Sprintf("%s/probe/%d", f.origin.URL, time.Now().UnixNano()))
 		return !a.be.Available()
@@ -105,12 +48,63 @@ func TestPurgeDuringAPartitionIsNotUndone(t *testing.T) {
 	if _, err := b.engine.InvalidateURL(context.Background(), f.origin.URL+"/page"); err != nil {
 		t.Fatal(err)
 	}
-	relay.setCut(false)
+	relay.Cut(false)
 	waitFor(t, "A to be back and share what it cached", func() bool {
 		return a.be.Available() && a.store.pending.len() == 0
 	})
 	after := b.get(f.origin.URL + "/page")
 	if after.body == before.body || after.body == first.body {
 		t.Errorf("B after the purge serves %q (%s), fetched before the purge (first %q, A's %q)", after.body, after.xcache, first.body, before.body)
+	}
+}
+
+// TestStatsLostAnswerCountsOnce: a flush whose answer the network lost
+// (PostgreSQL committed the counts; the instance never heard) is sent
+// again at the next flush, and added once. Before, the counts were put
+// back and added a second time.
+func TestStatsLostAnswerCountsOnce(t *testing.T) {
+	f := newFleet(t, 0, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
+	u, err := url.Parse(f.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay := testkit.StartRelay(t, u.Host)
+	direct := f.url
+	u.Host = relay.Addr()
+	f.url = u.String()
+	a := f.start("a", Config{StatsFlush: time.Hour, BreakerFailures: 5}, dedup.Config{})
+	f.url = direct
+	ctx := context.Background()
+	conn := f.conn()
+	sum := func(col string) (n int64) {
+		t.Helper()
+		err := conn.QueryRow(ctx, schemaSQL(f.schema, `SELECT coalesce(sum(`+col+`), 0) FROM {s}.stats`)).Scan(&n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	miss := func() int64 { return sum("miss") }
+
+	a.bus.stats.Bypass.Add(1)
+	waitFor(t, "a flush through the relay", func() bool { // leaves a connection in the pool: the muted flush needs no new one
+		a.bus.flushOnce(ctx)
+		return sum("bypass") == 1
+	})
+	a.bus.stats.Miss.Add(10)
+	relay.Mute(true)
+	a.bus.flushOnce(ctx)
+	relay.Mute(false)
+	if n := miss(); n != 10 {
+		t.Fatalf("miss = %d once the muted flush reached PostgreSQL, want 10", n)
+	}
+	a.bus.stats.Miss.Add(5)
+	waitFor(t, "the flush sent again and the new counts", func() bool {
+		a.bus.flushOnce(ctx)
+		return miss() >= 15
+	})
+	a.bus.flushOnce(ctx) // nothing left to send
+	if n := miss(); n != 15 {
+		t.Errorf("miss = %d after flushing 10 (answer lost) and 5, want 15", n)
 	}
 }

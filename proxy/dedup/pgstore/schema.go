@@ -101,6 +101,13 @@ CREATE TABLE IF NOT EXISTS {s}.stats (
 	money_nano    bigint NOT NULL DEFAULT 0
 );
 
+-- The last batch of counts each instance added to stats (see flushStats).
+CREATE TABLE IF NOT EXISTS {s}.stats_added (
+	instance text PRIMARY KEY,
+	batch    text NOT NULL,
+	at       timestamptz NOT NULL
+);
+
 -- acquire is one step of a fleet flight, in one round trip:
 --   2 + value    the key is cached (found at once: a hit; after waiting:
 --                the flight waited on stored it)

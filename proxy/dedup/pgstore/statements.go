@@ -239,11 +239,22 @@ func newStatements(schema string) statements {
 				(SELECT CASE WHEN expires_at <= now() THEN 0 ELSE least(greatest(n, us), us + $3) - us END FROM before)
 			FROM clock`),
 
-		// Sums saturate: a row no build writes (a count at the bigint
-		// maximum) must not fail every flush, which the breaker would
-		// take for the database failing.
-		flushStats: s(`INSERT INTO {s}.stats AS t (day, hit, coalesced, miss, bypass, bytes_avoided, money_nano)
-			VALUES ($1, $2, $3, $4, $5, $6, $7)
+		// A batch of counts (dedup.DayBatch) is added once: stats_added
+		// keeps the last batch each instance ($8) added, and a batch sent
+		// again because its answer never came ($9 the same) adds nothing.
+		// One statement, so the mark and the sums commit together; it
+		// also drops the marks of instances gone for a week (a handful of
+		// rows: a process's id is new at each start). Sums saturate: a
+		// row no build writes (a count at the bigint maximum) must not
+		// fail every flush, which the breaker would take for the
+		// database failing.
+		flushStats: s(`WITH gone AS (DELETE FROM {s}.stats_added WHERE at < now() - interval '8 days'),
+			mark AS (INSERT INTO {s}.stats_added AS a (instance, batch, at) VALUES ($8, $9, now())
+				ON CONFLICT (instance) DO UPDATE SET batch = excluded.batch, at = excluded.at
+				WHERE a.batch <> excluded.batch
+				RETURNING 1)
+			INSERT INTO {s}.stats AS t (day, hit, coalesced, miss, bypass, bytes_avoided, money_nano)
+			SELECT $1, $2, $3, $4, $5, $6, $7 WHERE EXISTS (SELECT 1 FROM mark)
 			ON CONFLICT (day) DO UPDATE SET hit = ` + satAdd("hit") + `, coalesced = ` + satAdd("coalesced") + `,
 				miss = ` + satAdd("miss") + `, bypass = ` + satAdd("bypass") + `,
 				bytes_avoided = ` + satAdd("bytes_avoided") + `, money_nano = ` + satAdd("money_nano")),

@@ -2,7 +2,6 @@ package pgstore
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,26 +42,24 @@ func (b *Bus) flushStats(ctx context.Context) {
 	}
 }
 
-// flushOnce adds the buffered counts to today's row. Counts that could not
-// be written are put back for the next flush.
+// flushOnce adds the counts taken since the last flush to their day's
+// row, exactly once (dedup.DayCounts): a batch whose answer never came
+// goes again, as it was, at the next flush, before the newer counts.
 func (b *Bus) flushOnce(ctx context.Context) {
-	fields := []*atomic.Int64{&b.stats.Hit, &b.stats.Coalesced, &b.stats.Miss, &b.stats.Bypass, &b.stats.Avoided, &b.stats.MoneyNano}
-	taken := make([]int64, len(fields))
-	nonzero := false
-	for i, f := range fields {
-		taken[i] = f.Swap(0)
-		nonzero = nonzero || taken[i] != 0
-	}
-	if !nonzero {
-		return
-	}
-	err := b.exec(ctx, func(ctx context.Context) error {
-		_, err := b.pool.Exec(ctx, b.sql.flushStats, day(time.Now()), taken[0], taken[1], taken[2], taken[3], taken[4], taken[5])
-		return err
-	})
-	if err != nil {
-		for i, f := range fields {
-			f.Add(taken[i])
+	for range 2 { // the batch sent again, then the newer counts
+		batch, ok := b.stats.Take(time.Now())
+		if !ok {
+			return
+		}
+		c := batch.Counts
+		err := b.exec(ctx, func(ctx context.Context) error {
+			_, err := b.pool.Exec(ctx, b.sql.flushStats, batch.Day, c[0], c[1], c[2], c[3], c[4], c[5], b.instance, batch.ID)
+			return err
+		})
+		b.stats.Settle(err == nil)
+		if err != nil {
+			b.log.Debug("postgres: fleet counters not flushed; sending them again at the next flush", "err", err)
+			return
 		}
 	}
 }

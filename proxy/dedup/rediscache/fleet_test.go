@@ -75,7 +75,7 @@ func newFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFun
 func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance {
 	t := f.t
 	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", name)
-	if len(rc.Addrs) == 0 {
+	if len(rc.Addrs) == 0 && rc.URL == "" {
 		rc.URL = f.redis.URL
 	}
 	if rc.BreakerInterval == 0 {

@@ -2,9 +2,8 @@ package rediscache
 
 import (
 	"context"
-	"errors"
 	"strconv"
-	"sync/atomic"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -42,69 +41,85 @@ func (s *Bus) flushStats(ctx context.Context) {
 	}
 }
 
-// flushOnce adds the buffered counts to today's hash. Counts whose command
-// got no answer are put back for the next flush; those Redis refused (a
-// field that is not a number: not written by onceproxy) replace the field.
-// The pipeline is no transaction: the counts Redis added stay added, and
-// putting them back too would count them twice.
+// addScript adds a batch of counts (dedup.DayBatch) to its day's hash
+// once: beside the hash, a mark keeps the last batch each instance added,
+// so a batch sent again because its answer never came is not added twice.
+// A counter that holds something else than a number (not written by
+// onceproxy) is replaced by the batch's count, and a day or mark of
+// another type is removed; the names of what was replaced are returned
+// ("" for a removed day).
+// KEYS: the day's hash, this instance's mark. ARGV: the batch's id, the
+// day's life (s), then name, count pairs.
+var addScript = redis.NewScript(`
+local function ours(key, kind)
+  local t = redis.call('TYPE', key).ok
+  if t ~= 'none' and t ~= kind then redis.call('DEL', key) return false end
+  return true
+end
+ours(KEYS[2], 'string')
+if redis.call('GET', KEYS[2]) == ARGV[1] then return {} end
+local replaced = {}
+if not ours(KEYS[1], 'hash') then table.insert(replaced, '') end
+for i = 3, #ARGV, 2 do
+  local r = redis.pcall('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+  if type(r) == 'table' and r.err then
+    redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    table.insert(replaced, ARGV[i])
+  end
+end
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[1], 'EX', ARGV[2])
+return replaced
+`)
+
+// flushOnce adds the counts taken since the last flush to their day's
+// hash, exactly once (dedup.DayCounts): a batch whose answer never came
+// goes again, as it was, at the next flush, before the newer counts.
 func (s *Bus) flushOnce(ctx context.Context) {
-	fields := []struct {
-		name string
-		v    *atomic.Int64
-	}{
-		{"hit", &s.stats.Hit}, {"coalesced", &s.stats.Coalesced},
-		{"miss", &s.stats.Miss}, {"bypass", &s.stats.Bypass}, {"bytes_avoided", &s.stats.Avoided}, {"money_nano", &s.stats.MoneyNano},
-	}
-	taken := make([]int64, len(fields))
-	nonzero := false
-	for i, f := range fields {
-		taken[i] = f.v.Swap(0)
-		nonzero = nonzero || taken[i] != 0
-	}
-	if !nonzero {
-		return
-	}
-	key := s.dayKey(time.Now())
-	incrs := make([]*redis.IntCmd, len(fields))
-	// Each count's fate is on its own command (nil: never sent).
-	_ = s.exec(ctx, func(ctx context.Context) error {
-		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, f := range fields {
-				if taken[i] != 0 {
-					incrs[i] = p.HIncrBy(ctx, key, f.name, taken[i])
-				}
-			}
-			p.Expire(ctx, key, (statsDays+1)*24*time.Hour)
-			return nil
-		})
-		return err
-	})
-	var refused []any
-	for i, f := range fields {
-		switch {
-		case taken[i] == 0:
-		case incrs[i] == nil:
-			f.v.Add(taken[i]) // never sent (the breaker is open)
-		case incrs[i].Err() == nil:
-			// Added.
-		case isReply(incrs[i].Err()):
-			s.rejected.Add(1)
-			refused = append(refused, f.name, taken[i])
-		default:
-			f.v.Add(taken[i]) // no answer: the next flush tries again
+	for range 2 { // the batch sent again, then the newer counts
+		b, ok := s.stats.Take(time.Now())
+		if !ok {
+			return
 		}
-	}
-	if len(refused) > 0 {
-		s.log.Warn("redis: a fleet counter held something else than a number; replacing it", "key", key)
-		_ = s.exec(ctx, func(ctx context.Context) error { return s.rdb.HSet(ctx, key, refused...).Err() })
+		day := s.dayKey(b.Day)
+		args := []any{b.ID, int64((statsDays + 1) * 24 * time.Hour / time.Second)}
+		for i, n := range b.Counts {
+			if n != 0 {
+				args = append(args, dedup.Fields[i], n)
+			}
+		}
+		var replaced []string
+		err := s.exec(ctx, func(ctx context.Context) error {
+			var err error
+			replaced, err = addScript.Run(ctx, s.rdb, []string{day, sameSlot(day, ":added:"+s.instance)}, args...).StringSlice()
+			return err
+		})
+		s.stats.Settle(err == nil)
+		if err != nil {
+			s.log.Debug("redis: fleet counters not flushed; sending them again at the next flush", "err", err)
+			return
+		}
+		if len(replaced) > 0 {
+			s.rejected.Add(int64(len(replaced)))
+			s.log.Warn("redis: a fleet counter held something else than a number; replaced it", "key", day, "fields", replaced)
+		}
 	}
 }
 
-// isReply reports whether err is Redis's answer to a command (it refused
-// it), rather than a failure to get one.
-func isReply(err error) bool {
-	var re redis.Error
-	return errors.As(err, &re) && !errors.Is(err, redis.Nil)
+// sameSlot names a key in key's Redis Cluster slot: key with suffix when
+// key has a hash tag of its own, else key made the tag. A key prefix with
+// an unmatched brace can have neither; on a Cluster, a script over both
+// keys then fails (CROSSSLOT), and says so.
+func sameSlot(key, suffix string) string {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			return key + suffix
+		}
+	}
+	if strings.ContainsAny(key, "{}") {
+		return key + suffix
+	}
+	return "{" + key + "}" + suffix
 }
 
 // FleetStats reads the last seven days of counters.
