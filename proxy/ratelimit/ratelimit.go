@@ -135,7 +135,8 @@ func compile(cfg Config) (*limits, error) {
 
 // Reconfigure replaces the limits while the limiter serves (a reload of
 // the configuration): each client keeps its place in the allowance, and
-// the new limits measure it from then on. It fails, changing nothing, for an invalid cfg.
+// the new limits measure it from then on. It fails, changing nothing, for
+// an invalid cfg.
 func (l *Limiter) Reconfigure(cfg Config) error {
 	cfg = cfg.WithDefaults()
 	if err := cfg.Validate(); err != nil {
