@@ -129,9 +129,9 @@ func savingsPct[T int64 | uint64](saved, all T) float64 {
 // A flush whose write got no answer cannot tell whether the store added
 // the counts: putting them back would count them twice when it did, and
 // dropping them would lose them when it did not. So counts leave in
-// batches with an id of their own (Take), a batch whose fate is unknown
-// is sent again as it is, under the same id, before any newer counts
-// (Settle), and the store adds a batch only if it has not added that id
+// batches with an id of their own, a batch whose fate is unknown is sent
+// again as it is, under the same id, before any newer counts (Flush), and
+// the store adds a batch only if it has not added that id
 // already: each answer is counted exactly once.
 type DayCounts struct {
 	Hit, Coalesced, Miss, Bypass, Avoided, MoneyNano atomic.Int64
@@ -154,10 +154,29 @@ type DayBatch struct {
 // Fields names a DayBatch's counts, in order, as the stores keep them.
 var Fields = [6]string{"hit", "coalesced", "miss", "bypass", "bytes_avoided", "money_nano"}
 
-// Take returns the batch to write: the last one taken, if its fate is
+// Flush hands add the batches to write, one at a time: first the last
+// one, if its fate is unknown, as it was, then the counts recorded since.
+// add returns nil once the store has added the batch; on an error it
+// stops, and the batch goes again at the next Flush.
+func (c *DayCounts) Flush(now time.Time, add func(DayBatch) error) error {
+	for range 2 { // the batch sent again, then the newer counts
+		b, ok := c.take(now)
+		if !ok {
+			return nil
+		}
+		err := add(b)
+		c.settle(err == nil)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// take returns the batch to write: the last one taken, if its fate is
 // unknown, else the counts recorded since (false when there are none).
-// Every Take is followed by a Settle.
-func (c *DayCounts) Take(now time.Time) (DayBatch, bool) {
+// Every take is followed by a settle.
+func (c *DayCounts) take(now time.Time) (DayBatch, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.pending != nil {
@@ -176,9 +195,9 @@ func (c *DayCounts) Take(now time.Time) (DayBatch, bool) {
 	return b, true
 }
 
-// Settle says whether the store added the batch Take returned: if not,
-// or if that is unknown, it is taken again by the next Take.
-func (c *DayCounts) Settle(added bool) {
+// settle says whether the store added the batch take returned: if not,
+// or if that is unknown, it is taken again by the next take.
+func (c *DayCounts) settle(added bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if added {

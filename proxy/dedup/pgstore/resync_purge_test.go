@@ -13,6 +13,22 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
+// startBehindRelay starts an instance that reaches the database through
+// a relay the test can cut or mute.
+func (f *fleetFixture) startBehindRelay(name string, pc Config, dc dedup.Config) (*instance, *testkit.Relay) {
+	f.t.Helper()
+	u, err := url.Parse(f.url)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	relay := testkit.StartRelay(f.t, u.Host)
+	direct := f.url
+	u.Host = relay.Addr()
+	f.url = u.String()
+	defer func() { f.url = direct }()
+	return f.start(name, pc, dc), relay
+}
+
 // TestPurgeDuringAPartitionIsNotUndone: instance A, cut off from
 // PostgreSQL, fetches a URL and keeps it for its whole TTL; meanwhile the
 // URL is purged through instance B (the fleet's row goes). Once A is back,
@@ -22,16 +38,7 @@ func TestPurgeDuringAPartitionIsNotUndone(t *testing.T) {
 	f := newFleet(t, 1, Config{BreakerInterval: 200 * time.Millisecond, BreakerFailures: 1}, dedup.Config{TTL: time.Hour},
 		func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "%s #%d", r.URL.Path, n.Add(1)) })
 	b := f.insts[0]
-	u, err := url.Parse(f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay := testkit.StartRelay(t, u.Host)
-	direct := f.url
-	u.Host = relay.Addr()
-	f.url = u.String()
-	a := f.start("a", Config{BreakerInterval: 200 * time.Millisecond, BreakerFailures: 1}, dedup.Config{TTL: time.Hour})
-	f.url = direct
+	a, relay := f.startBehindRelay("a", Config{BreakerInterval: 200 * time.Millisecond, BreakerFailures: 1}, dedup.Config{TTL: time.Hour})
 
 	first := b.get(f.origin.URL + "/page")
 	relay.Cut(true)
@@ -64,16 +71,7 @@ func TestPurgeDuringAPartitionIsNotUndone(t *testing.T) {
 // back and added a second time.
 func TestStatsLostAnswerCountsOnce(t *testing.T) {
 	f := newFleet(t, 0, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	u, err := url.Parse(f.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	relay := testkit.StartRelay(t, u.Host)
-	direct := f.url
-	u.Host = relay.Addr()
-	f.url = u.String()
-	a := f.start("a", Config{StatsFlush: time.Hour, BreakerFailures: 5}, dedup.Config{})
-	f.url = direct
+	a, relay := f.startBehindRelay("a", Config{StatsFlush: time.Hour, BreakerFailures: 5}, dedup.Config{})
 	ctx := context.Background()
 	conn := f.conn()
 	sum := func(col string) (n int64) {

@@ -46,21 +46,15 @@ func (b *Bus) flushStats(ctx context.Context) {
 // row, exactly once (dedup.DayCounts): a batch whose answer never came
 // goes again, as it was, at the next flush, before the newer counts.
 func (b *Bus) flushOnce(ctx context.Context) {
-	for range 2 { // the batch sent again, then the newer counts
-		batch, ok := b.stats.Take(time.Now())
-		if !ok {
-			return
-		}
+	err := b.stats.Flush(time.Now(), func(batch dedup.DayBatch) error {
 		c := batch.Counts
-		err := b.exec(ctx, func(ctx context.Context) error {
+		return b.exec(ctx, func(ctx context.Context) error {
 			_, err := b.pool.Exec(ctx, b.sql.flushStats, batch.Day, c[0], c[1], c[2], c[3], c[4], c[5], b.instance, batch.ID)
 			return err
 		})
-		b.stats.Settle(err == nil)
-		if err != nil {
-			b.log.Debug("postgres: fleet counters not flushed; sending them again at the next flush", "err", err)
-			return
-		}
+	})
+	if err != nil {
+		b.log.Debug("postgres: fleet counters not flushed; sending them again at the next flush", "err", err)
 	}
 }
 

@@ -76,11 +76,7 @@ return replaced
 // hash, exactly once (dedup.DayCounts): a batch whose answer never came
 // goes again, as it was, at the next flush, before the newer counts.
 func (s *Bus) flushOnce(ctx context.Context) {
-	for range 2 { // the batch sent again, then the newer counts
-		b, ok := s.stats.Take(time.Now())
-		if !ok {
-			return
-		}
+	err := s.stats.Flush(time.Now(), func(b dedup.DayBatch) error {
 		day := s.dayKey(b.Day)
 		args := []any{b.ID, int64((statsDays + 1) * 24 * time.Hour / time.Second)}
 		for i, n := range b.Counts {
@@ -94,15 +90,14 @@ func (s *Bus) flushOnce(ctx context.Context) {
 			replaced, err = addScript.Run(ctx, s.rdb, []string{day, sameSlot(day, ":added:"+s.instance)}, args...).StringSlice()
 			return err
 		})
-		s.stats.Settle(err == nil)
-		if err != nil {
-			s.log.Debug("redis: fleet counters not flushed; sending them again at the next flush", "err", err)
-			return
-		}
-		if len(replaced) > 0 {
+		if err == nil && len(replaced) > 0 {
 			s.rejected.Add(int64(len(replaced)))
 			s.log.Warn("redis: a fleet counter held something else than a number; replaced it", "key", day, "fields", replaced)
 		}
+		return err
+	})
+	if err != nil {
+		s.log.Debug("redis: fleet counters not flushed; sending them again at the next flush", "err", err)
 	}
 }
 
