@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -120,6 +121,14 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(a); err != nil {
 			errs = append(errs, fmt.Errorf("addrs[%d]: %q is not host:port", i, a))
 		}
+	}
+	if strings.ContainsAny(c.KeyPrefix, "{}") {
+		// Redis Cluster hashes a key by its first {...}: the prefix would
+		// pick the slot of every key, one slot for the whole fleet (a
+		// single shard doing all the work), or, unmatched, slots that
+		// part keys a script needs together. Refused on a single server
+		// too: the same configuration moves to a Cluster.
+		errs = append(errs, fmt.Errorf("key_prefix: must not contain { or }: Redis Cluster would take it for a hash tag and put every key in one slot, got %q", c.KeyPrefix))
 	}
 	if c.MasterName != "" && len(c.Addrs) == 0 {
 		errs = append(errs, errors.New("master_name: needs the Sentinel addresses in addrs"))

@@ -3,6 +3,7 @@ package rediscache
 import (
 	"bytes"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 )
@@ -26,6 +27,12 @@ func TestConfigValidate(t *testing.T) {
 	}
 	if err := (Config{URL: "http://nope"}).WithDefaults().Validate(); err == nil {
 		t.Fatal("bad URL accepted")
+	}
+	for _, prefix := range []string{"{onceproxy}:", "op{", "op}:"} {
+		err := (Config{URL: "redis://127.0.0.1:6379/0", KeyPrefix: prefix}).WithDefaults().Validate()
+		if err == nil || !strings.Contains(err.Error(), "key_prefix: must not contain { or }") {
+			t.Errorf("key_prefix %q: %v", prefix, err)
+		}
 	}
 }
 

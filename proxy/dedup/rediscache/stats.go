@@ -102,9 +102,10 @@ func (s *Bus) flushOnce(ctx context.Context) {
 }
 
 // sameSlot names a key in key's Redis Cluster slot: key with suffix when
-// key has a hash tag of its own, else key made the tag. A key prefix with
-// an unmatched brace can have neither; on a Cluster, a script over both
-// keys then fails (CROSSSLOT), and says so.
+// key has a hash tag of its own, else key made the tag. Config.Validate
+// refuses a key prefix with a brace; a key with an unmatched one (from a
+// Config never validated) can have neither, and on a Cluster a script
+// over both keys then fails (CROSSSLOT), and says so.
 func sameSlot(key, suffix string) string {
 	if i := strings.IndexByte(key, '{'); i >= 0 {
 		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
