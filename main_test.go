@@ -262,6 +262,77 @@ func TestSecondSignalEndsAtOnce(t *testing.T) {
 	}
 }
 
+// TestGraceCutExitsZero: a drain that proxy.shutdown_grace cuts short is
+// still the orderly stop the operator (systemd, Kubernetes) asked for: the
+// process exits 0 and a warning says how many requests were cut. It exited
+// 1, which marked the unit failed and fired restart policies and alerts on
+// every rollout that caught a slow request.
+func TestGraceCutExitsZero(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the binary")
+	}
+	started := make(chan struct{}, 1)
+	release := make(chan struct{})
+	origin := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		started <- struct{}{}
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	defer origin.Close()
+	defer close(release)
+	p := startBinary(t, "", append(testEnv(t, origin), "ONCEPROXY_PROXY_SHUTDOWN_GRACE=500ms"))
+	resp, err := http.Get("http://" + p.admin + "/ca.pem")
+	if err != nil {
+		t.Fatal(err)
+	}
+	caPEM, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	r := &running{proc: p, client: proxyClient(t, p.proxyAddr, caPEM)}
+	result := r.get(origin.URL + "/stuck")
+	<-started
+	if err := r.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	// The log is read up to its last line before the exit status: Wait
+	// closes the pipe it is copied from.
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		return strings.Contains(r.log.String(), `"msg":"stopped"`)
+	}, "the last log line")
+	if err := r.exited(t, 15*time.Second); err != nil {
+		t.Fatalf("process exit after a drain cut by shutdown_grace: %v, want status 0", err)
+	}
+	warned := false
+	for _, l := range strings.Split(r.log.String(), "\n") {
+		if strings.Contains(l, `"msg":"shutdown: proxy.shutdown_grace ran out; requests still in flight were cut"`) {
+			warned = true
+			if !strings.Contains(l, `"level":"WARN"`) || jsonNumber(l, "requests") != "1" {
+				t.Errorf("the line does not warn of the one request cut: %s", l)
+			}
+		}
+	}
+	if !warned {
+		t.Error("no warning says requests were cut")
+	}
+	if got := <-result; !strings.HasPrefix(got, "error:") {
+		t.Logf("in-flight request: %s", got)
+	}
+}
+
+// jsonNumber pulls "key":number out of a JSON log line.
+func jsonNumber(line, key string) string {
+	_, rest, ok := strings.Cut(line, `"`+key+`":`)
+	if !ok {
+		return ""
+	}
+	end := strings.IndexAny(rest, ",}")
+	if end < 0 {
+		return ""
+	}
+	return rest[:end]
+}
+
 // jsonField pulls "key":"value" out of a JSON log line.
 func jsonField(line, key string) string {
 	_, rest, ok := strings.Cut(line, `"`+key+`":"`)

@@ -433,13 +433,33 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	// with them.
 	_ = s.handlers.Stop(ctx)
 	if left > 0 || len(late) > 0 {
-		s.logger.Warn("shutdown grace over; cut requests still in flight", "requests", left, "waiting_for", late)
 		if err == nil {
 			err = ctx.Err()
 		}
+		// The caller says it, once, with the setting to tune: a cut
+		// drain is how the stop it asked for ended, not a failure.
+		err = &GraceError{Requests: left, WaitingFor: late, Err: err}
 	}
 	return err
 }
+
+// GraceError is Shutdown's answer when ctx ended before every request in
+// flight did: those were cut.
+type GraceError struct {
+	// Requests is how many requests were still being served.
+	Requests int64
+	// WaitingFor names the parts that had not drained.
+	WaitingFor []string
+	// Err is why the wait ended (ctx's error).
+	Err error
+}
+
+func (e *GraceError) Error() string {
+	return fmt.Sprintf("shutdown grace over: cut %d requests still in flight (waiting for %s): %v",
+		e.Requests, strings.Join(e.WaitingFor, ", "), e.Err)
+}
+
+func (e *GraceError) Unwrap() error { return e.Err }
 
 // maxIdleHandlers bounds the handler workers kept waiting: enough for the
 // HTTP/2 streams a loaded instance serves at once.
