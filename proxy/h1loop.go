@@ -20,6 +20,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/connlimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 )
 
@@ -400,7 +401,7 @@ func (h *h1Conn) run(w *h1Writer, req *http.Request) (aborted bool) {
 			aborted = true
 			if p != http.ErrAbortHandler {
 				h.s.logger.Error("panic while serving a request; connection closed",
-					"panic", p, "url", req.URL.Redacted(), "stack", string(debug.Stack()))
+					"panic", p, "url", redact.ParsedURL(req.URL), "stack", string(debug.Stack()))
 			}
 		}
 	}()

@@ -20,6 +20,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/bufpool"
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 )
 
 // headerSession lets a client pick its sticky upstream session per request
@@ -157,7 +158,7 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 	defer func() {
 		if p := recover(); p != nil {
 			s.logger.Error("panic while serving a request; recovered",
-				"panic", p, "url", req.URL.Redacted(), "stack", string(debug.Stack()))
+				"panic", p, "url", redact.ParsedURL(req.URL), "stack", string(debug.Stack()))
 			resp = errorResponse(req, http.StatusInternalServerError, kindInternal,
 				"internal error while serving this request")
 		}
@@ -236,7 +237,7 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 			// address.
 			s.metrics.SSRFRefused()
 		}
-		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", status, "kind", kind, "err", err)
+		s.logger.Warn("request failed", "url", redact.ParsedURL(req.URL), "status", status, "kind", kind, "err", redact.Text(err.Error()))
 		return resp
 	}
 	if up.StatusCode == http.StatusSwitchingProtocols && !upgrade {
@@ -244,7 +245,7 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 		// it): passed on, the client would take its connection for the
 		// new protocol's while the proxy goes on speaking HTTP on it.
 		up.Body.Close()
-		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", http.StatusBadGateway,
+		s.logger.Warn("request failed", "url", redact.ParsedURL(req.URL), "status", http.StatusBadGateway,
 			"kind", kindUpstream, "err", "the origin switched protocols on a request without Upgrade")
 		return errorResponse(req, http.StatusBadGateway, kindUpstream,
 			"the origin answered 101 Switching Protocols to a request that asked for no upgrade")
@@ -254,7 +255,7 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 		// as the final answer: no response a client can be given, and
 		// writing it would panic in net/http.
 		up.Body.Close()
-		s.logger.Warn("request failed", "url", req.URL.Redacted(), "status", http.StatusBadGateway,
+		s.logger.Warn("request failed", "url", redact.ParsedURL(req.URL), "status", http.StatusBadGateway,
 			"kind", kindUpstream, "err", fmt.Sprintf("the origin answered with status %d", up.StatusCode))
 		return errorResponse(req, http.StatusBadGateway, kindUpstream,
 			fmt.Sprintf("the origin answered with status %d, which is no final HTTP status", up.StatusCode))

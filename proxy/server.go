@@ -30,6 +30,7 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 	"github.com/seed-a3c387e8/onceproxy/internal/readahead"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 	"github.com/seed-a3c387e8/onceproxy/internal/workers"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
@@ -476,7 +477,8 @@ func (s *Server) ShuttingDown() bool { return s.closing.Load() }
 type goproxyLogger struct{ l *slog.Logger }
 
 func (g goproxyLogger) Printf(format string, v ...any) {
-	msg := strings.TrimSpace(fmt.Sprintf(format, v...))
+	// goproxy quotes URLs in some warnings (Cannot parse URL ...).
+	msg := redact.Text(strings.TrimSpace(fmt.Sprintf(format, v...)))
 	level := slog.LevelDebug
 	if strings.Contains(msg, "WARN:") {
 		level = slog.LevelWarn

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 )
 
 // fetched is one answer of a provider's session list API.
@@ -309,7 +310,7 @@ func (p *Pool) settleRound(hc HealthConfig, results []probeResult) {
 	urlDown := !reached && urlFaults > 1
 	if urlDown {
 		p.log.Warn("upstream health probes failed through every session: health.url looks down; no session charged",
-			"url", hc.URL, "sessions", urlFaults, "detail", results[0].s.scrub(results[0].v.msg))
+			"url", redact.URL(hc.URL), "sessions", urlFaults, "detail", results[0].s.scrub(results[0].v.msg))
 	}
 	for _, r := range results {
 		if urlDown && r.urlsFault {

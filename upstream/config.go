@@ -478,7 +478,7 @@ func (c Config) Validate(getenv func(string) string) error {
 
 	if c.Health.URL != "" {
 		if u, err := url.Parse(c.Health.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			add("health.url", "must be an absolute http(s) URL, got %q", c.Health.URL)
+			add("health.url", "must be an absolute http(s) URL, got %q", redact.URL(c.Health.URL))
 		}
 		if c.Health.Interval == 0 {
 			add("health.interval", "must be positive")

@@ -1,25 +1,159 @@
 // Package redact hides the credentials in a URL, for logs and for errors a
-// client or an operator's terminal may show.
+// client or an operator's terminal may show: its password, and the values
+// of its query parameters that carry one (api_key=, access_token=, sig=).
+// It is the one rule for that: every URL written to a log or an error goes
+// through it.
 package redact
 
 import (
 	"errors"
 	"net/url"
 	"strings"
+	"unicode"
 )
 
-// URL returns raw with its password masked (url.URL.Redacted). A URL that
-// does not parse has everything before its last '@' masked: the parser's
-// own error would otherwise quote the whole of it, password included.
+// mask replaces a secret, as url.URL.Redacted masks a password.
+const mask = "xxxxx"
+
+// URL returns raw with its password and the values of its secret query
+// parameters masked (see ParsedURL). A URL that does not parse has
+// everything before its last '@' masked: the parser's own error would
+// otherwise quote the whole of it, password included.
 func URL(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil || u.User == nil {
+	if err != nil {
 		if i := strings.LastIndex(raw, "@"); i >= 0 {
-			return "<redacted>@" + raw[i+1:]
+			raw = "<redacted>@" + raw[i+1:]
 		}
+		return Text(raw)
+	}
+	return ParsedURL(u)
+}
+
+// ParsedURL is u as a string with its password (url.URL.Redacted) and the
+// values of its secret query parameters (SecretParam) masked. The other
+// parameters are kept as they were sent, in their order: the operator
+// reading a log needs to tell requests apart. u is not modified.
+func ParsedURL(u *url.URL) string {
+	if u == nil {
+		return ""
+	}
+	q := query(u.RawQuery)
+	if u.User == nil && q == u.RawQuery {
+		return u.String() // the common case: nothing to hide, no copy
+	}
+	c := *u
+	c.RawQuery = q
+	return c.Redacted()
+}
+
+// query masks the secret parameters' values in a raw query string.
+func query(raw string) string {
+	if raw == "" || !strings.Contains(raw, "=") {
 		return raw
 	}
-	return u.Redacted()
+	var b strings.Builder
+	changed := false
+	for i, part := range strings.Split(raw, "&") {
+		if i > 0 {
+			b.WriteByte('&')
+		}
+		name, value, ok := strings.Cut(part, "=")
+		if ok && value != "" && value != mask && SecretParam(unescape(name)) {
+			b.WriteString(name)
+			b.WriteString("=" + mask)
+			changed = true
+			continue
+		}
+		b.WriteString(part)
+	}
+	if !changed {
+		return raw
+	}
+	return b.String()
+}
+
+func unescape(name string) string {
+	if n, err := url.QueryUnescape(name); err == nil {
+		return n
+	}
+	return name
+}
+
+// secretWords are the words of a parameter name that say its value is a
+// credential. A name is split into words first (api_key, apiKey,
+// X-Amz-Signature), so that a word inside another (keyword, design) is
+// no match.
+var secretWords = map[string]bool{
+	"key": true, "apikey": true, "token": true, "password": true, "passwd": true,
+	"pwd": true, "pass": true, "secret": true, "signature": true, "sig": true,
+	"credential": true, "credentials": true, "auth": true, "authorization": true,
+}
+
+// SecretParam reports whether a query parameter's name says its value is
+// a credential: a word of it (split at '_', '-', '.' and lower-to-upper
+// case changes) is key, token, password, secret, signature, sig,
+// credential, auth or the like.
+func SecretParam(name string) bool {
+	start := 0
+	rs := []rune(name)
+	for i := 0; i <= len(rs); i++ {
+		end := i == len(rs)
+		split := end || !unicode.IsLetter(rs[i]) && !unicode.IsDigit(rs[i]) ||
+			i > 0 && unicode.IsUpper(rs[i]) && unicode.IsLower(rs[i-1])
+		if !split {
+			continue
+		}
+		if i > start && secretWords[strings.ToLower(string(rs[start:i]))] {
+			return true
+		}
+		start = i
+		if !end && !unicode.IsLetter(rs[i]) && !unicode.IsDigit(rs[i]) {
+			start = i + 1
+		}
+	}
+	return false
+}
+
+// Text masks, in free text (an error's message, a library's log line),
+// the values of secret query parameters of the URLs it quotes: every
+// "?name=value" or "&name=value" whose name SecretParam takes. A value
+// ends at '&', '#', white space or a quote.
+func Text(s string) string {
+	if !strings.ContainsAny(s, "?&") || !strings.Contains(s, "=") {
+		return s
+	}
+	var b strings.Builder
+	changed := false
+	rest := s
+	for {
+		i := strings.IndexAny(rest, "?&")
+		if i < 0 {
+			break
+		}
+		b.WriteString(rest[:i+1])
+		rest = rest[i+1:]
+		eq := strings.IndexByte(rest, '=')
+		if eq <= 0 || strings.ContainsAny(rest[:eq], "?& \t\n\"'") {
+			continue
+		}
+		end := eq + 1 + strings.IndexFunc(rest[eq+1:], func(r rune) bool {
+			return r == '&' || r == '#' || r == '"' || r == '\'' || r == '`' || unicode.IsSpace(r)
+		})
+		if end == eq {
+			end = len(rest) // the value runs to the end
+		}
+		if end > eq+1 && rest[eq+1:end] != mask && SecretParam(unescape(rest[:eq])) {
+			b.WriteString(rest[:eq+1] + mask)
+			rest = rest[end:]
+			changed = true
+		}
+	}
+	if !changed {
+		return s
+	}
+	b.WriteString(rest)
+	return b.String()
 }
 
 // Error returns err, the failure to parse the URL raw, without raw in

@@ -28,3 +28,46 @@ func TestURL(t *testing.T) {
 		t.Errorf("Error kept the password of a *url.Error: %v", err)
 	}
 }
+
+// TestQuerySecrets: the values of query parameters that carry credentials
+// (api_key=, token=, sig=, X-Amz-Signature=...) are masked wherever a URL
+// is shown, as its password is; every other parameter stays readable.
+func TestQuerySecrets(t *testing.T) {
+	for raw, want := range map[string]string{
+		"https://api.example/v1?api_key=S1&q=shoes":                                         "https://api.example/v1?api_key=xxxxx&q=shoes",
+		"https://api.example/v1?token=S1&access_token=S2&page=2":                            "https://api.example/v1?token=xxxxx&access_token=xxxxx&page=2",
+		"https://api.example/v1?key=S1&keyword=boots":                                       "https://api.example/v1?key=xxxxx&keyword=boots",
+		"https://api.example/v1?password=S1&sig=S2&signature=S3":                            "https://api.example/v1?password=xxxxx&sig=xxxxx&signature=xxxxx",
+		"https://b.s3.example/o?X-Amz-Signature=S1&X-Amz-Credential=S2&X-Amz-Date=20260101": "https://b.s3.example/o?X-Amz-Signature=xxxxx&X-Amz-Credential=xxxxx&X-Amz-Date=20260101",
+		"https://api.example/v1?apiKey=S1&clientSecret=S2":                                  "https://api.example/v1?apiKey=xxxxx&clientSecret=xxxxx",
+		"https://api.example/v1?api%5Fkey=S1":                                               "https://api.example/v1?api%5Fkey=xxxxx",
+		"https://api.example/v1?q=design&token":                                             "https://api.example/v1?q=design&token",
+		"http://u:pw@api.example/v1?token=S1":                                               "http://u:xxxxx@api.example/v1?token=xxxxx",
+		"https://api.example/v1?session=abc&id=7":                                           "https://api.example/v1?session=abc&id=7",
+	} {
+		if got := URL(raw); got != want {
+			t.Errorf("URL(%q) = %q, want %q", raw, got, want)
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ParsedURL(u); got != want {
+			t.Errorf("ParsedURL(%q) = %q, want %q", raw, got, want)
+		}
+		if u.String() != raw {
+			t.Errorf("ParsedURL changed its argument: %q", u)
+		}
+	}
+	// In free text (an error, a library's log line) a URL's secret
+	// parameters are masked too.
+	for in, want := range map[string]string{
+		`parse "https://a.example/x?token=S1&q=1": invalid`: `parse "https://a.example/x?token=xxxxx&q=1": invalid`,
+		"Get https://a.example/?sig=S1 failed":              "Get https://a.example/?sig=xxxxx failed",
+		"no url here: key=value":                            "no url here: key=value",
+	} {
+		if got := Text(in); got != want {
+			t.Errorf("Text(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
