@@ -225,6 +225,13 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 			func() float64 { return float64(o.LogDropped()) })
 	}
 
+	// The process's logger limits its warnings (NewLogger); one a test
+	// builds need not.
+	if lim, ok := logger.Handler().(interface{ Suppressed() int64 }); ok {
+		a.Metrics.Counter("log_lines_suppressed_total", "Warning and error lines left out because their message had already been written 20 times in the last 10s (a flood of refused or failing requests); the count is logged after the window, with the message's next line or a summary line.",
+			func() float64 { return float64(lim.Suppressed()) })
+	}
+
 	if a.lns.admin != nil {
 		ao := admin.Options{
 			CAPEM:        a.CA.CertPEM(),

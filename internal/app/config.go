@@ -18,6 +18,7 @@ import (
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
 	"github.com/seed-a3c387e8/onceproxy/internal/listenaddr"
+	"github.com/seed-a3c387e8/onceproxy/internal/loglimit"
 	"github.com/seed-a3c387e8/onceproxy/internal/logtext"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/mitm"
@@ -699,15 +700,19 @@ func envNames(cfg *Config) []string {
 }
 
 // NewLogger builds the process logger from the log section. Its level is
-// the returned LevelVar, which a reload sets.
+// the returned LevelVar, which a reload sets. Warnings and errors are
+// limited per message (loglimit's defaults: 20 lines per 10s), for a
+// client can make the proxy warn at will and so fill the disk; Build
+// counts what is left out in onceproxy_log_lines_suppressed_total.
 func NewLogger(c LogConfig, w io.Writer) (*slog.Logger, *slog.LevelVar) {
 	var level slog.Level
 	_ = level.UnmarshalText([]byte(c.Level))
 	lv := new(slog.LevelVar)
 	lv.Set(level)
 	opts := &slog.HandlerOptions{Level: lv}
+	var h slog.Handler = logtext.New(w, opts)
 	if c.Format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts)), lv
+		h = slog.NewJSONHandler(w, opts)
 	}
-	return slog.New(logtext.New(w, opts)), lv
+	return slog.New(loglimit.New(h, loglimit.Config{})), lv
 }
