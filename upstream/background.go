@@ -71,14 +71,26 @@ func (p *Pool) applyList(pv *provider, f fetched, st *setup) {
 		}
 		return
 	}
+	specs := f.specs
+	if max := pv.cfg.MaxSessions; max > 0 && len(specs) > max {
+		// The first by id: the same sessions on every instance of a
+		// fleet (sticky keys' bindings name them), refresh after refresh,
+		// whatever order the API answers in.
+		specs = slices.SortedFunc(slices.Values(specs), func(a, b sessionSpec) int { return strings.Compare(a.apiID, b.apiID) })[:max]
+		if pv.listed != len(f.specs) {
+			p.log.Warn("upstream provider lists more sessions than its max_sessions: using the first by id",
+				"provider", pv.name, "listed", len(f.specs), "max_sessions", max)
+		}
+	}
+	pv.listed = len(f.specs)
 	byID := make(map[string]*session, len(pv.sessions))
 	for _, s := range pv.sessions {
 		byID[s.id] = s
 	}
-	list := make([]*session, 0, len(f.specs))
+	list := make([]*session, 0, len(specs))
 	var added, replaced, skipped []string
 	kept := map[*session]bool{}
-	for _, spec := range f.specs {
+	for _, spec := range specs {
 		spec.id = pv.sessionID(spec.apiID)
 		if clientinfo.ValidateSessionID(spec.id) != nil {
 			// "NAME." made a listed id too long: not a session we can name.

@@ -173,7 +173,17 @@ type ProviderConfig struct {
 	// country of its own is in the only one when there is one. Default:
 	// the countries its sessions say they are in.
 	Countries []string `yaml:"countries"`
+	// MaxSessions caps the sessions taken from the API: a longer list is
+	// cut to its first MaxSessions by id, the same ones on every
+	// instance, with a warning. Each session is a series of every
+	// onceproxy_upstream_session_* metric and a transport of its own; an
+	// answer listing tens of thousands (a big account, an API someone
+	// else controls) must not make as many. Default DefaultMaxSessions.
+	MaxSessions int `yaml:"max_sessions"`
 }
+
+// DefaultMaxSessions is ProviderConfig.MaxSessions's default.
+const DefaultMaxSessions = 1000
 
 // HealthConfig is upstream.health: active probes through every session.
 type HealthConfig struct {
@@ -343,6 +353,9 @@ func (p ProviderConfig) withDefaults() ProviderConfig {
 	}
 	if p.Timeout == 0 {
 		p.Timeout = 10 * time.Second
+	}
+	if p.MaxSessions == 0 {
+		p.MaxSessions = DefaultMaxSessions
 	}
 	return p
 }
@@ -570,6 +583,9 @@ func (p ProviderConfig) validate(key string, listed bool, getenv func(string) st
 	}
 	if p.Timeout < 0 {
 		add("timeout", "must not be negative, got %s", p.Timeout)
+	}
+	if p.MaxSessions < 0 {
+		add("max_sessions", "must be positive, got %d", p.MaxSessions)
 	}
 	if p.API != "" {
 		// The calls append their paths to api: a query or a fragment

@@ -57,6 +57,7 @@ type provider struct {
 	sessions []*session
 	refresh  RefreshStatus
 	failures int // consecutive refresh failures
+	listed   int // sessions in the API's last good answer, before cfg.MaxSessions
 	gateways map[string]*gateway
 }
 
