@@ -96,7 +96,10 @@ func (h *Handler) Handle(ctx context.Context, r slog.Record) error {
 	// Summaries go to the handler New wrapped: they are about the
 	// process's log, not about the logger that happened to trigger them.
 	for _, s := range summaries {
-		_ = h.st.root.Handle(ctx, s)
+		// The level may have been raised since the lines were left out.
+		if h.st.root.Enabled(ctx, s.Level) {
+			_ = h.st.root.Handle(ctx, s)
+		}
 	}
 	if !keep {
 		return nil
@@ -136,9 +139,9 @@ type entry struct {
 // line to say; summaries report the windows that ended with lines left
 // out and no line to carry their count.
 func (st *state) admit(msg string, level slog.Level, now time.Time) (keep bool, carried int, summaries []slog.Record) {
+	k := key(msg)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	k := key(msg)
 	e := st.msgs[k]
 	if e != nil && now.Sub(e.start) >= st.cfg.Window {
 		// Before the sweep, which would report the count apart: the
