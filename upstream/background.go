@@ -72,14 +72,14 @@ func (p *Pool) applyList(pv *provider, f fetched, st *setup) {
 		return
 	}
 	specs := f.specs
-	if max := pv.cfg.MaxSessions; max > 0 && len(specs) > max {
+	if limit := pv.cfg.MaxSessions; limit > 0 && len(specs) > limit {
 		// The first by id: the same sessions on every instance of a
 		// fleet (sticky keys' bindings name them), refresh after refresh,
 		// whatever order the API answers in.
-		specs = slices.SortedFunc(slices.Values(specs), func(a, b sessionSpec) int { return strings.Compare(a.apiID, b.apiID) })[:max]
+		specs = slices.SortedFunc(slices.Values(specs), func(a, b sessionSpec) int { return strings.Compare(a.apiID, b.apiID) })[:limit]
 		if pv.listed != len(f.specs) {
 			p.log.Warn("upstream provider lists more sessions than its max_sessions: using the first by id",
-				"provider", pv.name, "listed", len(f.specs), "max_sessions", max)
+				"provider", pv.name, "listed", len(f.specs), "max_sessions", limit)
 		}
 	}
 	pv.listed = len(f.specs)
