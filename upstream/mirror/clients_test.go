@@ -63,10 +63,10 @@ func runCmd(t *testing.T, name string, args ...string) string {
 	return string(out)
 }
 
-func curl(proto string) func(t *testing.T, url, proxy, caFile, spki string) {
+func curl(opts ...string) func(t *testing.T, url, proxy, caFile, spki string) {
 	return func(t *testing.T, u, proxy, caFile, _ string) {
 		bin := need(t, "curl")
-		args := []string{"-sS", "--fail", proto, "--cacert", caFile, "-o", "/dev/null", "--max-time", "30"}
+		args := append([]string{"-sS", "--fail", "--cacert", caFile, "-o", "/dev/null", "--max-time", "30"}, opts...)
 		if proxy != "" {
 			args = append(args, "--proxy", "http://"+proxy)
 		}
@@ -149,6 +149,8 @@ func chromium(t *testing.T, u, proxy, _, spki string) {
 var clients = []client{
 	{"curl http1.1", "localhost", true, curl("--http1.1")},
 	{"curl http2", "localhost", true, curl("--http2")},
+	// OpenSSL without TLS 1.3 sends an empty session id.
+	{"curl tls1.2", "localhost", true, curl("--http1.1", "--tls-max", "1.2")},
 	{"python requests", "localhost", true, pythonRequests},
 	{"go http1.1", "localhost", true, goClient(false)},
 	{"go http2", "localhost", true, goClient(true)},
@@ -240,6 +242,10 @@ func compare(t *testing.T, c client, want, got fporigin.Record) {
 	check("HTTP version", want.Proto, got.Proto)
 	check("Akamai", want.Akamai, got.Akamai)
 	check("SNI", want.Hello.ServerName, got.Hello.ServerName)
+	check("session id length", len(want.Hello.SessionID), len(got.Hello.SessionID))
+	if c.strict { // Chrome's GREASE ECH may change size between hellos
+		check("hello length", len(want.Hello.Raw), len(got.Hello.Raw))
+	}
 	if want.Shape == nil || got.Shape == nil {
 		t.Fatalf("no shape recorded: direct %v, mirrored %v", want.Shape, got.Shape)
 	}

@@ -10,10 +10,11 @@
 // opened by the caller's Dial func: the hello then goes end to end inside
 // it) and handshakes with a spec parsed afresh from the client's raw hello
 // for every dial (a spec is stateful and fails when reused). GREASE values,
-// randoms, the session id and key shares are fresh; pre_shared_key and
-// early_data are never sent (the client's tickets are the proxy's). When the
-// hello cannot be completed by the TLS library, the connection gets the
-// closest hello that can be, and the [Report] says so:
+// randoms, the session id (as long as the client's, empty when it was)
+// and key shares are fresh; pre_shared_key and early_data are never sent
+// (the client's tickets are the proxy's). When the hello cannot be
+// completed by the TLS library, the connection gets the closest hello
+// that can be, and the [Report] says so:
 //
 //   - Mirrored: the client's hello. Extensions utls has no logic for go out
 //     verbatim (listed in Report.Verbatim): an origin that does not know

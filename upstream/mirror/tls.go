@@ -2,6 +2,7 @@ package mirror
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -233,6 +234,16 @@ func (d *Dialer) handshake(ctx context.Context, raw net.Conn, hello *fingerprint
 		if err := uc.ApplyPreset(spec); err != nil {
 			return nil, fmt.Errorf("mirror: apply hello: %w", err)
 		}
+		// ApplyPreset always makes up a 32-byte legacy_session_id; a
+		// TLS-1.2-only OpenSSL client (curl --tls-max 1.2) sends none,
+		// and the 32 bytes more would show in the hello's length. Fresh
+		// bytes, as many as the client's. The hello is marshalled (and
+		// padded) at the handshake, after this.
+		sid := make([]byte, len(hello.SessionID))
+		if _, err := rand.Read(sid); err != nil {
+			return nil, fmt.Errorf("mirror: session id: %w", err)
+		}
+		uc.HandshakeState.Hello.SessionId = sid
 	}
 	timeout := d.HandshakeTimeout
 	if timeout == 0 {

@@ -1,9 +1,11 @@
 package mirror
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"slices"
 	"strings"
@@ -222,5 +224,51 @@ func TestNoRetryOnVerifyFailure(t *testing.T) {
 		if n := cd.n.Load() - before; n != 1 {
 			t.Errorf("%s: %d dials (%v)", name, n, err)
 		}
+	}
+}
+
+// curlTLS12Hello is the hello of curl 7.88.1 with OpenSSL 3.0 and
+// --tls-max 1.2 for https://localhost, captured at a loopback listener.
+// Without TLS 1.3 OpenSSL has no middlebox-compatibility session id to
+// send: legacy_session_id is empty.
+const curlTLS12Hello = "16030100d7010000d303035e069ec4d714d4c2e0f3b05ea0b286058f06c5094ca3d5d3b3483adb5700cc55000038c02cc030009fcca9cca8ccaac02bc02f009ec024c028006bc023c0270067c00ac0140039c009c0130033009d009c003d003c0035002f00ff010000720000000e000c0000096c6f63616c686f7374000b000403000102000a000c000a001d0017001e001900180010000e000c02683208687474702f312e310016000000170000000d002a0028040305030603080708080809080a080b080408050806040105010601030303010302040205020602"
+
+// TestDialTLSMirrorsSessionIDLength: the origin sees a session id as long
+// as the client's (fresh bytes): none from a TLS-1.2-only OpenSSL client,
+// 32 bytes from Go's. utls always makes up 32 bytes, which tells the
+// origin, by the hello's length alone, that curl's hello was not curl's.
+func TestDialTLSMirrorsSessionIDLength(t *testing.T) {
+	raw, err := hex.DecodeString(curlTLS12Hello)
+	if err != nil {
+		t.Fatal(err)
+	}
+	curl, err := fingerprint.ParseClientHello(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := startOrigin(t, fporigin.Options{})
+	for name, hello := range map[string]*fingerprint.ClientHello{
+		"curl tls1.2": curl,
+		"go":          goHello(t, "h2", "http/1.1"),
+	} {
+		t.Run(name, func(t *testing.T) {
+			o.Reset()
+			cc, c := openConn(t, o, hello, nil, Options{})
+			if r := c.Report(); r.Mode != Mirrored {
+				t.Errorf("report %+v", r)
+			}
+			getRoot(t, cc, o)
+			got := o.Records()[0].Hello
+			if len(got.SessionID) != len(hello.SessionID) || len(got.Raw) != len(hello.Raw) {
+				t.Errorf("origin saw a %d-byte session id in a %d-byte hello; the client sent %d in %d",
+					len(got.SessionID), len(got.Raw), len(hello.SessionID), len(hello.Raw))
+			}
+			if len(got.SessionID) > 0 && bytes.Equal(got.SessionID, hello.SessionID) {
+				t.Error("the client's session id went out as it was, not fresh")
+			}
+			if got.JA4() != hello.JA4() || got.JA3() != hello.JA3() {
+				t.Errorf("JA4 %s JA3 %s; client's %s %s", got.JA4(), got.JA3(), hello.JA4(), hello.JA3())
+			}
+		})
 	}
 }
