@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/textproto"
 	"os"
 	"slices"
 	"strings"
@@ -433,7 +434,7 @@ type headBounder interface {
 }
 
 func (t *mirroredTransport) send(mc *mconn, req *http.Request) (*http.Response, error) {
-	out := keepAliveHeader(req, mc)
+	out := connectionHeader(req, mc)
 	if hb, ok := mc.cc.(headBounder); ok {
 		resp, err := hb.RoundTripWithin(out, t.headerTimeout)
 		if err != nil {
@@ -524,13 +525,13 @@ type sentNotifier interface {
 	RoundTripSent(req *http.Request, sent func()) (*http.Response, error)
 }
 
-// keepAliveHeader gives an HTTP/1.1 client's request going out over
-// HTTP/1.1 its Connection field back, where the client had it: the
-// proxy strips hop-by-hop fields, but an origin that sees a keep-alive
-// client without its "Connection: keep-alive" (Python's requests sends it)
-// sees a client that does not exist. Its value follows from the request:
-// net/http turns a client's "close" into Request.Close.
-func keepAliveHeader(req *http.Request, mc *mconn) *http.Request {
+// connectionHeader gives an HTTP/1.1 client's request going out over
+// HTTP/1.1 its Connection field back, where the client had it and as the
+// client spelled it: the proxy strips hop-by-hop fields, but an origin
+// that sees a keep-alive client without its "Connection: keep-alive"
+// (Python's requests sends it), or with "keep-alive" where it sent
+// "Keep-Alive" (.NET), sees a client that does not exist.
+func connectionHeader(req *http.Request, mc *mconn) *http.Request {
 	shape := fingerprint.ShapeFrom(req.Context())
 	if mc.h2 || shape == nil || shape.PseudoOrder != nil || req.ProtoMajor != 1 || req.Header.Get("Connection") != "" {
 		return req
@@ -540,12 +541,38 @@ func keepAliveHeader(req *http.Request, mc *mconn) *http.Request {
 	}
 	out := *req
 	out.Header = req.Header.Clone()
-	if req.Close {
-		out.Header.Set("Connection", "close")
-	} else {
-		out.Header.Set("Connection", "keep-alive")
-	}
+	out.Header.Set("Connection", connectionOptions(shape.Connection, req))
 	return &out
+}
+
+// connectionOptions is the Connection value for a request whose client
+// sent sent: its options that still hold for the origin connection
+// (keep-alive, close), spelled as sent, the whole value as it was when
+// all of them do. The others named fields the proxy removed (RFC 9110
+// §7.6.1). With none left the value follows from the request: net/http
+// turns a client's "close" into Request.Close.
+func connectionOptions(sent string, req *http.Request) string {
+	kept := make([]string, 0, 2)
+	all := true
+	for o := range strings.SplitSeq(sent, ",") {
+		o = textproto.TrimString(o)
+		switch {
+		case o == "":
+		case strings.EqualFold(o, "keep-alive"), strings.EqualFold(o, "close"):
+			kept = append(kept, o)
+		default:
+			all = false
+		}
+	}
+	switch {
+	case len(kept) > 0 && all:
+		return sent
+	case len(kept) > 0:
+		return strings.Join(kept, ", ")
+	case req.Close:
+		return "close"
+	}
+	return "keep-alive"
 }
 
 // done releases one use of mc: an unused connection goes back to the pool

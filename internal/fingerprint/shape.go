@@ -22,6 +22,13 @@ type Shape struct {
 	// Priority is the HTTP/2 HEADERS frame's priority block; nil when the
 	// frame had none, and on HTTP/1.x.
 	Priority *Priority
+	// Connection is the HTTP/1.x Connection field's value as sent (lines
+	// joined with ", "), "" when there was none. It is the one value kept
+	// here: the proxy strips hop-by-hop fields before the request reaches
+	// the upstream, which sends the options that still hold spelled as
+	// the client spelled them ("Keep-Alive" is not "keep-alive" to an
+	// origin that looks).
+	Connection string
 }
 
 // H1Field is one header line of an HTTP/1.x request, as sent.
@@ -68,6 +75,15 @@ func ParseH1Head(raw []byte) (*H1Request, error) {
 		if len(line) == 0 {
 			if len(rest) != 0 {
 				return nil, errors.New("fingerprint: h1: data after the head")
+			}
+			// At the end, for the value with its folded lines.
+			for _, f := range r.Fields {
+				if strings.EqualFold(f.Name, "Connection") {
+					if r.Shape.Connection != "" {
+						r.Shape.Connection += ", "
+					}
+					r.Shape.Connection += f.Value
+				}
 			}
 			return r, nil
 		}

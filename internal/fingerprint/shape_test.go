@@ -23,6 +23,14 @@ func TestParseH1Head(t *testing.T) {
 	if r.Fields[3].Value != "one two" {
 		t.Errorf("folded value %q", r.Fields[3].Value)
 	}
+	if r.Shape.Connection != "" {
+		t.Errorf("Connection %q from a head without one", r.Shape.Connection)
+	}
+	// The Connection value as spelled, its lines joined.
+	r, err = ParseH1Head([]byte("GET / HTTP/1.1\r\nconnection: Keep-Alive\r\nA: 1\r\nConnection: TE\r\n\r\n"))
+	if err != nil || r.Shape.Connection != "Keep-Alive, TE" {
+		t.Errorf("Connection %q, %v", r.Shape.Connection, err)
+	}
 	// Bare LF line ends, as net/http accepts.
 	if r, err := ParseH1Head([]byte("GET / HTTP/1.0\nA: 1\n\n")); err != nil || !reflect.DeepEqual(r.Shape.HeaderOrder, []string{"A"}) {
 		t.Errorf("LF head: %+v, %v", r, err)

@@ -1,0 +1,220 @@
+package proxy_test
+
+import (
+	"bufio"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"io"
+	"math/big"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// rawOrigin is an HTTP/1.1 origin on loopback that keeps every request
+// head as the bytes that arrived, request line to empty line, and answers
+// each with 200 "ok" on a kept-alive connection. net/http would hide what
+// it is about: the spelling of header values.
+type rawOrigin struct {
+	ln   net.Listener
+	cert *x509.Certificate // nil when plain
+	mu   sync.Mutex
+	wg   sync.WaitGroup
+	cond chan struct{} // closed and replaced when a head arrives
+	got  [][]byte
+}
+
+func startRawOrigin(t *testing.T, useTLS bool) *rawOrigin {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := &rawOrigin{ln: ln, cond: make(chan struct{})}
+	if useTLS {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(7),
+			Subject:      pkix.Name{CommonName: "raw origin"},
+			NotBefore:    time.Now().Add(-time.Hour),
+			NotAfter:     time.Now().Add(time.Hour),
+			IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+			DNSNames:     []string{"localhost"},
+			ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.cert, err = x509.ParseCertificate(der); err != nil {
+			t.Fatal(err)
+		}
+		o.ln = tls.NewListener(ln, &tls.Config{
+			Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+			NextProtos:   []string{"http/1.1"},
+		})
+	}
+	o.wg.Go(func() {
+		for {
+			c, err := o.ln.Accept()
+			if err != nil {
+				return
+			}
+			o.wg.Go(func() { o.serve(c) })
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		o.wg.Wait()
+	})
+	return o
+}
+
+func (o *rawOrigin) serve(c net.Conn) {
+	defer c.Close()
+	br := bufio.NewReader(c)
+	for {
+		_ = c.SetDeadline(time.Now().Add(20 * time.Second))
+		var head []byte
+		for {
+			line, err := br.ReadSlice('\n')
+			if err != nil {
+				return
+			}
+			head = append(head, line...)
+			if string(line) == "\r\n" || string(line) == "\n" {
+				break
+			}
+		}
+		o.mu.Lock()
+		o.got = append(o.got, head)
+		close(o.cond)
+		o.cond = make(chan struct{})
+		o.mu.Unlock()
+		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"); err != nil {
+			return
+		}
+	}
+}
+
+// head waits for the origin's n-th request head (from 1).
+func (o *rawOrigin) head(t *testing.T, n int) string {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		o.mu.Lock()
+		if len(o.got) >= n {
+			h := string(o.got[n-1])
+			o.mu.Unlock()
+			return h
+		}
+		cond := o.cond
+		o.mu.Unlock()
+		select {
+		case <-cond:
+		case <-deadline:
+			t.Fatalf("the origin never saw request %d", n)
+		}
+	}
+}
+
+// headerLines returns a head's field lines, the request line left out.
+func headerLines(head string) string {
+	_, fields, _ := strings.Cut(head, "\r\n")
+	return fields
+}
+
+// sendRawDirect writes head on a new connection to the origin (plain or TLS,
+// offering http/1.1) and reads the answer.
+func sendRawDirect(t *testing.T, o *rawOrigin, head string) {
+	t.Helper()
+	var c net.Conn
+	var err error
+	if o.cert != nil {
+		pool := x509.NewCertPool()
+		pool.AddCert(o.cert)
+		c, err = tls.Dial("tcp", o.ln.Addr().String(), &tls.Config{RootCAs: pool, NextProtos: []string{"http/1.1"}, ServerName: "127.0.0.1"})
+	} else {
+		c, err = net.Dial("tcp", o.ln.Addr().String())
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	rawH1(t, c, bufio.NewReader(c), head)
+}
+
+// TestConnectionSpellingReachesTheOrigin: an HTTP/1.1 client's
+// "Connection: Keep-Alive" (.NET's and old Java's spelling) reaches an
+// HTTP/1.1 origin spelled as the client spelled it, on the proxy port in
+// absolute form and inside plain and TLS tunnels: the origin sees the same
+// header lines as from the client directly.
+func TestConnectionSpellingReachesTheOrigin(t *testing.T) {
+	plain := startRawOrigin(t, false)
+	secure := startRawOrigin(t, true)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{secure.cert}})
+	for _, value := range []string{"Keep-Alive", "keep-alive", "close"} {
+		fields := "Host: %s\r\nUser-Agent: raw/1\r\nAccept: */*\r\nConnection: " + value + "\r\n\r\n"
+		for _, tc := range []struct {
+			name   string
+			origin *rawOrigin
+			send   func(host, head string)
+		}{
+			{"proxy port", plain, func(host, head string) {
+				c, err := net.Dial("tcp", w.proxyURL.Host)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				head = strings.Replace(head, "GET /", "GET http://"+host+"/", 1)
+				rawH1(t, c, bufio.NewReader(c), head)
+			}},
+			{"plain tunnel", plain, func(host, head string) {
+				c := insideTunnel(t, w, host, false)
+				rawH1(t, c, bufio.NewReader(c), head)
+			}},
+			{"tls tunnel", secure, func(host, head string) {
+				c := insideTunnel(t, w, host, true)
+				rawH1(t, c, bufio.NewReader(c), head)
+			}},
+		} {
+			t.Run(tc.name+"/"+value, func(t *testing.T) {
+				host := tc.origin.ln.Addr().String()
+				head := "GET /x HTTP/1.1\r\n" + strings.Replace(fields, "%s", host, 1)
+				tc.origin.mu.Lock()
+				n := len(tc.origin.got)
+				tc.origin.mu.Unlock()
+				sendRawDirect(t, tc.origin, head)
+				want := headerLines(tc.origin.head(t, n+1))
+				tc.send(host, head)
+				got := headerLines(tc.origin.head(t, n+2))
+				if got != want {
+					t.Errorf("origin saw\n%s\nthrough onceproxy; directly\n%s", got, want)
+				}
+			})
+		}
+	}
+	// Options naming fields the proxy removed go with them; those left
+	// keep their spelling.
+	t.Run("hop field named", func(t *testing.T) {
+		host := secure.ln.Addr().String()
+		c := insideTunnel(t, w, host, true)
+		rawH1(t, c, bufio.NewReader(c), "GET /named HTTP/1.1\r\nHost: "+host+"\r\nX-Hop: 1\r\nConnection: Keep-Alive, X-Hop\r\n\r\n")
+		secure.mu.Lock()
+		n := len(secure.got)
+		secure.mu.Unlock()
+		want := "Host: " + host + "\r\nConnection: Keep-Alive\r\n\r\n"
+		if got := headerLines(secure.head(t, n)); got != want {
+			t.Errorf("origin saw\n%s\nwant\n%s", got, want)
+		}
+	})
+}
