@@ -206,7 +206,7 @@ func (s *Server) serve(ctx context.Context, req *http.Request) (resp *http.Respo
 	}
 
 	upgrade := isUpgrade(req.Header)
-	removeHopHeaders(req.Header, upgrade)
+	removeRequestHopHeaders(req.Header, upgrade)
 	if s.cfg.TrustForwardedFor {
 		clientinfo.DropForwarded(req.Header) // read by clientAddr
 	}

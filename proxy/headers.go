@@ -46,6 +46,22 @@ func removeHopHeaders(h http.Header, keepUpgrade bool) {
 	}
 }
 
+// removeRequestHopHeaders is removeHopHeaders for a request on its way to
+// the origin, except that "TE: trailers" goes on (only that member; the
+// transfer codings a client accepts are its connection's business).
+// Firefox and gRPC clients send it over HTTP/2, where it is the one TE
+// value allowed (RFC 9113 §8.2.2), and the gRPC protocol asks it of
+// every request (to detect proxies that drop trailers); over HTTP/1.1
+// the upstream lists it in Connection as the client did (RFC 9110
+// §10.1.4). net/http's ReverseProxy keeps it too.
+func removeRequestHopHeaders(h http.Header, keepUpgrade bool) {
+	trailers := headerHasToken(h, "Te", "trailers")
+	removeHopHeaders(h, keepUpgrade)
+	if trailers {
+		h["Te"] = []string{"trailers"}
+	}
+}
+
 // isUpgrade reports a WebSocket handshake, the one protocol switch the
 // proxy carries (goproxy splices a 101 for it); it is never deduplicated:
 // the response is a live two-way stream. Other upgrades (h2c, SPDY/3.1,

@@ -8,13 +8,18 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"fmt"
 	"io"
 	"math/big"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/fporigin"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // rawOrigin is an HTTP/1.1 origin on loopback that keeps every request
@@ -214,6 +219,46 @@ func TestConnectionSpellingReachesTheOrigin(t *testing.T) {
 		secure.mu.Unlock()
 		want := "Host: " + host + "\r\nConnection: Keep-Alive\r\n\r\n"
 		if got := headerLines(secure.head(t, n)); got != want {
+			t.Errorf("origin saw\n%s\nwant\n%s", got, want)
+		}
+	})
+}
+
+// TestTETrailersReachesTheOrigin: "TE: trailers" (Firefox, gRPC clients)
+// reaches the origin as from the client directly: over HTTP/2, where it
+// is the one TE value allowed (RFC 9113 §8.2.2), and over HTTP/1.1 with
+// the "TE" option of its Connection field (RFC 9110 §10.1.4). Other
+// transfer codings the client would accept are the proxy's connection's
+// business and stay behind.
+func TestTETrailersReachesTheOrigin(t *testing.T) {
+	t.Run("h2", func(t *testing.T) {
+		origin := startFPOrigin(t, fporigin.Options{})
+		w := newWorld(t, worldOpts{upstream: upstream.Config{CAFiles: []string{origin.CAFile()}}})
+		base := "https://localhost:" + origin.Port()
+		mustFetch(t, goFPClient(t, nil, origin.CertPool(), true, nil), base+"/te-direct", "Te", "trailers")
+		mustFetch(t, goFPClient(t, w.proxyURL, w.caPool, true, nil), base+"/te-proxied", "Te", "trailers")
+		want, got := recordOf(t, origin, "/te-direct"), recordOf(t, origin, "/te-proxied")
+		if got.Proto != "HTTP/2.0" || fmt.Sprint(got.Header["Te"]) != fmt.Sprint(want.Header["Te"]) ||
+			!slices.Equal(got.Shape.HeaderOrder, want.Shape.HeaderOrder) {
+			t.Errorf("origin saw %s te %q, order %q; directly %s te %q, order %q", got.Proto, got.Header["Te"],
+				got.Shape.HeaderOrder, want.Proto, want.Header["Te"], want.Shape.HeaderOrder)
+		}
+	})
+	t.Run("h1", func(t *testing.T) {
+		origin := startRawOrigin(t, true)
+		w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.cert}})
+		host := origin.ln.Addr().String()
+		head := "GET /te HTTP/1.1\r\nHost: " + host + "\r\nUser-Agent: raw/1\r\nTE: trailers\r\nConnection: keep-alive, TE\r\n\r\n"
+		sendRawDirect(t, origin, head)
+		want := headerLines(origin.head(t, 1))
+		c := insideTunnel(t, w, host, true)
+		rawH1(t, c, bufio.NewReader(c), head)
+		if got := headerLines(origin.head(t, 2)); got != want {
+			t.Errorf("origin saw\n%s\nthrough onceproxy; directly\n%s", got, want)
+		}
+		// Only trailers: gzip here is the client's offer to the proxy.
+		rawH1(t, c, bufio.NewReader(c), strings.Replace(head, "TE: trailers", "TE: gzip;q=0.5, trailers", 1))
+		if got := headerLines(origin.head(t, 3)); got != want {
 			t.Errorf("origin saw\n%s\nwant\n%s", got, want)
 		}
 	})

@@ -547,10 +547,11 @@ func connectionHeader(req *http.Request, mc *mconn) *http.Request {
 
 // connectionOptions is the Connection value for a request whose client
 // sent sent: its options that still hold for the origin connection
-// (keep-alive, close), spelled as sent, the whole value as it was when
-// all of them do. The others named fields the proxy removed (RFC 9110
-// §7.6.1). With none left the value follows from the request: net/http
-// turns a client's "close" into Request.Close.
+// (keep-alive, close, and TE when "TE: trailers" went on with the
+// request), spelled as sent, the whole value as it was when all of them
+// do. The others named fields the proxy removed (RFC 9110 §7.6.1). With
+// none left the value follows from the request: net/http turns a
+// client's "close" into Request.Close.
 func connectionOptions(sent string, req *http.Request) string {
 	kept := make([]string, 0, 2)
 	all := true
@@ -558,7 +559,8 @@ func connectionOptions(sent string, req *http.Request) string {
 		o = textproto.TrimString(o)
 		switch {
 		case o == "":
-		case strings.EqualFold(o, "keep-alive"), strings.EqualFold(o, "close"):
+		case strings.EqualFold(o, "keep-alive"), strings.EqualFold(o, "close"),
+			strings.EqualFold(o, "te") && req.Header["Te"] != nil:
 			kept = append(kept, o)
 		default:
 			all = false
