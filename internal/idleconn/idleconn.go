@@ -23,7 +23,19 @@ import (
 // is not. A shorter timeout refreshes at a quarter of itself (see Wrap).
 const refreshEvery = time.Second
 
-// Conn is a net.Conn whose deadline moves forward on every Read and Write.
+// Conn is a net.Conn whose deadlines move forward as its Reads and Writes
+// are made.
+//
+// A Read moves the read deadline only; a Write moves both. Bytes coming in
+// say nothing of whether the peer takes what is sent to it: a peer that
+// sends a byte now and then but never reads (a blind tunnel's client, an
+// HTTP/2 client sending PINGs while its response waits) would otherwise
+// hold a blocked Write for ever. A Write that goes through, though, shows
+// the peer alive, and a Read waiting meanwhile is only a peer with nothing
+// to say: a download longer than the timeout (a TLS client sends nothing
+// after its handshake) must not be cut by its silent direction, since a
+// tunnel closes both ways on an error one way, and net/http cancels a
+// request whose background read fails.
 //
 // Deadlines set by the connection's owner (http.Server's header timeout, a
 // handshake bound) still apply: the effective deadline is the earlier of the
@@ -38,8 +50,9 @@ type Conn struct {
 	halfclose.Conn // CloseWrite, CloseRead and Unwrap pass through
 
 	timeout time.Duration
-	every   int64        // nanos between idle refreshes; at most a quarter of timeout
-	last    atomic.Int64 // unix nanos of the last idle refresh
+	every   int64 // nanos between idle refreshes; at most a quarter of timeout
+	// The unix nanos of the last idle refresh of each deadline.
+	lastRead, lastWrite atomic.Int64
 
 	// mu orders the owner's deadlines and those in force with the
 	// deadlines set on the connection: net/http clears the read deadline
@@ -60,16 +73,31 @@ func Wrap(c net.Conn, timeout time.Duration) net.Conn {
 	// may be set so) fired on connections moving bytes all along.
 	every := min(refreshEvery, timeout/4)
 	ic := &Conn{Conn: halfclose.Conn{Conn: c}, timeout: timeout, every: int64(every)}
-	ic.touch(true)
+	now := time.Now().UnixNano()
+	ic.lastRead.Store(now)
+	ic.lastWrite.Store(now)
+	_ = ic.apply(true, true, nil)
 	return ic
 }
 
-func (c *Conn) touch(force bool) {
+// touchRead moves the idle read deadline (see Conn).
+func (c *Conn) touchRead() {
 	now := time.Now().UnixNano()
-	if !force && now-c.last.Load() < c.every {
+	if now-c.lastRead.Load() < c.every {
 		return
 	}
-	c.last.Store(now)
+	c.lastRead.Store(now)
+	_ = c.apply(true, false, nil)
+}
+
+// touchWrite moves both idle deadlines (see Conn).
+func (c *Conn) touchWrite() {
+	now := time.Now().UnixNano()
+	if now-c.lastWrite.Load() < c.every {
+		return
+	}
+	c.lastWrite.Store(now)
+	c.lastRead.Store(max(c.lastRead.Load(), now))
 	_ = c.apply(true, true, nil)
 }
 
@@ -83,7 +111,7 @@ func (c *Conn) apply(read, write bool, set func()) error {
 		set()
 	}
 	if read {
-		if d := c.effective(c.rd); d != c.inRead {
+		if d := c.effective(c.rd, &c.lastRead); d != c.inRead {
 			if err := c.Conn.SetReadDeadline(time.Unix(0, d)); err != nil {
 				return err
 			}
@@ -91,7 +119,7 @@ func (c *Conn) apply(read, write bool, set func()) error {
 		}
 	}
 	if write {
-		if d := c.effective(c.wd); d != c.inWrit {
+		if d := c.effective(c.wd, &c.lastWrite); d != c.inWrit {
 			if err := c.Conn.SetWriteDeadline(time.Unix(0, d)); err != nil {
 				return err
 			}
@@ -101,10 +129,10 @@ func (c *Conn) apply(read, write bool, set func()) error {
 	return nil
 }
 
-// effective is the earlier of the owner's deadline and the idle deadline,
-// in unix nanos.
-func (c *Conn) effective(owner int64) int64 {
-	idle := c.last.Load() + int64(c.timeout)
+// effective is the earlier of the owner's deadline and the idle deadline
+// that last (the direction's last refresh) sets, in unix nanos.
+func (c *Conn) effective(owner int64, last *atomic.Int64) int64 {
+	idle := last.Load() + int64(c.timeout)
 	if owner != 0 && owner < idle {
 		return owner
 	}
@@ -119,12 +147,12 @@ func unixNano(t time.Time) int64 {
 }
 
 func (c *Conn) Read(p []byte) (int, error) {
-	c.touch(false)
+	c.touchRead()
 	return c.Conn.Read(p)
 }
 
 func (c *Conn) Write(p []byte) (int, error) {
-	c.touch(false)
+	c.touchWrite()
 	return c.Conn.Write(p)
 }
 
