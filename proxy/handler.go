@@ -403,6 +403,48 @@ type flushingWriter struct {
 	http.ResponseWriter
 	flusher errFlusher               // w's own, when it has one
 	rc      *http.ResponseController // otherwise
+
+	// stream, with idle, is an HTTP/2 response's own write deadline (see
+	// idleStream); moved is when it was last pushed forward.
+	stream deadliner
+	idle   time.Duration
+	moved  time.Time
+}
+
+// deadliner is a response writer's write deadline (net/http's HTTP/2
+// writer has one per stream; http.ResponseController looks for the same
+// method).
+type deadliner interface{ SetWriteDeadline(time.Time) error }
+
+// idleStream gives an HTTP/2 response an idle write deadline: a write
+// that has not gone through after idle fails and resets the stream. The
+// connection's idle timeout (idleconn) cannot see a stream stalled by
+// flow control: a client that never opens its window (WINDOW_UPDATE)
+// while it keeps the connection busy (PINGs, other streams) held the
+// handler, and its flight's body, for as long as it liked. The deadline
+// is per stream, where net/http's HTTP/2 server keeps it, so the
+// connection's other streams go on. An HTTP/1.x writer's stall is a
+// blocked connection write, which idleconn already bounds.
+func (w *flushingWriter) idleStream(idle time.Duration) {
+	if d, ok := w.ResponseWriter.(deadliner); ok && idle > 0 {
+		w.stream, w.idle = d, idle
+	}
+}
+
+// moveDeadline pushes the stream's write deadline to idle from now before
+// a write, at most once per quarter of idle (and per second): each one is
+// a message to the connection's serving goroutine, as each of idleconn's
+// refreshes is a poller call, and the slack is the same.
+func (w *flushingWriter) moveDeadline() {
+	if w.stream == nil {
+		return
+	}
+	now := time.Now()
+	if now.Sub(w.moved) < min(time.Second, w.idle/4) {
+		return
+	}
+	w.moved = now
+	_ = w.stream.SetWriteDeadline(now.Add(w.idle))
 }
 
 // errFlusher is a writer's flush that says whether it worked
@@ -424,6 +466,7 @@ func (w *flushingWriter) flush() error {
 }
 
 func (w *flushingWriter) Write(p []byte) (int, error) {
+	w.moveDeadline()
 	n, err := w.ResponseWriter.Write(p)
 	if err == nil {
 		err = w.flush()
@@ -434,8 +477,12 @@ func (w *flushingWriter) Write(p []byte) (int, error) {
 // writeLast writes the end of a body without a flush: the handler returns
 // right after, and net/http sends what is buffered with the end of the
 // response (over HTTP/2, one frame with END_STREAM instead of a flushed
-// DATA frame and an empty one).
-func (w *flushingWriter) writeLast(p []byte) (int, error) { return w.ResponseWriter.Write(p) }
+// DATA frame and an empty one). The stream's deadline, moved here, still
+// bounds that last send.
+func (w *flushingWriter) writeLast(p []byte) (int, error) {
+	w.moveDeadline()
+	return w.ResponseWriter.Write(p)
+}
 
 func (w *flushingWriter) Flush() { _ = w.flush() }
 

@@ -498,7 +498,11 @@ func (s *Server) serveDecrypted(w http.ResponseWriter, r *http.Request) {
 			s.clientFPs.Add(fp, time.Now())
 		}
 	}
-	s.forwardCtx(ctx, streamTo(w), r)
+	fw := streamTo(w)
+	if r.ProtoMajor == 2 {
+		fw.idleStream(s.cfg.IdleTimeout)
+	}
+	s.forwardCtx(ctx, fw, r)
 }
 
 // clientFingerprintsShown is how many fingerprints the status page lists;
