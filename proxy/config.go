@@ -26,7 +26,9 @@ type Config struct {
 	// Default 10s.
 	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
 	// IdleTimeout drops a client connection or tunnel on which nothing moved
-	// for this long. Default 2m.
+	// for this long, or which took nothing sent to it for this long
+	// (whatever it sent meanwhile), and resets an intercepted HTTP/2
+	// stream whose response has not moved for this long. Default 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// MaxHeaderBytes caps a request's header size, on the proxy port and
 	// inside intercepted tunnels. Default 64 KiB.
