@@ -153,21 +153,6 @@ func mitmProtos(hello *fingerprint.ClientHello) []string {
 	return nil
 }
 
-// offersHTTP reports whether a client whose hello is hello may speak HTTP
-// in its tunnel: it offers no protocol at all (ALPN is optional), or an
-// HTTP one among those it offers.
-func offersHTTP(hello *fingerprint.ClientHello) bool {
-	if len(hello.ALPN) == 0 {
-		return true
-	}
-	for _, p := range hello.ALPN {
-		if p == "h2" || strings.HasPrefix(p, "http/") {
-			return true
-		}
-	}
-	return false
-}
-
 // replayed is the connection capture.PeekClientHello returns, which
 // replays the hello it read, seen through to the client connection under
 // it (connlimit and halfclose look for it).
@@ -343,13 +328,10 @@ func (s *Server) intercept(client net.Conn, t *tunnel) {
 			s.logger.Debug("intercepted tunnel: the ClientHello did not parse; its requests go out with Go's",
 				"client", t.remoteAddr, "target", t.host, "err", err)
 		}
-		if hello != nil && (strings.HasSuffix(hello.ServerName, ".") || !offersHTTP(hello)) {
-			// A fully qualified SNI ("example.com.") is refused by
-			// crypto/tls (RFC 6066 wants no trailing dot), though origins
-			// take it; a client that offers only other protocols than
-			// HTTP (MQTT, IMAP, ACME's tls-alpn-01) has nothing for the
-			// MITM to serve. Either tunnel goes to its target blind, as
-			// it is.
+		if socks.BlindHello(hello) {
+			// A fully qualified SNI, or no HTTP among the protocols the
+			// client offers: the tunnel goes to its target blind, as it
+			// is.
 			_ = client.SetDeadline(time.Time{})
 			s.tunnelBlind(client, rc, t)
 			return

@@ -65,8 +65,10 @@ func (st *stream) sniffFirst(handedOver *bool) error {
 	client := io.Reader(st.r)
 	switch kind {
 	case sniffTLS:
-		c, bypass := st.helloNamesBypass()
-		if !bypass {
+		// Nothing dialled yet: a hello the pipeline sends blind
+		// (BlindHello) is dialled once, there.
+		c, blind := st.tlsGoesBlind(false)
+		if !blind {
 			st.intercept(c, handedOver)
 			return nil
 		}
@@ -89,27 +91,40 @@ func (st *stream) sniffFirst(handedOver *bool) error {
 	return st.firstSpeakerDecides(up, handedOver)
 }
 
-// helloNamesBypass reads the TLS hello of a stream whose target is an IP
-// address, and reports whether its server name is a bypass host. A SOCKS5
-// client that resolves names itself (curl's socks5://, most SOCKS
-// libraries) sends only the address, which the bypass list cannot match by
-// name: without this, a pinned host on the list would be intercepted and
-// fail its client's pinning. The returned connection replays every byte
-// read, the hello included, for the pipeline or the tunnel.
-func (st *stream) helloNamesBypass() (net.Conn, bool) {
+// tlsGoesBlind reads the TLS hello of a stream, when it may decide
+// anything, and reports whether the stream goes blind rather than into
+// the pipeline:
+//
+//   - its server name is a bypass host, the target being an IP address. A
+//     SOCKS5 client that resolves names itself (curl's socks5://, most
+//     SOCKS libraries) sends only the address, which the bypass list
+//     cannot match by name: without this, a pinned host on the list would
+//     be intercepted and fail its client's pinning.
+//   - dialled (the upstream is open already), BlindHello says so. The
+//     pipeline would decide the same, but dial again for it: the origin
+//     saw an empty connection come and go, and the rate limit counted the
+//     tunnel twice.
+//
+// The returned connection replays every byte read, the hello included,
+// for the pipeline or the tunnel.
+func (st *stream) tlsGoesBlind(dialled bool) (net.Conn, bool) {
 	c := readahead.Buffered(st.conn, st.r)
-	if st.s.o.Bypass.Len() == 0 || net.ParseIP(st.host) == nil {
+	byName := st.s.o.Bypass.Len() > 0 && net.ParseIP(st.host) != nil
+	if !byName && !dialled {
 		return c, false
 	}
 	_ = st.conn.SetReadDeadline(time.Now().Add(st.s.o.HandshakeTimeout))
 	c, hello, err := capture.PeekClientHello(c)
 	_ = st.conn.SetReadDeadline(time.Time{})
-	if err != nil || hello.ServerName == "" {
-		// Not a hello to read a name from: the pipeline's handshake
-		// answers it (and a client that stalls meets its deadline there).
+	if err != nil {
+		// Not a hello to read: the pipeline's handshake answers it (and
+		// a client that stalls meets its deadline there).
 		return c, false
 	}
-	return c, st.s.o.Bypass.Match(hello.ServerName)
+	if dialled && BlindHello(hello) {
+		return c, true
+	}
+	return c, byName && hello.ServerName != "" && st.s.o.Bypass.Match(hello.ServerName)
 }
 
 // dialFirst serves a CONNECT to any other port, or to a bypass host: dial
@@ -148,8 +163,8 @@ func (st *stream) firstSpeakerDecides(up net.Conn, handedOver *bool) error {
 	client := io.Reader(st.r)
 	switch sniff(st.r, sn, 0) {
 	case sniffTLS:
-		c, bypass := st.helloNamesBypass()
-		if !bypass {
+		c, blind := st.tlsGoesBlind(true)
+		if !blind {
 			discard(up)
 			<-first // the watcher ends with the close
 			st.intercept(c, handedOver)

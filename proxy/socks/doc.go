@@ -9,9 +9,10 @@
 // anything is dialled or looked up, and a refusal is a reply code (0x02 for
 // the policy). Then the stream is sniffed: TLS and HTTP are handed over to
 // be intercepted (Pipeline.InterceptTunnel: the MITM, and the same handler
-// as the HTTP port); bypass hosts and other protocols are spliced, byte for
-// byte and with half-close, to a tunnel the Pipeline dials through the
-// upstream (Pipeline.DialTunnel). On a MITM port (Config.MITMPorts) the
+// as the HTTP port); bypass hosts and other protocols (TLS whose hello
+// BlindHello sends blind among them) are spliced, byte for byte and with
+// half-close, to a tunnel the Pipeline dials through the upstream
+// (Pipeline.DialTunnel), once. On a MITM port (Config.MITMPorts) the
 // door answers at once and sniffs before it dials; on other ports it dials
 // first, so that a failed dial becomes its RFC 1928 reply code. BIND and
 // UDP ASSOCIATE get 0x07: UDP could not leave through the upstream

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 )
 
 // sniffKind is what the first bytes of a client stream say it is.
@@ -216,4 +218,33 @@ func (r *firstReader) Read(p []byte) (int, error) {
 func HTTPStart(b []byte) (isHTTP, decided bool) {
 	k, more := classifyStream(b)
 	return k == sniffHTTP, !more
+}
+
+// BlindHello reports whether a TLS stream whose client sent hello (nil:
+// it did not parse) goes to its target blind instead of into the MITM:
+// a client that offers protocols, none of them HTTP (MQTT, IMAP,
+// PostgreSQL's direct TLS, ACME's tls-alpn-01), has nothing for the MITM
+// to serve; and a fully qualified SNI ("example.com.") is refused by
+// crypto/tls (RFC 6066 wants no trailing dot), though origins take it.
+// It is the one rule for both doors: the HTTP proxy's tunnels decide with
+// it, and this door, which has dialled already on a port outside
+// mitm_ports, decides with it before handing the stream over, so that the
+// tunnel keeps that dial instead of making another.
+func BlindHello(hello *fingerprint.ClientHello) bool {
+	return hello != nil && (strings.HasSuffix(hello.ServerName, ".") || !offersHTTP(hello))
+}
+
+// offersHTTP reports whether a client whose hello is hello may speak HTTP
+// in its tunnel: it offers no protocol at all (ALPN is optional), or an
+// HTTP one among those it offers.
+func offersHTTP(hello *fingerprint.ClientHello) bool {
+	if len(hello.ALPN) == 0 {
+		return true
+	}
+	for _, p := range hello.ALPN {
+		if p == "h2" || strings.HasPrefix(p, "http/") {
+			return true
+		}
+	}
+	return false
 }
