@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
@@ -8,14 +9,17 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 	"github.com/seed-a3c387e8/onceproxy/proxy"
 	"github.com/seed-a3c387e8/onceproxy/proxy/ratelimit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/socks"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // mqttOrigin is a loopback TLS service that speaks only MQTT (its ALPN),
@@ -108,5 +112,32 @@ func TestNonHTTPTLSIsDialledOnce(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestConnectBlindDialTimeRefusalIsCounted: a CONNECT tunnel that turns
+// out not to be HTTP is dialled blind, and a name that passed the early
+// check but resolves to a forbidden address (DNS rebinding) is refused at
+// that dial. The refusal is counted in onceproxy_ssrf_refused_total as the
+// same refusal is on a bypass CONNECT or the SOCKS5 door: this path dialled
+// on its own, past the count.
+func TestConnectBlindDialTimeRefusalIsCounted(t *testing.T) {
+	lookup := func(context.Context, string, string) ([]netip.Addr, error) {
+		return []netip.Addr{netip.MustParseAddr("127.0.0.1")}, nil
+	}
+	w := newWorld(t, worldOpts{
+		proxy:        proxy.Config{ReadHeaderTimeout: 3 * time.Second},
+		upstreamOpts: []upstream.Option{upstream.WithLookup(lookup)},
+		guard:        &netguard.Config{},
+	})
+	conn, br := connectTunnel(t, w, "rebind.test:9999")
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	io.WriteString(conn, "SSH-2.0-OpenSSH_9.6\r\n")
+	if b, err := io.ReadAll(br); len(b) > 0 || err != nil {
+		t.Fatalf("the refused tunnel answered %q, %v; want it closed", b, err)
+	}
+	if got := w.metricLine("onceproxy_ssrf_refused_total"); got != "onceproxy_ssrf_refused_total 1" {
+		t.Fatalf("metrics: %q, want the refusal counted once", got)
 	}
 }

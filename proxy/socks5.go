@@ -74,7 +74,9 @@ func (s *Server) CheckTunnel(ctx context.Context, t socks.Tunnel) (context.Conte
 
 // DialTunnel opens the upstream side of a blind tunnel, through the
 // upstream session t.User asks for, as for a bypass CONNECT. ctx is
-// CheckTunnel's.
+// CheckTunnel's, or carries the client's identity (clientinfo.With) when
+// the HTTP door's tunnel turned out not to be HTTP (tunnelBlind), which
+// dials here too.
 //
 // A tunnel dialled upstream is one request for the rate limit, as a
 // bypass CONNECT is (intercepted tunnels count request by request, and a
