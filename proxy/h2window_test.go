@@ -43,54 +43,7 @@ func TestHTTP2ZeroWindowClientIsGivenUp(t *testing.T) {
 	})
 	host := strings.TrimPrefix(origin.URL, "https://")
 
-	tc, fr := h2Through(t, w, host)
-	var mu sync.Mutex // the Framer's writes: the test's and the reader's
-	write := func(f func() error) {
-		mu.Lock()
-		defer mu.Unlock()
-		_ = f()
-	}
-	write(func() error { return fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}) })
-	var hb bytes.Buffer
-	enc := hpack.NewEncoder(&hb)
-	for _, kv := range [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", host}, {":path", "/big"}} {
-		enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
-	}
-	write(func() error {
-		return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true})
-	})
-	reset := make(chan http2.ErrCode, 1)
-	go func() { // reads everything, acknowledges SETTINGS, opens no window
-		_ = tc.SetReadDeadline(time.Now().Add(time.Minute))
-		for {
-			f, err := fr.ReadFrame()
-			if err != nil {
-				return
-			}
-			switch f := f.(type) {
-			case *http2.SettingsFrame:
-				if !f.IsAck() {
-					write(fr.WriteSettingsAck)
-				}
-			case *http2.RSTStreamFrame:
-				if f.StreamID == 1 {
-					reset <- f.ErrCode
-				}
-			}
-		}
-	}()
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // the connection is never idle
-		for i := uint64(0); ; i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			write(func() error { return fr.WritePing(false, [8]byte{byte(i)}) })
-		}
-	}()
+	reset := zeroWindowRequest(t, w, host, [][2]string{{":method", "GET"}, {":scheme", "https"}, {":authority", host}, {":path", "/big"}})
 	testkit.Eventually(t, 10*time.Second, func() bool { return w.srv.Inflight() == 1 }, "the stuck client's request")
 
 	got := make(chan string, 1)
@@ -136,5 +89,77 @@ func TestHTTP2SlowBodyIsNotCut(t *testing.T) {
 	resp, body := w.get(w.client(true), origin.URL+"/slow")
 	if resp.ProtoMajor != 2 || len(body) != 25*8<<10 {
 		t.Fatalf("HTTP/%d, %d bytes, want HTTP/2 and %d", resp.ProtoMajor, len(body), 25*8<<10)
+	}
+}
+
+// zeroWindowRequest sends a request (its pseudo-headers and headers,
+// fields) to the MITM as an HTTP/2 client whose streams' initial window is
+// zero and that never sends WINDOW_UPDATE, though it reads all, answers
+// SETTINGS and keeps its connection busy with a PING every 100 ms until
+// the test ends. The returned channel gets the code of a RST_STREAM of the
+// request's stream.
+func zeroWindowRequest(t *testing.T, w *world, host string, fields [][2]string) <-chan http2.ErrCode {
+	t.Helper()
+	tc, fr := h2Through(t, w, host)
+	var mu sync.Mutex // the Framer's writes: the test's and the reader's
+	write := func(f func() error) {
+		mu.Lock()
+		defer mu.Unlock()
+		_ = f()
+	}
+	write(func() error { return fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}) })
+	var hb bytes.Buffer
+	enc := hpack.NewEncoder(&hb)
+	for _, kv := range fields {
+		enc.WriteField(hpack.HeaderField{Name: kv[0], Value: kv[1]})
+	}
+	write(func() error {
+		return fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: hb.Bytes(), EndStream: true, EndHeaders: true})
+	})
+	reset := make(chan http2.ErrCode, 1)
+	go func() { // reads everything, acknowledges SETTINGS, opens no window
+		_ = tc.SetReadDeadline(time.Now().Add(time.Minute))
+		for {
+			f, err := fr.ReadFrame()
+			if err != nil {
+				return
+			}
+			switch f := f.(type) {
+			case *http2.SettingsFrame:
+				if !f.IsAck() {
+					write(fr.WriteSettingsAck)
+				}
+			case *http2.RSTStreamFrame:
+				if f.StreamID == 1 {
+					reset <- f.ErrCode
+				}
+			}
+		}
+	}()
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	go func() { // the connection is never idle
+		for i := uint64(0); ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			write(func() error { return fr.WritePing(false, [8]byte{byte(i)}) })
+		}
+	}()
+	return reset
+}
+
+// TestHTTP2ZeroWindowErrorAnswerIsGivenUp: the answers the MITM makes
+// itself (here the 400 for a CONNECT inside the tunnel) are bounded the
+// same way as the proxied ones.
+func TestHTTP2ZeroWindowErrorAnswerIsGivenUp(t *testing.T) {
+	w := newWorld(t, worldOpts{proxy: proxy.Config{IdleTimeout: time.Second}})
+	reset := zeroWindowRequest(t, w, "127.0.0.1:443", [][2]string{{":method", "CONNECT"}, {":authority", "example.com:443"}})
+	select {
+	case <-reset:
+	case <-time.After(6 * time.Second):
+		t.Fatal("the 400 to a client that never opens its window was still held after 6s (idle_timeout 1s)")
 	}
 }

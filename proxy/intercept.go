@@ -450,14 +450,20 @@ func (s *Server) serveIntercepted(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) serveDecrypted(w http.ResponseWriter, r *http.Request) {
+	// Every answer goes through fw, the MITM's own refusals too: over
+	// HTTP/2 each is bounded by its stream's idle deadline.
+	fw := streamTo(w)
+	if r.ProtoMajor == 2 {
+		fw.idleStream(s.cfg.IdleTimeout)
+	}
 	t := tunnelFrom(r.Context())
 	if t == nil {
-		writeResponse(w, errorResponse(r, http.StatusInternalServerError, kindInternal,
+		writeResponse(fw, errorResponse(r, http.StatusInternalServerError, kindInternal,
 			"internal error: a request without its tunnel"))
 		return
 	}
 	if r.Method == http.MethodConnect {
-		writeResponse(w, errorResponse(r, http.StatusBadRequest, kindBadRequest,
+		writeResponse(fw, errorResponse(r, http.StatusBadRequest, kindBadRequest,
 			"CONNECT inside an intercepted tunnel is not supported"))
 		return
 	}
@@ -476,10 +482,6 @@ func (s *Server) serveDecrypted(w http.ResponseWriter, r *http.Request) {
 		if fp != nil && t.tallied.CompareAndSwap(false, true) {
 			s.clientFPs.Add(fp, time.Now())
 		}
-	}
-	fw := streamTo(w)
-	if r.ProtoMajor == 2 {
-		fw.idleStream(s.cfg.IdleTimeout)
 	}
 	s.forwardCtx(ctx, fw, r)
 }
