@@ -153,6 +153,37 @@ func mitmProtos(hello *fingerprint.ClientHello) []string {
 	return nil
 }
 
+// clientProtos is the NextProtos of the MITM's handshake with a client
+// whose hello is hello, in a tunnel to host. Directly, the client would
+// offer the origin its protocols and speak the one the origin picks; here
+// the MITM picks, before the origin is dialled, so it picks what the
+// origin picked the last time a client's offer included HTTP/2
+// (Options.Origins). A browser at an origin that speaks only HTTP/1.1
+// then speaks HTTP/1.1 to the proxy too, and its requests reach the
+// origin as it wrote them, where, offered HTTP/2, it sent HTTP/2
+// requests that reached the origin translated (in HTTP/2's header order,
+// without the client's own HTTP/1.1 spelling). An origin not reached
+// yet, or one that speaks HTTP/2, gets mitmProtos; so does a client that
+// does not offer HTTP/1.1 (gRPC offers h2 alone).
+func (s *Server) clientProtos(hello *fingerprint.ClientHello, host string) []string {
+	protos := mitmProtos(hello)
+	if protos == nil || hello == nil || s.origins == nil || !slices.Contains(hello.ALPN, "http/1.1") {
+		return protos
+	}
+	p, known := s.origins.OriginProtocol(host)
+	switch {
+	case !known:
+		return protos
+	case p == "http/1.1":
+		return []string{"http/1.1"}
+	case p == "":
+		// An origin that negotiates nothing: no protocol chosen here
+		// either, and the client speaks HTTP/1.1, as it would there.
+		return nil
+	}
+	return protos
+}
+
 // replayed is the connection capture.PeekClientHello returns, which
 // replays the hello it read, seen through to the client connection under
 // it (connlimit and halfclose look for it).
@@ -421,7 +452,7 @@ func (s *Server) pushInner(c *tappedConn) {
 // go out the Go way.
 func (s *Server) terminateTLS(client, rc, stream net.Conn, hello *fingerprint.ClientHello, t *tunnel) (*tls.Conn, error) {
 	cfg := s.certs.ServerConfig(t.host).Clone()
-	cfg.NextProtos = mitmProtos(hello)
+	cfg.NextProtos = s.clientProtos(hello, t.host)
 	// A client resuming a session would put onceproxy's ticket (a
 	// pre_shared_key) into its next hello, which the origin never issued:
 	// without tickets every hello is a first one, as the origin sees it.

@@ -88,6 +88,19 @@ type Options struct {
 	Guard TargetGuard
 	// Metrics records requests and refusals; nil records nothing.
 	Metrics *metrics.Metrics
+	// Origins says which protocol each HTTPS origin chose when last
+	// reached, for the MITM to offer a client the same (see
+	// clientProtos); nil: the MITM offers HTTP/2 and HTTP/1.1 whatever
+	// the origin speaks.
+	Origins OriginProtocols
+}
+
+// OriginProtocols reports which application protocol (ALPN: "h2",
+// "http/1.1", "" for none) the HTTPS origin at addr (host:port) chose the
+// last time it was offered HTTP/2, and whether that is known.
+// *upstream.Pool satisfies it.
+type OriginProtocols interface {
+	OriginProtocol(addr string) (proto string, known bool)
 }
 
 // TargetGuard decides whether a target host may be reached. The returned
@@ -112,6 +125,7 @@ type Server struct {
 	limiter    *ratelimit.Limiter
 	guard      TargetGuard
 	metrics    *metrics.Metrics
+	origins    OriginProtocols
 	mitmAction *goproxy.ConnectAction
 	gp         *goproxy.ProxyHttpServer
 	srv        *http.Server
@@ -167,6 +181,7 @@ func New(cfg Config, o Options) (*Server, error) {
 		limiter:   o.Limiter,
 		guard:     o.Guard,
 		metrics:   o.Metrics,
+		origins:   o.Origins,
 		clientFPs: fingerprint.NewTally(clientFingerprintsKept),
 	}
 	if s.next == nil {

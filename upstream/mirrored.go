@@ -80,6 +80,7 @@ type mirroredTransport struct {
 	headerTimeout   time.Duration
 	opts            mirror.Options // of every connection
 	hellos          *helloCounts
+	alpn            *alpnMemory // what each origin chose, for the MITM
 	log             *slog.Logger
 
 	mu      sync.Mutex // guards the fields below and every mconn's active, idle and timer
@@ -145,6 +146,7 @@ func (k *connKit) mirroredTransport(dial dialFunc, plain, keepAlive bool, idleCo
 		headerTimeout:   k.cfg.ResponseHeaderTimeout,
 		opts:            mirror.Options{PingTimeout: k.cfg.PingTimeout},
 		hellos:          &k.hellos,
+		alpn:            k.alpn,
 		log:             k.log,
 		conns:           make(map[connKey][]*mconn),
 		dialing:         make(map[connKey]*pendingDial),
@@ -395,6 +397,11 @@ func (t *mirroredTransport) open(ctx context.Context, key connKey, fp *fingerpri
 			"addr", key.addr, "changes", rep.Changes, "failed", rep.Failed)
 	}
 	proto := c.ConnectionState().NegotiatedProtocol
+	offered := t.dialer.TLSConfig.NextProtos // the Go hello's
+	if fp.Hello != nil {
+		offered = fp.Hello.ALPN
+	}
+	t.alpn.record(key.addr, offered, proto)
 	cc, err := mirror.NewClientConn(c, proto, fp.H2, t.opts)
 	if err != nil {
 		c.Close()

@@ -162,6 +162,7 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 		dialer: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second},
 		direct: &net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: 30 * time.Second, ControlContext: o.control},
 		lookup: o.lookup,
+		alpn:   newALPNMemory(),
 		log:    logger,
 	}
 	if kit.lookup == nil {

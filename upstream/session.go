@@ -287,7 +287,9 @@ type connKit struct {
 	lookup LookupFunc
 	// hellos counts origin connections by how their hello was made.
 	hellos helloCounts
-	log    *slog.Logger
+	// alpn remembers the protocol each origin chose (Pool.OriginProtocol).
+	alpn *alpnMemory
+	log  *slog.Logger
 }
 
 func (k *connKit) idle(c net.Conn) net.Conn { return idleconn.Wrap(c, k.cfg.IdleTimeout) }

@@ -203,6 +203,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 		Limiter:   a.Limiter,
 		Guard:     &a.live,
 		Metrics:   a.Metrics,
+		Origins:   a.Upstream,
 	}
 	if o.WrapNext != nil {
 		popts.Next = o.WrapNext(popts.Next)
