@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -318,11 +319,15 @@ func (c *providerClient) scrub(err error) error {
 // snippet is the start of an answer body, on one line, for error messages.
 // A JSON answer is quoted with the values of its credential-like fields
 // redacted: the session list and a session object carry the sessions'
-// passwords, and the message reaches logs and the admin API.
+// passwords, and the message reaches logs and the admin API. So is one
+// that only looks like JSON (a trailing comma, a body cut short), whose
+// fields are found in its text.
 func snippet(b []byte) string {
 	const n = 120
 	if red, ok := redactJSON(b); ok {
 		b = red
+	} else {
+		b = redactFieldsInText(b)
 	}
 	s := strings.Join(strings.Fields(string(b)), " ")
 	if len(s) > n {
@@ -346,6 +351,23 @@ func redactJSON(b []byte) (_ []byte, ok bool) {
 		return nil, false
 	}
 	return out, true
+}
+
+// textField is a "name": value pair in text that may not parse as JSON:
+// the value a string (its closing quote may be cut off with the body) or
+// a bare word.
+var textField = regexp.MustCompile(`"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)*(?:"|$)|[^\s,}\]]+)`)
+
+// redactFieldsInText replaces the values of credential-like fields in an
+// answer that does not parse as JSON.
+func redactFieldsInText(b []byte) []byte {
+	return textField.ReplaceAllFunc(b, func(m []byte) []byte {
+		sub := textField.FindSubmatch(m)
+		if !secretField(string(sub[1])) {
+			return m
+		}
+		return fmt.Appendf(nil, `"%s"%s"<redacted>"`, sub[1], sub[2])
+	})
 }
 
 func redactSecrets(v any) any {

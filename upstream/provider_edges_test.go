@@ -146,3 +146,35 @@ func TestHealthProbesSpareABenchedGateway(t *testing.T) {
 		t.Errorf("%d connection attempts to one benched gateway in 400ms of health rounds (%d sessions behind it)", probes, sessions)
 	}
 }
+
+// TestBrokenListJSONPasswordsNeverShown: a session list that is not JSON
+// at all, one trailing comma or a body cut short, cannot be re-encoded
+// with its credential fields redacted. Its start was quoted as it came,
+// with the first session's password, into the log and the provider
+// status of the admin API (refresh.last_error).
+func TestBrokenListJSONPasswordsNeverShown(t *testing.T) {
+	const pw = "SESSIONPW-91c2e"
+	for _, body := range []string{
+		`{"sessions": [{"id": "s1", "username": "u", "password": "` + pw + `", "http_port": 1,}]}`,
+		`{"sessions": [{"id": "s1", "username": "u", "password": "` + pw,
+		`{"sessions": [{"id": "s1", "user": "u", 'pass': "x", "api_key": "` + pw + `"`,
+	} {
+		api := startScriptedAPI(t, body)
+		logger, logs := testLogger(t)
+		p := newPool(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL, APIKey: "k"}}, logger)
+		err := upstream.RefreshNow(context.Background(), p)
+		if err == nil {
+			t.Fatalf("list %s accepted", body)
+		}
+		ps, _ := json.Marshal(p.Providers())
+		for _, where := range []struct{ name, text string }{
+			{"refresh error", err.Error()},
+			{"provider status (admin API)", string(ps)},
+			{"log", logs.String()},
+		} {
+			if strings.Contains(where.text, pw) {
+				t.Errorf("list %s: %s contains the session password:\n%s", body, where.name, where.text)
+			}
+		}
+	}
+}
