@@ -66,6 +66,9 @@ func (p *Pool) applyList(pv *provider, f fetched, st *setup) {
 		pv.refresh.LastErrorAt = now
 		pv.refresh.Failures++
 		pv.failures++
+		if d := apiWait(f.err); d > 0 {
+			pv.notBefore.Store(now.Add(d).UnixNano())
+		}
 		if pv.failures >= apiDownAfter {
 			pv.apiDown.Store(true)
 		}
@@ -188,6 +191,7 @@ func (p *Pool) refreshLoop(ctx context.Context, pv *provider) {
 		if since := p.now().Sub(last); !last.IsZero() && since > 0 {
 			wait -= since
 		}
+		wait = max(wait, time.Duration(pv.notBefore.Load()-p.now().UnixNano()))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -206,12 +210,13 @@ func (p *Pool) refreshLoop(ctx context.Context, pv *provider) {
 			p.mu.Lock()
 			n, failures := len(pv.sessions), pv.failures
 			p.mu.Unlock()
+			next := max(retryDelay(pv, failures), apiWait(err))
 			if n == 0 {
 				p.log.Error("upstream provider refresh failed; it has no sessions yet",
-					"provider", pv.name, "err", err, "next_try", retryDelay(pv, failures))
+					"provider", pv.name, "err", err, "next_try", next)
 			} else {
 				p.log.Warn("upstream provider refresh failed; keeping the last good session list",
-					"provider", pv.name, "sessions", n, "failures_in_a_row", failures, "err", err, "next_try", retryDelay(pv, failures))
+					"provider", pv.name, "sessions", n, "failures_in_a_row", failures, "err", err, "next_try", next)
 			}
 		}
 	}

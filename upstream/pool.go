@@ -213,10 +213,10 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 		if err := lists[i].err; err != nil {
 			if len(p.sessions.Load().list) == 0 {
 				logger.Error("upstream provider API failed at start-up and it is the only source of sessions: "+
-					"requests get 503 until a refresh succeeds", "provider", pv.name, "err", err, "next_try", retryDelay(pv, 1))
+					"requests get 503 until a refresh succeeds", "provider", pv.name, "err", err, "next_try", max(retryDelay(pv, 1), apiWait(err)))
 			} else {
 				logger.Error("upstream provider API failed at start-up; serving the other sessions until a refresh succeeds",
-					"provider", pv.name, "sessions", len(p.sessions.Load().list), "err", err, "next_try", retryDelay(pv, 1))
+					"provider", pv.name, "sessions", len(p.sessions.Load().list), "err", err, "next_try", max(retryDelay(pv, 1), apiWait(err)))
 			}
 		}
 	}

@@ -163,9 +163,35 @@ func (c *providerClient) do(ctx context.Context, method, path string) ([]byte, e
 	case resp.StatusCode == http.StatusNotFound:
 		return nil, fmt.Errorf("provider API %s: %s: %w", op, resp.Status, errProviderNotFound)
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
-		return nil, c.scrub(fmt.Errorf("provider API %s: %s: %s", op, resp.Status, snippet(body)))
+		err := c.scrub(fmt.Errorf("provider API %s: %s: %s", op, resp.Status, snippet(body)))
+		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
+			if d := retryAfter(resp.Header.Get("Retry-After"), time.Now()); d > 0 {
+				return nil, &apiWaitError{err: err, after: d}
+			}
+		}
+		return nil, err
 	}
 	return body, nil
+}
+
+// apiWaitError is a provider API's refusal that says when to call again:
+// a 429 or 503 with Retry-After.
+type apiWaitError struct {
+	err   error
+	after time.Duration
+}
+
+func (e *apiWaitError) Error() string { return e.err.Error() }
+func (e *apiWaitError) Unwrap() error { return e.err }
+
+// apiWait is how long the API asked, in its answer that made err, not to
+// be called (0: it did not say).
+func apiWait(err error) time.Duration {
+	var we *apiWaitError
+	if errors.As(err, &we) {
+		return we.after
+	}
+	return 0
 }
 
 // list fetches and checks the session list.

@@ -7,7 +7,9 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
@@ -86,5 +88,33 @@ func TestProviderExitIPMustBeAnAddress(t *testing.T) {
 		if st := statusOf(t, p, "s1"); st.ExitIP != "203.0.113.9" {
 			t.Errorf("exit IP %q, want 203.0.113.9", st.ExitIP)
 		}
+	}
+}
+
+// TestProviderAPIRetryAfterHonoured: a provider API that rate-limits the
+// list call says when to call again (429 with Retry-After). The refresh
+// loop retried on its own schedule instead (5s, then doubling, or every
+// refresh interval when shorter), calling a rate-limited API again and
+// again, which only keeps it limiting: a fleet of instances did so each.
+func TestProviderAPIRetryAfterHonoured(t *testing.T) {
+	port := strings.Split(testkit.DeadAddr(t), ":")[1]
+	list := `{"sessions": [{"id": "s1", "username": "u", "password": "pw", "gateway_host": "127.0.0.1", "http_port": ` + port + `}]}`
+	var calls atomic.Int64
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			io.WriteString(w, list)
+			return
+		}
+		w.Header().Set("Retry-After", "30")
+		http.Error(w, `{"error": "rate limited"}`, http.StatusTooManyRequests)
+	}))
+	t.Cleanup(api.Close)
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL, APIKey: "k", Refresh: 50 * time.Millisecond}}, logger)
+	runPool(t, p)
+	testkit.Eventually(t, testkit.Patience, func() bool { return calls.Load() >= 2 }, "a refresh answered 429")
+	time.Sleep(500 * time.Millisecond)
+	if n := calls.Load() - 2; n > 0 {
+		t.Errorf("%d more list calls within 500ms of a 429 with Retry-After: 30", n)
 	}
 }

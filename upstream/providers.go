@@ -52,6 +52,10 @@ type provider struct {
 	// refresh asked for by a binding to a session not listed yet).
 	fetch     sync.Mutex
 	lastAsked atomic.Int64 // unix nanos of the last fetch a binding asked for
+	// notBefore (unix nanos) is when the API asked, by a Retry-After on
+	// its refusal of a list fetch, to be called again: a rate-limited API
+	// called on our own schedule only stays limited.
+	notBefore atomic.Int64
 
 	// Guarded by Pool.mu.
 	sessions []*session
@@ -397,7 +401,8 @@ func (p *Pool) Providers() []ProviderStatus {
 func (p *Pool) refreshSoon(ctx context.Context, pv *provider) bool {
 	now := p.now().UnixNano()
 	last := pv.lastAsked.Load()
-	if pv.client == nil || pv.apiDown.Load() || time.Duration(now-last) < minRefetch || !pv.lastAsked.CompareAndSwap(last, now) {
+	if pv.client == nil || pv.apiDown.Load() || now < pv.notBefore.Load() || time.Duration(now-last) < minRefetch ||
+		!pv.lastAsked.CompareAndSwap(last, now) {
 		return false
 	}
 	if !pv.fetch.TryLock() {

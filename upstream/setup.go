@@ -170,6 +170,7 @@ func (pv *provider) adopt(prev *provider) {
 	pv.failovers.Store(prev.failovers.Load())
 	pv.failbacks.Store(prev.failbacks.Load())
 	pv.lastAsked.Store(prev.lastAsked.Load())
+	pv.notBefore.Store(prev.notBefore.Load())
 }
 
 // inherit carries over what a session replaced under its id (new
@@ -272,6 +273,7 @@ func (p *Pool) Reconfigure(cfg Config) error {
 		if prev := old.byName[pv.name]; pv.continues(prev) {
 			pv.sessions, pv.failures, pv.refresh = prev.sessions, prev.failures, prev.refresh
 			pv.apiDown.Store(prev.apiDown.Load())
+			pv.notBefore.Store(prev.notBefore.Load())
 		}
 	}
 	for i, pv := range fresh {
