@@ -75,7 +75,8 @@ func connectThrough(ctx context.Context, d *net.Dialer, proxyURL *url.URL, addr 
 		conn.Close()
 		if st := targetStatusOfConnect(resp.StatusCode); st != 0 {
 			// "Bad gateway" to CONNECT is how a gateway says it could
-			// not reach addr: not proof that the session is at fault.
+			// not reach addr, "forbidden" that its provider refuses
+			// addr: not proof that the session is at fault.
 			gerr = &TargetUnreachableError{Target: addr, Status: st, Err: gerr}
 		}
 		return nil, &DialError{Op: "CONNECT " + addr + " through upstream proxy " + proxyURL.Host, Err: gerr}

@@ -103,12 +103,14 @@ func (e *gatewayStatusError) Error() string {
 }
 
 // TargetUnreachableError is a gateway's answer that it could not reach the
-// target: CONNECT answered 502, 503 or 504, or a SOCKS5 reply "host
-// unreachable", "network unreachable", "connection refused" or "TTL
-// expired". It is the one answer a gateway gives both when the origin is
-// down and when the session's exit cannot reach it, so it is not charged
-// to the session on sight (see targetMisses in pool.go). Status is what the
-// client is answered: 504 when the gateway timed out, else 502.
+// target, or will not: CONNECT answered 502, 503 or 504, or 403 (the
+// provider's policy refuses the target), or a SOCKS5 reply "host
+// unreachable", "network unreachable", "connection refused", "TTL
+// expired" or "connection not allowed by ruleset". It is the one answer a
+// gateway gives both when the origin is down (or refused) and when the
+// session's exit cannot reach it, so it is not charged to the session on
+// sight (see targetMisses in pool.go). Status is what the client is
+// answered: 504 when the gateway timed out, else 502.
 type TargetUnreachableError struct {
 	Target string
 	Status int
@@ -139,9 +141,14 @@ func (e *TargetUnreachableError) Temporary() bool { return false }
 // targetStatusOfConnect maps a gateway's CONNECT status to the status of a
 // TargetUnreachableError, 0 when the status does not say the target was
 // unreachable.
+//
+// A 403 is how providers refuse a target by policy (a domain they do not
+// serve, a closed port), through every session alike: charged to each
+// session it was tried on, one request for such a target benched them
+// for minutes at every site. Credentials refused are a 407.
 func targetStatusOfConnect(code int) int {
 	switch code {
-	case http.StatusBadGateway, http.StatusServiceUnavailable:
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusForbidden:
 		return http.StatusBadGateway
 	case http.StatusGatewayTimeout:
 		return http.StatusGatewayTimeout

@@ -490,14 +490,17 @@ func (r *rawDialer) DialContext(ctx context.Context, network, addr string) (net.
 }
 
 // socksTargetReplies are the SOCKS5 replies (RFC 1928 §6) by which a gateway
-// says it could not reach the target, with the status the client is
-// answered. x/net's client reports a reply only as the text "unknown error
-// " + its name, inside the *net.OpError of the "socks connect".
+// says it could not reach the target, or will not ("not allowed by
+// ruleset": the provider's policy refuses it, as a 403 to CONNECT does),
+// with the status the client is answered. x/net's client reports a reply
+// only as the text "unknown error " + its name, inside the *net.OpError
+// of the "socks connect".
 var socksTargetReplies = map[string]int{
-	"unknown error network unreachable": http.StatusBadGateway,
-	"unknown error host unreachable":    http.StatusBadGateway,
-	"unknown error connection refused":  http.StatusBadGateway,
-	"unknown error TTL expired":         http.StatusGatewayTimeout,
+	"unknown error network unreachable":               http.StatusBadGateway,
+	"unknown error host unreachable":                  http.StatusBadGateway,
+	"unknown error connection refused":                http.StatusBadGateway,
+	"unknown error TTL expired":                       http.StatusGatewayTimeout,
+	"unknown error connection not allowed by ruleset": http.StatusBadGateway,
 }
 
 // socksTargetStatus returns the status of a TargetUnreachableError for a

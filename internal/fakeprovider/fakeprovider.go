@@ -187,6 +187,9 @@ type Provider struct {
 	apiCalls int64
 	// socksConns are the SOCKS5 client connections, closed by Close.
 	socksConns map[net.Conn]struct{}
+	// blocked are the targets (host:port) the provider's policy refuses
+	// through every session (Block).
+	blocked map[string]bool
 
 	closing   chan struct{} // closed (under mu) by Close
 	closeOnce sync.Once
@@ -231,6 +234,7 @@ func New(o Options) (*Provider, error) {
 		cursor:     int(o.ExitIPs[0]),
 		apiUnh:     make(chan struct{}),
 		socksConns: map[net.Conn]struct{}{},
+		blocked:    map[string]bool{},
 		closing:    make(chan struct{}),
 	}
 	close(p.apiUnh)
@@ -456,6 +460,22 @@ func (p *Provider) SetMode(id string, m Mode) {
 		s.unhang = make(chan struct{})
 	}
 	s.mode = m
+}
+
+// Block makes the provider refuse target (host:port) by policy, through
+// every session, as providers refuse domains they do not serve: CONNECT
+// and absolute-form requests are answered 403, a SOCKS5 CONNECT
+// "connection not allowed by ruleset".
+func (p *Provider) Block(target string) {
+	p.mu.Lock()
+	p.blocked[target] = true
+	p.mu.Unlock()
+}
+
+func (p *Provider) isBlocked(target string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.blocked[target]
 }
 
 // SetAPIMode switches how the API answers.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	socks5 "github.com/things-go/go-socks5"
+	"github.com/things-go/go-socks5/statute"
 )
 
 // gatewayConn is the state of one client connection to the HTTP gateway.
@@ -69,6 +70,16 @@ func (p *Provider) serveGateway(w http.ResponseWriter, r *http.Request) {
 		case <-r.Context().Done():
 			return
 		}
+	}
+	target := r.URL.Host
+	if r.Method == http.MethodConnect {
+		target = r.Host
+	}
+	if p.isBlocked(target) {
+		// Its own refusal, said so (RFC 9209) on an absolute-form answer.
+		w.Header().Set("Proxy-Status", "fakeprovider; error=destination_ip_prohibited")
+		http.Error(w, "fakeprovider: target blocked by policy", http.StatusForbidden)
+		return
 	}
 	if r.Method == http.MethodConnect {
 		p.connect(w, r, s)
@@ -256,7 +267,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func (p *Provider) startSOCKS5() {
 	srv := socks5.NewServer(
 		socks5.WithCredential(credentials{p}),
-		socks5.WithRule(&socks5.PermitCommand{EnableConnect: true}),
+		socks5.WithRule(policy{p}),
 		socks5.WithResolver(keepName{}),
 		socks5.WithDialAndRequest(p.socksDial),
 		socks5.WithGPool(trackedPool{p}),
@@ -302,6 +313,13 @@ func (p *Provider) socksDial(_ context.Context, _, addr string, req *socks5.Requ
 		return nil, err
 	}
 	return p.trackTunnel(s, c), nil
+}
+
+// policy permits CONNECT to targets that are not blocked (Block).
+type policy struct{ p *Provider }
+
+func (r policy) Allow(ctx context.Context, req *socks5.Request) (context.Context, bool) {
+	return ctx, req.Command == statute.CommandConnect && !r.p.isBlocked(req.RawDestAddr.String())
 }
 
 type credentials struct{ p *Provider }
