@@ -328,3 +328,57 @@ func TestTunnelKeepsTheGatewaysRetryAfter(t *testing.T) {
 		t.Errorf("Retry-After: 900, but the session cools for %s", left.Round(time.Second))
 	}
 }
+
+// TestPlainGatewayAnswerBodyBounded: a gateway's own answer to a
+// plain-http request (a 407, a 5xx that says it could not reach the
+// target) is read for the first line of its body, the reason. A body
+// that stalls (a Content-Length it never sends) held the request until
+// its caller gave up (the flight's 60s), and then the session was not
+// even charged: the failure looked like the caller's. It is bounded as
+// the same answer to CONNECT is, by dial_timeout.
+func TestPlainGatewayAnswerBodyBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done); ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				br := bufio.NewReader(c)
+				for {
+					if l, err := br.ReadString('\n'); err != nil || l == "\r\n" {
+						break
+					}
+				}
+				io.WriteString(c, "HTTP/1.1 407 Proxy Authentication Required\r\nContent-Length: 100\r\n\r\nbad creds")
+				<-done
+			}()
+		}
+	}()
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{DialTimeout: 300 * time.Millisecond,
+		Sessions: []upstream.SessionConfig{{ID: "a", URL: "http://u:pw@" + ln.Addr().String()}}}, logger)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:9/x", nil)
+	start := time.Now()
+	resp, err := p.RoundTrip(req)
+	took := time.Since(start)
+	if err == nil {
+		resp.Body.Close()
+		t.Fatalf("answered %d, want the gateway's 407 as an error", resp.StatusCode)
+	}
+	if took > 2*time.Second || !strings.Contains(err.Error(), "407") {
+		t.Errorf("after %v: %v; want the 407 within dial_timeout (300ms)", took, err)
+	}
+	if st := statusOf(t, p, "a"); st.Available || st.LastOutcome != "connection_error" {
+		t.Errorf("session after a 407: %+v, want connection_error and cooling", st)
+	}
+}

@@ -604,7 +604,14 @@ func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Resp
 	if resp.StatusCode != http.StatusProxyAuthRequired && reason == "" {
 		return resp, nil
 	}
+	// Its body is read for the reason only. The same answer to CONNECT
+	// is under the handshake's deadline; this one's connection is
+	// net/http's, and a body that stalls held the request until its
+	// caller gave up, the session uncharged: closing the body ends the
+	// read.
+	stall := time.AfterFunc(s.answerWait, func() { resp.Body.Close() })
 	var gerr error = gatewayAnswer(resp)
+	stall.Stop()
 	if reason != "" {
 		// As for CONNECT (a 500 too says bad gateway here), and a
 		// gateway that names a timeout timed out whatever its status.

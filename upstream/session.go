@@ -98,6 +98,9 @@ type session struct {
 	// session; it is not one of its sessions and is never rotated again.
 	notAtProvider atomic.Bool
 	recycleAt     atomic.Int64 // timed: unix nanos of the next idle-connection recycle
+	// answerWait bounds the read of a gateway's own answer to a plain-http
+	// request (dial_timeout, as for its answer to CONNECT).
+	answerWait time.Duration
 }
 
 // transportFor picks the transport for req: the mirrored one for a
@@ -341,6 +344,7 @@ func (k *connKit) newSession(spec sessionSpec) (*session, error) {
 		city:       spec.city,
 		gw:         spec.gw,
 		h:          new(health),
+		answerWait: k.cfg.DialTimeout,
 	}
 	if s.gw == nil {
 		s.gw = &gateway{addr: spec.proxyURL.Host}
