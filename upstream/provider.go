@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 	"github.com/seed-a3c387e8/onceproxy/internal/netguard"
 )
 
@@ -236,8 +237,8 @@ func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
 	if ws.Username == "" {
 		return sessionSpec{}, fmt.Errorf("session %s: no username", ws.ID)
 	}
-	if ws.GatewayHost == "" || strings.ContainsAny(ws.GatewayHost, "/@ ") {
-		return sessionSpec{}, fmt.Errorf("session %s: bad gateway_host %q", ws.ID, ws.GatewayHost)
+	if !validGatewayHost(ws.GatewayHost) {
+		return sessionSpec{}, fmt.Errorf("session %s: bad gateway_host %q: want a host name or an IP address", ws.ID, ws.GatewayHost)
 	}
 	if err := checkGatewayHost(c.apiHost, ws.GatewayHost); err != nil {
 		return sessionSpec{}, fmt.Errorf("session %s: %w", ws.ID, err)
@@ -295,6 +296,16 @@ func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
 		weight:   weight,
 		exitIP:   exitIPOf(ws.ExitIP),
 	}, nil
+}
+
+// validGatewayHost reports whether h is a host name or an IP address (no
+// port, no brackets): the session's URL is built from it and a port, and
+// anything else ("gw.example:8000") made a URL whose every dial failed.
+func validGatewayHost(h string) bool {
+	if _, err := netip.ParseAddr(h); err == nil {
+		return !strings.Contains(h, "%") // no IPv6 zone: not a host of the provider's
+	}
+	return hostmatch.ValidName(h)
 }
 
 // exitIPOf is the exit IP a provider reports, "" (unknown) unless it is an

@@ -118,3 +118,38 @@ func TestProviderAPIRetryAfterHonoured(t *testing.T) {
 		t.Errorf("%d more list calls within 500ms of a 429 with Retry-After: 30", n)
 	}
 }
+
+// TestProviderGatewayHostMustBeAHost: gateway_host is where the sessions'
+// traffic and credentials go. One that is neither a host name nor an IP
+// address ("gw.example:8000" with its port, "[::1]" in brackets, an empty
+// label) was taken as it came: the list was accepted, and every request
+// through its sessions failed at the dial ("lookup 127.0.0.1:5555: no such
+// host") and benched them one by one. It is an invalid entry, and the
+// list is refused whole, as for any other: the pool keeps the one it had.
+func TestProviderGatewayHostMustBeAHost(t *testing.T) {
+	port := strings.Split(testkit.DeadAddr(t), ":")[1]
+	entry := func(host string) string {
+		return `{"sessions": [{"id": "s1", "username": "u", "password": "pw", "gateway_host": "` + host + `", "http_port": ` + port + `}]}`
+	}
+	api := startScriptedAPI(t, entry("127.0.0.1"))
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL, APIKey: "k"}}, logger)
+	for _, host := range []string{"127.0.0.1:5555", "gw.example:8000", "[::1]", "gw..example", "gw.example%00"} {
+		api.mu.Lock()
+		api.list = entry(host)
+		api.mu.Unlock()
+		err := upstream.RefreshNow(context.Background(), p)
+		if err == nil || !strings.Contains(err.Error(), "gateway_host") {
+			t.Errorf("gateway_host %q: refresh error %v, want the entry refused", host, err)
+		}
+		if st := statusOf(t, p, "s1"); st.Proxy != "http://u:xxxxx@127.0.0.1:"+port {
+			t.Errorf("gateway_host %q: session s1 now goes through %s", host, st.Proxy)
+		}
+	}
+	api.mu.Lock()
+	api.list = entry("::1")
+	api.mu.Unlock()
+	if err := upstream.RefreshNow(context.Background(), p); err != nil {
+		t.Errorf("gateway_host ::1 refused: %v", err)
+	}
+}
