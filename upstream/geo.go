@@ -79,7 +79,9 @@ func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *Exha
 			next = d
 		}
 	}
-	next = next.Round(time.Second)
+	// Up, to the whole seconds Retry-After counts in: rounded, the last
+	// half second became 0, which says "unknown".
+	next = (next + time.Second - 1).Truncate(time.Second)
 	n := len(matching)
 	scope := "upstream sessions"
 	if where != "" {
