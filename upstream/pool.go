@@ -752,8 +752,9 @@ func (p *Pool) rotateAfterFailure(ctx context.Context, s *session, gen uint64) b
 	if err := p.rotateLocked(ctx, s, pv, "after a 429 or ban"); err != nil {
 		release()
 		if ctx.Err() == nil {
-			// The API failed, not our flight: back off for this exit IP.
-			s.rotateFailGen, s.rotateFailUntil = gen, p.now().Add(rotateFailBackoff)
+			// The API failed, not our flight: back off for this exit IP,
+			// as long as the API asked when it said so.
+			s.rotateFailGen, s.rotateFailUntil = gen, p.now().Add(max(rotateFailBackoff, apiWait(err)))
 		}
 		if errors.Is(err, errProviderNotFound) && s.source == sourceConfig {
 			// A configured plain proxy next to a provider: stop asking.

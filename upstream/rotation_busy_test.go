@@ -8,11 +8,14 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
 // TestRotationRetiresBusyConnections: many gateways route only new
@@ -109,4 +112,38 @@ func TestRotationRetiresBusyConnections(t *testing.T) {
 			})
 		}
 	})
+}
+
+// TestRotateHonoursTheAPIsRetryAfter: a rotation the provider API refused
+// with 429 and Retry-After is not asked for again before then. The
+// session's backoff after a failed rotation was 10s whatever the API
+// said: a 429 from another site on the same exit IP 11s later called the
+// rate-limited API again.
+func TestRotateHonoursTheAPIsRetryAfter(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 1})
+	a, b := newOrigin(t, false), newOrigin(t, false)
+	ip := exitIP(t, fp, "s1")
+	a.rateLimit(ip, time.Second)
+	b.rateLimit(ip, time.Second)
+	logger, _ := testLogger(t)
+	p := newPool(t, providerConfig(fp), logger)
+	start := time.Now()
+	var now atomic.Int64
+	now.Store(start.UnixNano())
+	upstream.SetClock(p, func() time.Time { return time.Unix(0, now.Load()) })
+	fp.SetAPIMode(fakeprovider.API429)
+	before := fp.APICalls()
+	if r := mustGet(t, p, a.URL, clientinfo.Info{}); r.status != http.StatusTooManyRequests {
+		t.Fatalf("first site: %+v, want its 429", r)
+	}
+	if fp.APICalls() != before+1 {
+		t.Fatalf("%d rotate calls after the first 429, want 1", fp.APICalls()-before)
+	}
+	now.Store(start.Add(11 * time.Second).UnixNano())
+	if r := mustGet(t, p, b.URL, clientinfo.Info{}); r.status != http.StatusTooManyRequests {
+		t.Fatalf("second site: %+v, want its 429", r)
+	}
+	if n := fp.APICalls() - before; n != 1 {
+		t.Errorf("%d rotate calls within 11s of the API's 429 with Retry-After: 30, want 1", n)
+	}
 }

@@ -97,6 +97,8 @@ const (
 	API500
 	// APIHang never answers, until the client gives up.
 	APIHang
+	// API429 answers 429 with Retry-After: 30, as a rate-limited API does.
+	API429
 )
 
 // Options configure a Provider. Zero values are the documented defaults.

@@ -243,6 +243,10 @@ func (p *Provider) apiHandler() http.Handler {
 		case API500:
 			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
 			return
+		case API429:
+			w.Header().Set("Retry-After", "30")
+			writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited"})
+			return
 		case APIHang:
 			select {
 			case <-unhang:
