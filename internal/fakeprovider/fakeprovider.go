@@ -73,8 +73,9 @@ const (
 	// replies "connection refused" (SOCKS5).
 	ModeRefuse
 	// Mode429 answers 429 at the gateway (to CONNECT and absolute-form
-	// requests, with Proxy-Status naming the gateway's own error; SOCKS5
-	// gets "connection not allowed").
+	// requests, with Proxy-Status naming the gateway's own error). SOCKS5
+	// has no reply for a rate limit: it gets "host unreachable", what
+	// go-socks5 replies to any failed dial, as for Mode502.
 	Mode429
 	// Mode502 answers 502 at the gateway (SOCKS5: "host unreachable").
 	Mode502
