@@ -398,13 +398,17 @@ var textField = regexp.MustCompile(`"((?:[^"\\]|\\.)*)"(\s*:\s*)("(?:[^"\\]|\\.)
 // redactFieldsInText replaces the values of credential-like fields in an
 // answer that does not parse as JSON.
 func redactFieldsInText(b []byte) []byte {
-	return textField.ReplaceAllFunc(b, func(m []byte) []byte {
-		sub := textField.FindSubmatch(m)
-		if !secretField(string(sub[1])) {
-			return m
+	var out []byte
+	last := 0
+	for _, m := range textField.FindAllSubmatchIndex(b, -1) {
+		if !secretField(string(b[m[2]:m[3]])) {
+			continue
 		}
-		return fmt.Appendf(nil, `"%s"%s"<redacted>"`, sub[1], sub[2])
-	})
+		out = append(out, b[last:m[6]]...)
+		out = append(out, `"<redacted>"`...)
+		last = m[7]
+	}
+	return append(out, b[last:]...)
 }
 
 func redactSecrets(v any) any {
