@@ -710,6 +710,12 @@ func parseProxyURL(raw string) (*url.URL, error) {
 	if u.Scheme == "socks5h" {
 		u.Scheme = "socks5"
 	}
+	if u.Scheme == "socks5" && u.User != nil {
+		pass, _ := u.User.Password()
+		if err := checkSOCKSCredentials(u.User.Username(), pass); err != nil {
+			return nil, fmt.Errorf("%s: %w", redact.URL(raw), err)
+		}
+	}
 	u.Path = ""
 	return u, nil
 }

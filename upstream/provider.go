@@ -246,6 +246,9 @@ func (c *providerClient) spec(ws wireSession) (sessionSpec, error) {
 	port := ws.HTTPPort
 	if c.protocol == "socks5" {
 		port = ws.SOCKS5Port
+		if err := checkSOCKSCredentials(ws.Username, ws.Password); err != nil {
+			return sessionSpec{}, fmt.Errorf("session %s: %w", ws.ID, err)
+		}
 	}
 	if port < 1 || port > 65535 {
 		return sessionSpec{}, fmt.Errorf("session %s: no valid %s port", ws.ID, c.protocol)

@@ -153,3 +153,25 @@ func TestProviderGatewayHostMustBeAHost(t *testing.T) {
 		t.Errorf("gateway_host ::1 refused: %v", err)
 	}
 }
+
+// TestSOCKS5CredentialsFitRFC1929: a SOCKS5 gateway takes a user name and
+// a password of at most 255 bytes each (RFC 1929). Longer ones (a token
+// as the password) were accepted, from the provider's list and from the
+// configuration, and every connection through the session then failed
+// before it left this host ("invalid username/password"), charged to the
+// session as a connection error. They are refused where they are read.
+func TestSOCKS5CredentialsFitRFC1929(t *testing.T) {
+	long := strings.Repeat("p", 256)
+	port := strings.Split(testkit.DeadAddr(t), ":")[1]
+	api := startScriptedAPI(t, `{"sessions": [{"id": "s1", "username": "u", "password": "`+long+`", "gateway_host": "127.0.0.1", "socks5_port": `+port+`}]}`)
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL, APIKey: "k", Protocol: "socks5"}}, logger)
+	if err := upstream.RefreshNow(context.Background(), p); err == nil || !strings.Contains(err.Error(), "255") {
+		t.Errorf("a listed SOCKS5 session with a %d-byte password: refresh error %v, want it refused", len(long), err)
+	}
+	if _, err := upstream.New(upstream.Config{URL: "socks5://u:" + long + "@127.0.0.1:" + port}, logger); err == nil || !strings.Contains(err.Error(), "255") {
+		t.Errorf("a configured SOCKS5 session with a %d-byte password: New error %v, want it refused", len(long), err)
+	} else if strings.Contains(err.Error(), long) {
+		t.Errorf("the error shows the password: %v", err)
+	}
+}

@@ -477,6 +477,21 @@ func socks5Dialer(pu *url.URL, forward xproxy.Dialer) (xproxy.ContextDialer, err
 	return cd, nil
 }
 
+// maxSOCKSCredential is RFC 1929's bound on a SOCKS5 user name and on its
+// password: each is sent after a one-byte length.
+const maxSOCKSCredential = 255
+
+// checkSOCKSCredentials refuses credentials no SOCKS5 gateway can be sent:
+// x/net's client fails every connection with them before it leaves this
+// host, and the session would be charged for each.
+func checkSOCKSCredentials(user, pass string) error {
+	if len(user) > maxSOCKSCredential || len(pass) > maxSOCKSCredential {
+		return fmt.Errorf("SOCKS5 user name and password must be at most %d bytes each (RFC 1929), got %d and %d",
+			maxSOCKSCredential, len(user), len(pass))
+	}
+	return nil
+}
+
 // rawDialer dials the gateway and remembers the connection it made.
 type rawDialer struct {
 	d    *net.Dialer
