@@ -336,14 +336,21 @@ func (c *providerClient) rotate(ctx context.Context, id string) (string, error) 
 	if len(bytes.TrimSpace(body)) == 0 {
 		return "", nil
 	}
-	var ws struct {
-		ExitIP string `json:"exit_ip"`
-	}
-	if err := json.Unmarshal(body, &ws); err != nil {
+	if !json.Valid(body) {
 		return "", &StatusError{Status: http.StatusBadGateway, Err: c.scrub(fmt.Errorf(
-			"provider API POST %s/api/session/%s/rotate: answer is not JSON (%v): %s", c.base, id, err, snippet(body)))}
+			"provider API POST %s/api/session/%s/rotate: answer is not JSON: %s", c.base, id, snippet(body)))}
 	}
-	return exitIPOf(ws.ExitIP), nil
+	// JSON of another shape (no object, an exit_ip that is no string)
+	// is a rotation all the same, its exit IP unknown: decoded into the
+	// session object, it was taken for a failed one.
+	var ws struct {
+		ExitIP json.RawMessage `json:"exit_ip"`
+	}
+	var ip string
+	if json.Unmarshal(body, &ws) == nil && json.Unmarshal(ws.ExitIP, &ip) != nil {
+		ip = ""
+	}
+	return exitIPOf(ip), nil
 }
 
 // scrub makes sure the API key never reaches a log line or an error a

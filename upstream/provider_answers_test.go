@@ -175,3 +175,26 @@ func TestSOCKS5CredentialsFitRFC1929(t *testing.T) {
 		t.Errorf("the error shows the password: %v", err)
 	}
 }
+
+// TestRotateAnyJSONIsARotation: a 2xx to the rotate call whose body is
+// JSON counts as a rotation, exit_ip or not (README); only a body that is
+// not JSON at all is no word from the provider. A JSON answer of another
+// shape (exit_ip a number, an array, a bare "ok") failed to decode into
+// the session object and was taken for a failed rotation: the admin API
+// answered 502, and after a 429 the session kept its pooled connections
+// to the old exit IP while the provider had moved it.
+func TestRotateAnyJSONIsARotation(t *testing.T) {
+	port := strings.Split(testkit.DeadAddr(t), ":")[1]
+	api := startScriptedAPI(t, `{"sessions": [{"id": "s1", "username": "u", "password": "pw", "gateway_host": "127.0.0.1", "http_port": `+port+`}]}`)
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL, APIKey: "k"}}, logger)
+	for i, body := range []string{`{"exit_ip": 2130706434}`, `["rotated"]`, `"ok"`, `{"exit_ip": {"v4": "203.0.113.9"}}`} {
+		api.setRotate(body)
+		if err := p.Rotate(context.Background(), "s1"); err != nil {
+			t.Errorf("rotate answered %s: %v, want a rotation", body, err)
+		}
+		if st := statusOf(t, p, "s1"); st.Rotations != int64(i+1) || st.ExitIP != "" {
+			t.Errorf("after a rotation answered %s: %d rotations, exit IP %q; want %d and unknown", body, st.Rotations, st.ExitIP, i+1)
+		}
+	}
+}
