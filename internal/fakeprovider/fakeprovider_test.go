@@ -341,3 +341,28 @@ func TestCloseCutsEverything(t *testing.T) {
 	p.Close()
 	<-hung
 }
+
+func TestBlockRefusesTheTargetOnly(t *testing.T) {
+	p := fakeprovider.Start(t, fakeprovider.Options{})
+	o, other := whoami(t), whoami(t)
+	tlsO := httptest.NewTLSServer(o.Config.Handler)
+	defer tlsO.Close()
+	p.Block(strings.TrimPrefix(o.URL, "http://"))
+	p.Block(strings.TrimPrefix(tlsO.URL, "https://"))
+	c := clientVia(t, p.URL("s1", "http"))
+	socks := clientVia(t, p.URL("s1", "socks5"))
+	if st, _ := getBody(t, c, o.URL); st != http.StatusForbidden {
+		t.Errorf("blocked target, absolute-form: %d", st)
+	}
+	if _, err := c.Get(tlsO.URL); err == nil || !strings.Contains(err.Error(), "Forbidden") {
+		t.Errorf("blocked target, CONNECT: %v", err)
+	}
+	if _, err := socks.Get(o.URL); err == nil || !strings.Contains(err.Error(), "not allowed by ruleset") {
+		t.Errorf("blocked target, socks5: %v", err)
+	}
+	for _, cl := range []*http.Client{c, socks} {
+		if st, _ := getBody(t, cl, other.URL); st != http.StatusOK {
+			t.Errorf("another target: %d", st)
+		}
+	}
+}
