@@ -347,8 +347,8 @@ func (c *providerClient) rotate(ctx context.Context, id string) (string, error) 
 		ExitIP json.RawMessage `json:"exit_ip"`
 	}
 	var ip string
-	if json.Unmarshal(body, &ws) == nil && json.Unmarshal(ws.ExitIP, &ip) != nil {
-		ip = ""
+	if json.Unmarshal(body, &ws) != nil || json.Unmarshal(ws.ExitIP, &ip) != nil {
+		ip = "" // no object, or its exit_ip no string
 	}
 	return exitIPOf(ip), nil
 }
