@@ -151,6 +151,7 @@ func (p *Pool) applyList(pv *provider, f fetched, st *setup) {
 	}
 	pv.failures = 0
 	pv.apiDown.Store(false)
+	pv.notBefore.Store(0) // it answers: what it asked before is over
 	pv.refresh.LastRefresh = now
 	pv.refresh.LastError = ""
 	if len(added)+len(replaced)+len(removed) > 0 || pv.refresh.Refreshes == 0 {
