@@ -138,8 +138,11 @@ func newProviderClient(cfg ProviderConfig, key string, tlsConf *tls.Config, dial
 // errProviderNotFound is the provider's 404 for a session id.
 var errProviderNotFound = errors.New("provider does not know this session")
 
-// do sends one API call and returns the body of a 2xx answer.
-func (c *providerClient) do(ctx context.Context, method, path string) ([]byte, error) {
+// do sends one API call and returns the body of a 2xx answer. notFound,
+// when not nil, is what a 404 means for this call (the rotate call's
+// errProviderNotFound); else a 404 is any other refusal: to the list call,
+// an API base URL that names no such API.
+func (c *providerClient) do(ctx context.Context, method, path string, notFound error) ([]byte, error) {
 	op := method + " " + c.base + path
 	req, err := http.NewRequestWithContext(ctx, method, c.base+path, nil)
 	if err != nil {
@@ -161,8 +164,8 @@ func (c *providerClient) do(ctx context.Context, method, path string) ([]byte, e
 		return nil, fmt.Errorf("provider API %s: answer larger than %d bytes", op, maxAPIBody)
 	}
 	switch {
-	case resp.StatusCode == http.StatusNotFound:
-		return nil, fmt.Errorf("provider API %s: %s: %w", op, resp.Status, errProviderNotFound)
+	case resp.StatusCode == http.StatusNotFound && notFound != nil:
+		return nil, fmt.Errorf("provider API %s: %s: %w", op, resp.Status, notFound)
 	case resp.StatusCode < 200 || resp.StatusCode > 299:
 		err := c.scrub(fmt.Errorf("provider API %s: %s: %s", op, resp.Status, snippet(body)))
 		if resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable {
@@ -197,7 +200,7 @@ func apiWait(err error) time.Duration {
 
 // list fetches and checks the session list.
 func (c *providerClient) list(ctx context.Context) ([]sessionSpec, error) {
-	body, err := c.do(ctx, http.MethodGet, "/api/session")
+	body, err := c.do(ctx, http.MethodGet, "/api/session", nil)
 	if err != nil {
 		return nil, err
 	}
@@ -325,7 +328,7 @@ func exitIPOf(raw string) string {
 // rotate asks the provider for a new exit IP for session id and returns it
 // ("" when the answer does not say).
 func (c *providerClient) rotate(ctx context.Context, id string) (string, error) {
-	body, err := c.do(ctx, http.MethodPost, "/api/session/"+url.PathEscape(id)+"/rotate")
+	body, err := c.do(ctx, http.MethodPost, "/api/session/"+url.PathEscape(id)+"/rotate", errProviderNotFound)
 	if err != nil {
 		return "", err
 	}

@@ -198,3 +198,20 @@ func TestRotateAnyJSONIsARotation(t *testing.T) {
 		}
 	}
 }
+
+// TestListNotFoundSaysWhat: a 404 to the session list is an API base URL
+// that names no such API (a path too many, a typo), and the answer's body
+// says so. The error said "provider does not know this session", the
+// rotate call's meaning, and left the body out.
+func TestListNotFoundSaysWhat(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Error(w, "no route /v2/api/session", http.StatusNotFound)
+	}))
+	t.Cleanup(api.Close)
+	logger, _ := testLogger(t)
+	p := newPool(t, upstream.Config{Provider: upstream.ProviderConfig{API: api.URL + "/v2", APIKey: "k"}}, logger)
+	err := upstream.RefreshNow(context.Background(), p)
+	if err == nil || strings.Contains(err.Error(), "session") && strings.Contains(err.Error(), "does not know") || !strings.Contains(err.Error(), "no route") {
+		t.Errorf("list answered 404: %v; want the status and the body, not the rotate call's meaning", err)
+	}
+}
