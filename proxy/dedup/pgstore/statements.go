@@ -220,7 +220,12 @@ func newStatements(schema string) statements {
 		// every instance shares; $2 is the interval and $3 the burst (µs).
 		// The upsert's row lock orders racing instances; a refusal writes
 		// nothing, and reports how far ahead the row was (read before
-		// it). A row this package did not write (an expired one, or one
+		// it), at least burst - interval: the upsert decides on the row
+		// as it finds it once the lock is its, which racing takes may
+		// have moved past this statement's snapshot, and a refusal
+		// reported less ahead than that told the client it had room left
+		// (Decision.Remaining) and could retry at once. A row this
+		// package did not write (an expired one, or one
 		// far ahead) counts as a client at rest or, ahead, as one whose
 		// burst is spent: it neither fails the statement, which the
 		// breaker would take for the database failing, nor holds a
@@ -236,7 +241,7 @@ func newStatements(schema string) statements {
 				WHERE ` + takeBase + ` + $2 - (excluded.n - $2) <= $3
 				RETURNING n)
 			SELECT (SELECT n - us FROM took),
-				(SELECT CASE WHEN expires_at <= now() THEN 0 ELSE least(greatest(n, us), us + $3) - us END FROM before)
+				(SELECT greatest(CASE WHEN expires_at <= now() THEN 0 ELSE least(greatest(n, us), us + $3) - us END, $3 - $2 + 1) FROM before)
 			FROM clock`),
 
 		// A batch of counts (dedup.DayBatch) is added once: stats_added
