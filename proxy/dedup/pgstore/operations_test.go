@@ -2,7 +2,10 @@ package pgstore
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -213,4 +216,50 @@ func TestCounterFromElsewhereIsAtRest(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestValuesAreStoredAsTheyCome: a value of a few KiB stays in its row (no
+// TOAST), and a big one goes out of line without PostgreSQL compressing it
+// again (values come compressed when compressing pays): each would cost a
+// write CPU and inserts for nothing.
+func TestValuesAreStoredAsTheyCome(t *testing.T) {
+	f := newFleet(t, 1, Config{}, dedup.Config{}, func(http.ResponseWriter, *http.Request) {})
+	a := f.insts[0]
+	ctx := context.Background()
+	random := func(n int) string {
+		b := make([]byte, n)
+		rand.Read(b)
+		return hex.EncodeToString(b)[:n]
+	}
+	small := entry(random(4 << 10))
+	small.Header.Set("Content-Type", "image/png") // stored as it is, not compressed by the codec
+	if err := a.store.Set(ctx, "v1:small", small, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	big := entry(strings.Repeat("compressible ", 4<<10))
+	big.Header.Set("Content-Type", "image/png")
+	if err := a.store.Set(ctx, "v1:big", big, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	c := f.conn()
+	var toast string
+	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT reltoastrelid::regclass::text FROM pg_class WHERE oid = '{s}.cache'::regclass`)).Scan(&toast); err != nil {
+		t.Fatal(err)
+	}
+	var chunks int
+	var compressed *string
+	if err := c.QueryRow(ctx, schemaSQL(f.schema, `SELECT (SELECT count(DISTINCT chunk_id) FROM `+toast+`),
+		(SELECT pg_column_compression(value) FROM {s}.cache WHERE key = 'v1:big')`)).Scan(&chunks, &compressed); err != nil {
+		t.Fatal(err)
+	}
+	if chunks != 1 || compressed != nil {
+		t.Errorf("%d values out of line (want 1: the big one, not the 4 KiB one), the big one compressed with %v (want none)", chunks, deref(compressed))
+	}
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return "<nil>"
+	}
+	return *s
 }

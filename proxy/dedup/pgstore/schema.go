@@ -59,6 +59,27 @@ DO $do$ BEGIN
 	END IF;
 END $do$;
 
+-- A value reaches the table compressed (S2) when compressing it pays.
+-- PostgreSQL would try its own compression (pglz) on every row over 2 KB
+-- all the same, and move the value out of line (TOAST: two more inserts
+-- per write, and as many reads): rows keep values up to 8 KB in line, and
+-- bigger ones go out of line as they come. Measured with onceload's
+-- Stores/postgres/miss (2 KiB bodies of hex): 3,110-3,135 unique misses/s
+-- before, 3,940-3,980 after. Checked first: ALTER TABLE locks the table
+-- against every instance's statements, which a start must not do to a
+-- running fleet each time; it does once, on the first start of a build
+-- with these settings.
+DO $do$ BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_attribute
+			WHERE attrelid = '{s}.cache'::regclass AND attname = 'value' AND attstorage = 'e') THEN
+		ALTER TABLE {s}.cache ALTER COLUMN value SET STORAGE EXTERNAL;
+	END IF;
+	IF NOT EXISTS (SELECT 1 FROM pg_class
+			WHERE oid = '{s}.cache'::regclass AND 'toast_tuple_target=8160' = ANY (reloptions)) THEN
+		ALTER TABLE {s}.cache SET (toast_tuple_target = 8160);
+	END IF;
+END $do$;
+
 CREATE UNLOGGED TABLE IF NOT EXISTS {s}.outcomes (
 	key        text PRIMARY KEY,
 	value      bytea NOT NULL,
