@@ -263,3 +263,62 @@ func deref(s *string) string {
 	}
 	return *s
 }
+
+// TestStorageSettingsWaitForAQuietTable: a schema made by an earlier
+// build gets the cache's storage settings at the first start of this one,
+// an ALTER TABLE, whose lock must not stall the fleet: behind an open
+// writer it gives up within half a second and the instance starts
+// without them; a start once the table is quiet sets them.
+func TestStorageSettingsWaitForAQuietTable(t *testing.T) {
+	f := newFleet(t, 1, Config{}, dedup.Config{}, nil)
+	ctx := context.Background()
+	// The schema as an earlier build left it.
+	f.exec(`ALTER TABLE {s}.cache ALTER COLUMN value SET STORAGE EXTENDED; ALTER TABLE {s}.cache RESET (toast_tuple_target)`)
+	settings := func() string {
+		t.Helper()
+		var s string
+		err := f.conn().QueryRow(ctx, schemaSQL(f.schema, `SELECT (SELECT attstorage::text FROM pg_attribute WHERE attrelid = '{s}.cache'::regclass AND attname = 'value')
+			|| ' ' || coalesce((SELECT array_to_string(reloptions, ',') FROM pg_class WHERE oid = '{s}.cache'::regclass), '')`)).Scan(&s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	start := func() time.Duration {
+		t.Helper()
+		local := dedup.NewMemoryStore(1 << 20)
+		t.Cleanup(local.Close)
+		began := time.Now()
+		be, err := open(f.config(Config{}), local, slog.New(slog.NewTextHandler(f.logs, nil)), nil)
+		took := time.Since(began)
+		if err != nil {
+			t.Fatalf("open: %v", err)
+		}
+		t.Cleanup(func() { be.Close() })
+		if !be.Available() {
+			t.Fatalf("the instance did not start sharing; logs:\n%s", f.logs.String())
+		}
+		return took
+	}
+
+	holder := f.conn()
+	if _, err := holder.Exec(ctx, "BEGIN"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := holder.Exec(ctx, schemaSQL(f.schema, `INSERT INTO {s}.cache VALUES ('held', '', ''::bytea, 0, now(), now() + interval '1 minute')`)); err != nil {
+		t.Fatal(err)
+	}
+	if took := start(); took > 3*time.Second {
+		t.Errorf("an instance took %s to start behind an open writer", took.Round(time.Millisecond))
+	}
+	if got := settings(); got != "x " {
+		t.Errorf("settings %q behind an open writer, want the old ones (x)", got)
+	}
+	if _, err := holder.Exec(ctx, "ROLLBACK"); err != nil {
+		t.Fatal(err)
+	}
+	start()
+	if got := settings(); got != "e toast_tuple_target=8160" {
+		t.Errorf("settings %q once the table is quiet, want e toast_tuple_target=8160", got)
+	}
+}

@@ -68,8 +68,11 @@ END $do$;
 -- before, 3,940-3,980 after. Checked first: ALTER TABLE locks the table
 -- against every instance's statements, which a start must not do to a
 -- running fleet each time; it does once, on the first start of a build
--- with these settings.
+-- with these settings, and gives up after half a second behind a
+-- statement that holds the table (the next start tries again), rather
+-- than hold up every instance's statements queued behind it meanwhile.
 DO $do$ BEGIN
+	PERFORM set_config('lock_timeout', '500ms', true);
 	IF NOT EXISTS (SELECT 1 FROM pg_attribute
 			WHERE attrelid = '{s}.cache'::regclass AND attname = 'value' AND attstorage = 'e') THEN
 		ALTER TABLE {s}.cache ALTER COLUMN value SET STORAGE EXTERNAL;
@@ -78,6 +81,10 @@ DO $do$ BEGIN
 			WHERE oid = '{s}.cache'::regclass AND 'toast_tuple_target=8160' = ANY (reloptions)) THEN
 		ALTER TABLE {s}.cache SET (toast_tuple_target = 8160);
 	END IF;
+	PERFORM set_config('lock_timeout', '0', true);
+EXCEPTION WHEN lock_not_available THEN
+	PERFORM set_config('lock_timeout', '0', true);
+	RAISE WARNING 'onceproxy: the cache table is busy; its storage settings wait for the next start';
 END $do$;
 
 CREATE UNLOGGED TABLE IF NOT EXISTS {s}.outcomes (
