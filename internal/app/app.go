@@ -229,7 +229,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	// The process's logger limits its warnings (NewLogger); one a test
 	// builds need not.
 	if lim, ok := logger.Handler().(interface{ Suppressed() int64 }); ok {
-		a.Metrics.Counter("log_lines_suppressed_total", "Warning and error lines left out because their message had already been written 20 times in the last 10s (a flood of refused or failing requests); the count is logged after the window, with the message's next line or a summary line.",
+		a.Metrics.Counter("log_lines_suppressed_total", "Warning and error lines left out because their message had already been written 20 times in the last 10s (a flood of refused or failing requests); the count is logged after the window, with the message's next line or a summary line, or when the process stops.",
 			func() float64 { return float64(lim.Suppressed()) })
 	}
 
@@ -347,6 +347,11 @@ func (a *App) Serve(ctx context.Context) error {
 		return err
 	})
 	err := g.Wait()
+	// What the log limit left out of the last window is said now: no
+	// later line of the process will.
+	if lim, ok := a.log.Handler().(interface{ Flush(context.Context) }); ok {
+		lim.Flush(context.Background())
+	}
 	a.log.Info("stopped")
 	return err
 }

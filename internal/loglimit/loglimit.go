@@ -69,6 +69,31 @@ func New(next slog.Handler, c Config) *Handler {
 // Suppressed returns how many lines have been left out so far.
 func (h *Handler) Suppressed() int64 { return h.st.suppressed.Load() }
 
+// Flush writes a summary line for every message with lines left out that
+// no line has said yet, as if its window had ended now: a process that
+// stops right after a flood, or falls quiet, still says what it left out.
+func (h *Handler) Flush(ctx context.Context) {
+	now := time.Now()
+	h.st.mu.Lock()
+	var summaries []slog.Record
+	for _, e := range h.st.msgs {
+		if e.dropped > 0 {
+			summaries = append(summaries, h.st.summary(e, now))
+			e.dropped = 0
+		}
+	}
+	if h.st.other.dropped > 0 {
+		summaries = append(summaries, h.st.summary(&h.st.other, now))
+		h.st.other.dropped = 0
+	}
+	h.st.mu.Unlock()
+	for _, s := range summaries {
+		if h.st.root.Enabled(ctx, s.Level) {
+			_ = h.st.root.Handle(ctx, s)
+		}
+	}
+}
+
 // Enabled implements slog.Handler.
 func (h *Handler) Enabled(ctx context.Context, l slog.Level) bool { return h.next.Enabled(ctx, l) }
 

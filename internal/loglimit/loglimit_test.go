@@ -164,3 +164,31 @@ func TestLogLimitBoundsMessages(t *testing.T) {
 		t.Errorf("summaries say %d lines were left out, Suppressed() = %d", said, h.Suppressed())
 	}
 }
+
+// TestFlushSaysWhatTheLastWindowLeftOut: what a window left out is said
+// at Flush (the process stopping) when no later line came to say it,
+// once: neither a second Flush nor the message's next line says it again.
+func TestFlushSaysWhatTheLastWindowLeftOut(t *testing.T) {
+	var buf bytes.Buffer
+	h := New(slog.NewJSONHandler(&buf, nil), Config{})
+	now := time.Now()
+	for range 30 {
+		logAt(t, h, now, slog.LevelWarn, "refused CONNECT")
+	}
+	h.Flush(context.Background())
+	h.Flush(context.Background())
+	logAt(t, h, now.Add(DefaultWindow), slog.LevelWarn, "refused CONNECT")
+	ls := lines(t, &buf)
+	var said []any
+	for _, l := range ls {
+		if l["msg"] == SuppressedMsg {
+			said = append(said, l["suppressed"])
+		}
+		if l["msg"] == "refused CONNECT" && l["suppressed"] != nil {
+			said = append(said, l["suppressed"])
+		}
+	}
+	if fmt.Sprint(said) != "[10]" {
+		t.Errorf("the 10 lines left out were said %v, want once: [10]", said)
+	}
+}
