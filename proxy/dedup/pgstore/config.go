@@ -3,6 +3,7 @@ package pgstore
 import (
 	"errors"
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"time"
@@ -111,6 +112,15 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// maxBackends is the most connections a PostgreSQL server takes
+// (max_connections is capped at MAX_BACKENDS, 2^18-1). It also keeps
+// max_conns and flight_conns inside pgxpool's int32 MaxConns.
+const maxBackends = 1<<18 - 1
+
+// maxStatementTimeout is the largest statement_timeout PostgreSQL accepts
+// (an int of milliseconds): past it every connection is refused.
+const maxStatementTimeout = math.MaxInt32 * time.Millisecond
+
 // schemaName is what a schema may be called: a plain lower-case
 // identifier, short enough for the channel name built from it.
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -143,6 +153,9 @@ func (c Config) Validate() error {
 	if c.Timeout > 0 && c.Timeout < time.Millisecond {
 		errs = append(errs, fmt.Errorf("timeout: must be at least 1ms (statement_timeout counts milliseconds), got %s", c.Timeout))
 	}
+	if c.Timeout > maxStatementTimeout {
+		errs = append(errs, fmt.Errorf("timeout: must be at most %s (statement_timeout is a 32-bit count of milliseconds), got %s", maxStatementTimeout, c.Timeout))
+	}
 	if c.FlightConns < 1 {
 		errs = append(errs, fmt.Errorf("flight_conns: must be at least 1, got %d", c.FlightConns))
 	}
@@ -150,9 +163,15 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("flight_locks: must be at least 1, got %d", c.FlightLocks))
 	}
 	// One listener, the lock sessions, and at least one pooled
-	// connection for everything else.
-	if c.MaxConns < c.FlightConns+2 {
+	// connection for everything else. flight_conns is bounded first, so
+	// that flight_conns + 2 cannot wrap round below max_conns.
+	if c.FlightConns > maxBackends-2 {
+		errs = append(errs, fmt.Errorf("flight_conns: must be at most %d (PostgreSQL's %d connections less the listener and one pooled connection), got %d", maxBackends-2, maxBackends, c.FlightConns))
+	} else if c.MaxConns < c.FlightConns+2 {
 		errs = append(errs, fmt.Errorf("max_conns: must be at least flight_conns + 2 (%d: the listener and one pooled connection), got %d", c.FlightConns+2, c.MaxConns))
+	}
+	if c.MaxConns > maxBackends {
+		errs = append(errs, fmt.Errorf("max_conns: must be at most %d, the most connections PostgreSQL serves, got %d", maxBackends, c.MaxConns))
 	}
 	if c.BreakerFailures < 1 {
 		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.BreakerFailures))
