@@ -7,12 +7,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"reflect"
 	"regexp"
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
@@ -280,27 +282,86 @@ func decodeStrict(r io.Reader, v any) error {
 		return nil // an empty file means "all defaults"
 	}
 	var te *yaml.TypeError
+	var root yaml.Node
+	parsed := yaml.Unmarshal(b, &root) == nil
 	if err != nil && !errors.As(err, &te) {
 		// yaml.v3 stops at the first value a TextUnmarshaler refuses (a
 		// byte size, process.memory_limit) and returns its bare message,
 		// with neither line nor key: find every such value again, by key.
-		var root yaml.Node
-		if yaml.Unmarshal(b, &root) == nil {
+		if parsed {
 			if errs := textErrors(&root, reflect.TypeOf(v), ""); len(errs) > 0 {
 				return &configError{errs: errs}
 			}
 		}
+		return err
 	}
-	return friendlyYAMLError(err, b)
+	var fractions []error
+	if parsed {
+		fractions = fractionErrors(&root, reflect.TypeOf(v))
+	}
+	if err == nil {
+		if len(fractions) > 0 {
+			return &configError{errs: fractions}
+		}
+		return nil
+	}
+	err = friendlyYAMLError(err, b)
+	if ce, ok := err.(*configError); ok {
+		ce.errs = append(ce.errs, fractions...)
+	}
+	return err
 }
 
 var textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
 
-// textErrors walks the YAML tree n along the Go type t it decodes into
-// and returns, with its line and key path, every scalar that a
-// text-unmarshalled field refuses. A document that is one bare value (an
-// environment override) has no key to name and yields nothing.
+// textErrors returns, with its line and key path, every scalar of the
+// YAML tree n that a text-unmarshalled field of t refuses. A document
+// that is one bare value (an environment override) has no key to name and
+// yields nothing.
 func textErrors(n *yaml.Node, t reflect.Type, path string) []error {
+	return scalarErrors(n, t, path, func(n *yaml.Node, t reflect.Type, path string) error {
+		if path == "" || !reflect.PointerTo(t).Implements(textUnmarshalerType) {
+			return nil
+		}
+		u := reflect.New(t).Interface().(encoding.TextUnmarshaler)
+		if err := u.UnmarshalText([]byte(n.Value)); err != nil {
+			return fmt.Errorf("line %d: %s: %w", n.Line, path, err)
+		}
+		return nil
+	})
+}
+
+// fractionErrors returns every number with a fraction that the YAML tree
+// n puts in an integer field of t: yaml.v3 drops the fraction without a
+// word (max_attempts: 2.9 runs with 2). A bare value (an environment
+// override) is reported without a key; the caller names the variable.
+func fractionErrors(n *yaml.Node, t reflect.Type) []error {
+	return scalarErrors(n, t, "", func(n *yaml.Node, t reflect.Type, path string) error {
+		switch t.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+			reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		default:
+			return nil
+		}
+		// A duration or a type that parses its own text (a byte size)
+		// reads a fraction itself.
+		if t == reflect.TypeFor[time.Duration]() || reflect.PointerTo(t).Implements(textUnmarshalerType) || n.ShortTag() != "!!float" {
+			return nil
+		}
+		if f, err := strconv.ParseFloat(strings.ReplaceAll(n.Value, "_", ""), 64); err != nil || f == math.Trunc(f) {
+			return nil // 1e3 is 1000; what does not parse, yaml reports
+		}
+		if path == "" {
+			return fmt.Errorf("%s is not a whole number", n.Value)
+		}
+		return fmt.Errorf("line %d: %s: %s is not a whole number", n.Line, path, n.Value)
+	})
+}
+
+// scalarErrors walks the YAML tree n along the Go type t it decodes into
+// and returns what check says of each non-null scalar, given its Go type
+// and key path ("" for a document that is one bare value).
+func scalarErrors(n *yaml.Node, t reflect.Type, path string, check func(n *yaml.Node, t reflect.Type, path string) error) []error {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
@@ -308,15 +369,14 @@ func textErrors(n *yaml.Node, t reflect.Type, path string) []error {
 	switch n.Kind {
 	case yaml.DocumentNode:
 		for _, c := range n.Content {
-			errs = append(errs, textErrors(c, t, path)...)
+			errs = append(errs, scalarErrors(c, t, path, check)...)
 		}
 	case yaml.ScalarNode:
-		if path == "" || n.ShortTag() == "!!null" || !reflect.PointerTo(t).Implements(textUnmarshalerType) {
+		if n.ShortTag() == "!!null" {
 			return nil
 		}
-		u := reflect.New(t).Interface().(encoding.TextUnmarshaler)
-		if err := u.UnmarshalText([]byte(n.Value)); err != nil {
-			errs = append(errs, fmt.Errorf("line %d: %s: %w", n.Line, path, err))
+		if err := check(n, t, path); err != nil {
+			errs = append(errs, err)
 		}
 	case yaml.MappingNode:
 		for i := 0; i+1 < len(n.Content); i += 2 {
@@ -326,17 +386,17 @@ func textErrors(n *yaml.Node, t reflect.Type, path string) []error {
 			case reflect.Struct:
 				for j := 0; j < t.NumField(); j++ {
 					if f := t.Field(j); yamlName(f) == k.Value {
-						errs = append(errs, textErrors(v, f.Type, p)...)
+						errs = append(errs, scalarErrors(v, f.Type, p, check)...)
 					}
 				}
 			case reflect.Map:
-				errs = append(errs, textErrors(v, t.Elem(), p)...)
+				errs = append(errs, scalarErrors(v, t.Elem(), p, check)...)
 			}
 		}
 	case yaml.SequenceNode:
 		if t.Kind() == reflect.Slice || t.Kind() == reflect.Array {
 			for i, c := range n.Content {
-				errs = append(errs, textErrors(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i))...)
+				errs = append(errs, scalarErrors(c, t.Elem(), fmt.Sprintf("%s[%d]", path, i), check)...)
 			}
 		}
 	}

@@ -256,3 +256,34 @@ func TestProviderKeyFromInjectedEnvironment(t *testing.T) {
 		t.Fatalf("missing key: err = %v", err)
 	}
 }
+
+// TestFractionForWholeNumberRefused: yaml.v3 decodes 2.9 into an int as
+// 2, so upstream.retry.max_attempts: 2.9 ran with 2 and said nothing. A
+// number with a fraction where a whole number goes is refused, naming its
+// key (in a file) or its variable; 1e3 is 1000 and stays accepted.
+func TestFractionForWholeNumberRefused(t *testing.T) {
+	for _, tc := range []struct {
+		doc  string
+		want string
+	}{
+		{"upstream: {retry: {max_attempts: 2.9}}\n", "line 1: upstream.retry.max_attempts: 2.9 is not a whole number"},
+		{"proxy:\n  max_conns: 1.5\n", "line 2: proxy.max_conns: 1.5 is not a whole number"},
+		{"dedup: {cacheable_statuses: [200, 404.5]}\n", "line 1: dedup.cacheable_statuses[1]: 404.5 is not a whole number"},
+		{"dedup: {rules: [{name: a, host: a.example, cacheable_statuses: [200.5]}]}\n", "dedup.rules[0].cacheable_statuses[0]: 200.5 is not a whole number"},
+		{"mitm: {cert_cache_size: 0.5}\n", "mitm.cert_cache_size: 0.5 is not a whole number"},
+	} {
+		_, err := LoadConfig(shippedConfig, writeConfig(t, tc.doc), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+	_, err := LoadConfig(shippedConfig, "", []string{"ONCEPROXY_UPSTREAM_RETRY_MAX_ATTEMPTS=2.9"})
+	if want := `ONCEPROXY_UPSTREAM_RETRY_MAX_ATTEMPTS: "2.9" is not a whole number`; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("env override: %v, want %q", err, want)
+	}
+	// Prices are fractions, and a whole number stays one, however
+	// written.
+	if _, err := LoadConfig(shippedConfig, writeConfig(t, "savings: {price_per_gb: 2.5}\nproxy: {max_conns: 100}\nmitm: {cert_cache_size: 1e3}\n"), nil); err != nil {
+		t.Errorf("valid numbers refused: %v", err)
+	}
+}
