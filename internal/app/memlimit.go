@@ -97,6 +97,11 @@ func (m *MemoryLimit) UnmarshalText(b []byte) error {
 		if err != nil {
 			return fmt.Errorf("want auto, off or a size: %w", err)
 		}
+		if n == 0 {
+			// A size of 0 is what MemoryLimit holds for auto: it would
+			// run under auto's limit, not without one.
+			return fmt.Errorf("want auto, off or a size, got %q: for no limit, write off", s)
+		}
 		*m = MemoryLimit{Size: n}
 	}
 	return nil

@@ -83,6 +83,22 @@ func TestMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestMemoryLimitZeroRefused: memory_limit: 0 was read as a size of none
+// and the process ran under auto's limit, the opposite of what someone
+// writing 0 for "no limit" asked for. It is refused, pointing at off.
+func TestMemoryLimitZeroRefused(t *testing.T) {
+	for _, zero := range []string{"0", "0B", "0MiB"} {
+		_, err := LoadConfig(shippedConfig, writeConfig(t, "process: {memory_limit: "+zero+"}\n"), nil)
+		if err == nil || !strings.Contains(err.Error(), "line 1: process.memory_limit:") || !strings.Contains(err.Error(), "off") {
+			t.Errorf("memory_limit %s in a file: %v, want it refused, naming the key and off", zero, err)
+		}
+		_, err = LoadConfig(shippedConfig, "", []string{"ONCEPROXY_PROCESS_MEMORY_LIMIT=" + zero})
+		if err == nil || !strings.Contains(err.Error(), "ONCEPROXY_PROCESS_MEMORY_LIMIT:") || !strings.Contains(err.Error(), "off") {
+			t.Errorf("ONCEPROXY_PROCESS_MEMORY_LIMIT=%s: %v, want it refused, naming the variable and off", zero, err)
+		}
+	}
+}
+
 func TestGCPercent(t *testing.T) {
 	none := func(string) string { return "" }
 	shipped := loadYAML(t, "")
