@@ -66,6 +66,17 @@ func (c FleetConfig) WithDefaults() FleetConfig {
 func (c *Config) validateFleet(getenv func(string) string) []error {
 	f := c.Fleet
 	var errs []error
+	// Values out of range are refused with the listener off too, as
+	// every other section's are, not on the day peer_listen is set.
+	if f.PeerMaxConns < 1 {
+		errs = append(errs, fmt.Errorf("fleet.peer_max_conns: must be at least 1, got %d", f.PeerMaxConns))
+	}
+	if f.PeerTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("fleet.peer_timeout: must be positive, got %s", f.PeerTimeout))
+	}
+	if f.PeerIdleTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("fleet.peer_idle_timeout: must be positive, got %s", f.PeerIdleTimeout))
+	}
 	if f.PeerListen == "" {
 		if f.PeerAdvertise != "" {
 			errs = append(errs, errors.New("fleet.peer_advertise: set without fleet.peer_listen"))
@@ -99,16 +110,7 @@ func (c *Config) validateFleet(getenv func(string) string) []error {
 	case f.PeerTokenEnv == "" && !listenaddr.Loopback(f.PeerListen):
 		errs = append(errs, fmt.Errorf("fleet.peer_token_env: none configured while fleet.peer_listen (%s) is not a loopback address: anyone who reaches it could read the bodies this instance holds; name a variable holding the fleet's shared token", f.PeerListen))
 	}
-	if f.PeerMaxConns < 1 {
-		errs = append(errs, fmt.Errorf("fleet.peer_max_conns: must be at least 1, got %d", f.PeerMaxConns))
-	}
-	if f.PeerTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("fleet.peer_timeout: must be positive, got %s", f.PeerTimeout))
-	}
-	switch {
-	case f.PeerIdleTimeout <= 0:
-		errs = append(errs, fmt.Errorf("fleet.peer_idle_timeout: must be positive, got %s", f.PeerIdleTimeout))
-	case f.PeerIdleTimeout >= c.Dedup.StallTimeout:
+	if f.PeerIdleTimeout > 0 && f.PeerIdleTimeout >= c.Dedup.StallTimeout {
 		errs = append(errs, fmt.Errorf("fleet.peer_idle_timeout: must be shorter than dedup.stall_timeout (%s), so that a follower whose peer went silent can still finish the body from the origin, got %s", c.Dedup.StallTimeout, f.PeerIdleTimeout))
 	}
 	return errs

@@ -13,7 +13,8 @@ import (
 // each problem naming its key: a listener reachable from the network
 // without a token, one bound to every address without an advertised
 // address, a token variable that is empty, a listener without a shared
-// store, an idle timeout the stall timeout would beat.
+// store, an idle timeout the stall timeout would beat, a value out of
+// range whether or not the listener is on.
 func TestFleetConfig(t *testing.T) {
 	const redis = "ONCEPROXY_REDIS_URL=redis://127.0.0.1:1"
 	for _, tc := range []struct {
@@ -34,6 +35,12 @@ func TestFleetConfig(t *testing.T) {
 		{name: "not host:port", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=nope"}, want: "fleet.peer_listen:"},
 		{name: "idle past the stall", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0", "ONCEPROXY_FLEET_PEER_IDLE_TIMEOUT=30s"}, want: "fleet.peer_idle_timeout: must be shorter than dedup.stall_timeout (30s)"},
 		{name: "no connections", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:0", "ONCEPROXY_FLEET_PEER_MAX_CONNS=-1"}, want: "fleet.peer_max_conns:"},
+		// Bad values are refused with the listener off too, as every
+		// other section's are: they used to pass until the day
+		// peer_listen was set.
+		{name: "no connections, listener off", env: []string{"ONCEPROXY_FLEET_PEER_MAX_CONNS=-1"}, want: "fleet.peer_max_conns: must be at least 1, got -1"},
+		{name: "negative timeout, listener off", env: []string{"ONCEPROXY_FLEET_PEER_TIMEOUT=-1s"}, want: "fleet.peer_timeout: must be positive, got -1s"},
+		{name: "negative idle timeout, listener off", env: []string{"ONCEPROXY_FLEET_PEER_IDLE_TIMEOUT=-1s"}, want: "fleet.peer_idle_timeout: must be positive, got -1s"},
 		{name: "same as the proxy", env: []string{redis, "ONCEPROXY_FLEET_PEER_LISTEN=127.0.0.1:8080"}, want: "fleet.peer_listen: 127.0.0.1:8080 is already proxy.listen"},
 	} {
 		t.Run(tc.name, func(t *testing.T) { expectLoad(t, tc.env, tc.want) })
