@@ -670,11 +670,14 @@ func envValueError(name, val string, t reflect.Type, err error) error {
 		if w, ok := wantOf[t.Elem().String()]; ok {
 			want = "a list (a, b or [a, b]), each " + w
 		}
-	case t.Kind() == reflect.Slice:
+	case t.Kind() == reflect.Slice && !shaped(val, yaml.SequenceNode):
 		want = "a YAML list such as [{...}, {...}]"
-	case t.Kind() == reflect.Map || isSection(t):
+	case (t.Kind() == reflect.Map || isSection(t)) && !shaped(val, yaml.MappingNode):
 		want = "a YAML mapping such as {key: value}"
 	default:
+		// A list or mapping of the right shape: what is wrong is inside
+		// it (a typo in a rule's key, a bad duration), and the decoder
+		// said where.
 		var ce *configError
 		if errors.As(err, &ce) {
 			return fmt.Errorf("%s: %s", name, strings.Join(ce.Problems(), "; "))
@@ -685,6 +688,13 @@ func envValueError(name, val string, t reflect.Type, err error) error {
 		val = val[:60] + "..."
 	}
 	return fmt.Errorf("%s: %q is not %s", name, val, want)
+}
+
+// shaped reports whether val is YAML whose top is of kind: a list or
+// mapping written as one.
+func shaped(val string, kind yaml.Kind) bool {
+	var doc yaml.Node
+	return yaml.Unmarshal([]byte(val), &doc) == nil && len(doc.Content) == 1 && doc.Content[0].Kind == kind
 }
 
 // literal reports a string key that a variable sets as it is: a plain

@@ -287,3 +287,25 @@ func TestFractionForWholeNumberRefused(t *testing.T) {
 		t.Errorf("valid numbers refused: %v", err)
 	}
 }
+
+// TestEnvListOfSectionsReportsWhatIsWrongInside: a variable that sets a
+// list of sections (dedup.rules, upstream.sessions) with a list whose
+// entry has a typo or a bad value said only that the value "is not a
+// YAML list", which it is. The problem inside is reported, with the
+// variable; a value that is no list at all keeps the general message.
+func TestEnvListOfSectionsReportsWhatIsWrongInside(t *testing.T) {
+	for _, tc := range []struct {
+		env  string
+		want string
+	}{
+		{"ONCEPROXY_DEDUP_RULES=[{name: a, host: a.example, tll: 1s}]", `ONCEPROXY_DEDUP_RULES: line 1: unknown key "dedup.rules.tll"`},
+		{"ONCEPROXY_DEDUP_RULES=[{name: a, host: a.example, ttl: lots}]", `ONCEPROXY_DEDUP_RULES: line 1: [0].ttl: "lots" is not a duration such as 45s`},
+		{"ONCEPROXY_UPSTREAM_SESSIONS=[{id: s1, url: 'http://127.0.0.1:1', wieght: 3}]", `ONCEPROXY_UPSTREAM_SESSIONS: line 1: unknown key "upstream.sessions.wieght"`},
+		{"ONCEPROXY_DEDUP_RULES=lots", `ONCEPROXY_DEDUP_RULES: "lots" is not a YAML list such as [{...}, {...}]`},
+	} {
+		_, err := LoadConfig(shippedConfig, "", []string{tc.env})
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: error %v, want %q", tc.env, err, tc.want)
+		}
+	}
+}
