@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -703,6 +704,11 @@ func parseProxyURL(raw string) (*url.URL, error) {
 	}
 	if _, _, err := net.SplitHostPort(u.Host); err != nil {
 		return nil, fmt.Errorf("%s: %w", redact.URL(raw), err)
+	}
+	// url.Parse takes any digits for a port; a dial refuses 0 and past
+	// 65535, which would fail every request sent through the session.
+	if p, err := strconv.Atoi(u.Port()); err != nil || p < 1 || p > 65535 {
+		return nil, fmt.Errorf("%s: port must be 1-65535, got %s", redact.URL(raw), u.Port())
 	}
 	if u.Path != "" && u.Path != "/" || u.RawQuery != "" {
 		return nil, fmt.Errorf("%s: must not have a path or query", redact.URL(raw))

@@ -75,6 +75,10 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 			{ID: "c", URL: "http://gw:1", Interval: time.Second},
 			{ID: "d", URL: "http://u:secret@gw", Weight: 11},
 			{ID: "bad id", URL: "http://gw:1"},
+			// A port no dial takes: it used to pass and fail every
+			// request sent through the session.
+			{ID: "e", URL: "http://u:secret@gw:99999"},
+			{ID: "f", URL: "socks5://gw:0"},
 		}}, []string{
 			"sessions[0].id: session id is empty",
 			`sessions[1].id: "default" is already used by url`,
@@ -87,7 +91,10 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 			"sessions[6].url: ", "missing port",
 			"sessions[6].weight: must be 1-10, got 11",
 			`sessions[7].id: session id "bad id": ' ' is not allowed`,
+			"sessions[8].url: ", "port must be 1-65535, got 99999",
+			"sessions[9].url: ", "port must be 1-65535, got 0",
 		}},
+		{"upstream url port", upstream.Config{URL: "http://gw:65536"}, []string{"url: ", "port must be 1-65535, got 65536"}},
 		{"provider problems", upstream.Config{Provider: upstream.ProviderConfig{
 			API: "ftp://u:secret@api", Protocol: "quic", Refresh: -time.Second,
 		}}, []string{"provider.api: must be an http(s) URL", "provider.api_key: required", "provider.protocol:", "provider.refresh: must not be negative"}},
