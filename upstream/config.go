@@ -516,8 +516,20 @@ func (c Config) Validate(getenv func(string) string) error {
 		add("fingerprint", "%v", err)
 	}
 
+	// A rule's name is its rate bucket for sticky: account_rule: two rules
+	// of one name would share every account's session between them.
+	named := map[string]string{}
 	for i, r := range c.Rules {
 		key := fmt.Sprintf("rules[%d]", i)
+		name := r.Name
+		if name == "" {
+			name = key // compileRules' default
+		}
+		if first, ok := named[name]; ok {
+			add(key+".name", "%q is already used by %s", name, first)
+		} else {
+			named[name] = key
+		}
 		if r.Host != "" {
 			if err := hostmatch.Valid(r.Host); err != nil {
 				errs = append(errs, fmt.Errorf("%s.host: %w", key, err))

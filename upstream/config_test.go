@@ -114,6 +114,11 @@ func TestConfigValidateUpstreamKeys(t *testing.T) {
 			{Host: "*.shop.*", PathPrefix: "api", Sticky: "forever", BanStatuses: []int{99, 700}, RetryMethods: []string{"post"}, Fingerprint: "Mirror"},
 		}}, []string{`rules[0].host: "*.shop.*" is not a host name`, "rules[0].path_prefix: must start with '/'", "rules[0].sticky: must be none, host, account or account_rule",
 			"rules[0].ban_statuses[0]: 99", "rules[0].ban_statuses[1]: 700", "rules[0].retry_methods[0]:", `rules[0].fingerprint: must be "mirror" or "go", got "Mirror"`}},
+		// A rule's name is its rate bucket for sticky: account_rule: two
+		// rules of one name shared their accounts' sessions without a word.
+		{"rule names", upstream.Config{Rules: []upstream.RuleConfig{
+			{Name: "api", Host: "a.example"}, {Host: "b.example"}, {Name: "api", Host: "c.example"}, {Name: "rules[1]", Host: "d.example"},
+		}}, []string{`rules[2].name: "api" is already used by rules[0]`, `rules[3].name: "rules[1]" is already used by rules[1]`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate(getenv)
