@@ -175,6 +175,9 @@ func (c Config) Validate() error {
 	}
 	if c.BreakerFailures < 1 {
 		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.BreakerFailures))
+	} else if c.BreakerFailures > math.MaxUint32 {
+		// The breaker counts consecutive failures in a uint32.
+		errs = append(errs, fmt.Errorf("breaker_failures: must be at most %d, got %d", uint32(math.MaxUint32), c.BreakerFailures))
 	}
 	if c.MaxValueBytes < 1024 {
 		errs = append(errs, fmt.Errorf("max_value_bytes: must be at least 1KiB, got %s", c.MaxValueBytes))

@@ -25,6 +25,9 @@ func TestConfigValidateBounds(t *testing.T) {
 		{"max_conns past int32", func(c *Config) { c.MaxConns = 1<<32 + 4 }, "max_conns:"},
 		{"max_conns at the int minimum", func(c *Config) { c.MaxConns = math.MinInt }, "max_conns:"},
 		{"timeout past statement_timeout", func(c *Config) { c.Timeout = 1000 * time.Hour }, "timeout:"},
+		// The breaker counts in 32 bits: 2^32 became 0, a breaker that
+		// opened on the first failed statement.
+		{"breaker_failures past uint32", func(c *Config) { c.BreakerFailures = 1 << 32 }, "breaker_failures: must be at most 4294967295"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := Config{URL: "postgres://x/y"}.WithDefaults()

@@ -3,6 +3,7 @@ package rediscache
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"strings"
 	"time"
@@ -153,6 +154,9 @@ func (c Config) Validate() error {
 	}
 	if c.BreakerFailures < 1 {
 		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.BreakerFailures))
+	} else if c.BreakerFailures > math.MaxUint32 {
+		// The breaker counts consecutive failures in a uint32.
+		errs = append(errs, fmt.Errorf("breaker_failures: must be at most %d, got %d", uint32(math.MaxUint32), c.BreakerFailures))
 	}
 	if c.PoolSize < 0 {
 		errs = append(errs, fmt.Errorf("pool_size: must not be negative, got %d", c.PoolSize))

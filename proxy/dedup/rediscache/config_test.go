@@ -48,3 +48,13 @@ func TestFlightKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigValidateBreakerFailures: the breaker counts consecutive
+// failures in 32 bits, and breaker_failures 2^32 became 0 there, a breaker
+// that opened on the first failed command. It is refused.
+func TestConfigValidateBreakerFailures(t *testing.T) {
+	c := Config{URL: "redis://127.0.0.1:6379/0", BreakerFailures: 1 << 32}.WithDefaults()
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "breaker_failures: must be at most 4294967295") {
+		t.Errorf("breaker_failures 2^32: %v", err)
+	}
+}
