@@ -97,7 +97,7 @@ func (c Config) WithDefaults() Config {
 	set(&c.FailureTTL, 5*time.Second)
 	set(&c.LocalTTL, 2*time.Second)
 	set(&c.StatsFlush, time.Second)
-	set(&c.PresenceTTL, max(1500*time.Millisecond, 3*c.Timeout))
+	set(&c.PresenceTTL, max(1500*time.Millisecond, thrice(c.Timeout)))
 	if c.BreakerFailures == 0 {
 		c.BreakerFailures = 3
 	}
@@ -146,11 +146,11 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", d.key, d.v))
 		}
 	}
-	if c.Lease > 0 && c.Lease < 3*c.Timeout {
-		errs = append(errs, fmt.Errorf("lease: must be at least 3 × timeout (%s) so renewals land in time, got %s", 3*c.Timeout, c.Lease))
+	if c.Lease > 0 && c.Lease < thrice(c.Timeout) {
+		errs = append(errs, fmt.Errorf("lease: must be at least 3 × timeout (%s) so renewals land in time, got %s", thrice(c.Timeout), c.Lease))
 	}
-	if c.PresenceTTL > 0 && c.PresenceTTL < 3*c.Timeout {
-		errs = append(errs, fmt.Errorf("presence_ttl: must be at least 3 × timeout (%s) so a refresh lands in time, got %s", 3*c.Timeout, c.PresenceTTL))
+	if c.PresenceTTL > 0 && c.PresenceTTL < thrice(c.Timeout) {
+		errs = append(errs, fmt.Errorf("presence_ttl: must be at least 3 × timeout (%s) so a refresh lands in time, got %s", thrice(c.Timeout), c.PresenceTTL))
 	}
 	if c.BreakerFailures < 1 {
 		errs = append(errs, fmt.Errorf("breaker_failures: must be at least 1, got %d", c.BreakerFailures))
@@ -165,4 +165,14 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("max_value_bytes: must be at least 1KiB, got %s", c.MaxValueBytes))
 	}
 	return errors.Join(errs...)
+}
+
+// thrice is 3 × d, held at the longest duration rather than wrapping
+// round: a lease or presence_ttl shorter than a huge timeout must not pass
+// for a product that overflowed.
+func thrice(d time.Duration) time.Duration {
+	if d > math.MaxInt64/3 {
+		return math.MaxInt64
+	}
+	return 3 * d
 }

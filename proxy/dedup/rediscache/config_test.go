@@ -58,3 +58,22 @@ func TestConfigValidateBreakerFailures(t *testing.T) {
 		t.Errorf("breaker_failures 2^32: %v", err)
 	}
 }
+
+// TestConfigValidateHugeTimeout: 3 × timeout wrapped round for a timeout
+// past a third of the longest duration, so a lease and a presence_ttl
+// shorter than the timeout passed (and presence_ttl's default fell back
+// to 1.5s). No lease can be 3 × such a timeout: it is refused.
+func TestConfigValidateHugeTimeout(t *testing.T) {
+	base := Config{URL: "redis://127.0.0.1:6379/0", Timeout: 1_000_000 * time.Hour, Lease: 2_000_000 * time.Hour}
+	if c := base.WithDefaults(); c.PresenceTTL < c.Timeout {
+		t.Errorf("presence_ttl defaults to %s, shorter than timeout %s", c.PresenceTTL, c.Timeout)
+	}
+	withPresence := base
+	withPresence.PresenceTTL = 2_000_000 * time.Hour
+	err := withPresence.WithDefaults().Validate()
+	for _, want := range []string{"lease: must be at least 3 × timeout", "presence_ttl: must be at least 3 × timeout"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("timeout 1000000h: %v, want %q", err, want)
+		}
+	}
+}
