@@ -581,8 +581,14 @@ func applyEnv(cfg *Config, environ []string) error {
 		}
 		if val == "" {
 			// An empty variable clears the key (e.g. ONCEPROXY_UPSTREAM_URL=
-			// for direct); YAML would read it as "no document".
-			field.Set(reflect.Zero(field.Type()))
+			// for direct); YAML would read it as "no document". A list
+			// cleared is empty, not nil: the sections read a nil list as
+			// unset and fill in their default one.
+			if field.Kind() == reflect.Slice {
+				field.Set(reflect.MakeSlice(field.Type(), 0, 0))
+			} else {
+				field.Set(reflect.Zero(field.Type()))
+			}
 			continue
 		}
 		if literal(field) {

@@ -309,3 +309,27 @@ func TestEnvListOfSectionsReportsWhatIsWrongInside(t *testing.T) {
 		}
 	}
 }
+
+// TestEnvEmptyClearsList: an empty variable clears its key, and a list
+// cleared is empty. It used to become nil, which the sections read as
+// "unset" and filled with their default list: ONCEPROXY_SOCKS5_MITM_PORTS=
+// kept [80, 443, 8080, 8443] (config.yaml: [] = dial every port first) and
+// ONCEPROXY_UPSTREAM_RETRY_METHODS= kept retrying GET and HEAD.
+func TestEnvEmptyClearsList(t *testing.T) {
+	cfg, err := LoadConfig(shippedConfig, "", []string{
+		"ONCEPROXY_SOCKS5_MITM_PORTS=", "ONCEPROXY_UPSTREAM_RETRY_METHODS=", "ONCEPROXY_DEDUP_KEY_HEADERS=",
+		"ONCEPROXY_DEDUP_IGNORE_PARAMS=", "ONCEPROXY_GUARD_ALLOW_CIDRS=",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, n := range map[string]int{
+		"socks5.mitm_ports": len(cfg.SOCKS5.MITMPorts), "upstream.retry.methods": len(cfg.Upstream.Retry.Methods),
+		"dedup.key_headers": len(cfg.Dedup.KeyHeaders), "dedup.ignore_params": len(cfg.Dedup.IgnoreParams),
+		"guard.allow_cidrs": len(cfg.Guard.AllowCIDRs),
+	} {
+		if n != 0 {
+			t.Errorf("%s has %d entries after its variable was set empty, want none", key, n)
+		}
+	}
+}
