@@ -404,8 +404,9 @@ func scalarErrors(n *yaml.Node, t reflect.Type, path string, check func(n *yaml.
 }
 
 var (
-	unknownFieldRE = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
-	typeErrorRE    = regexp.MustCompile("^line (\\d+): cannot unmarshal !!\\w+ `(.*)` into (\\S+)$")
+	unknownFieldRE    = regexp.MustCompile(`line (\d+): field (\S+) not found in type (\S+)`)
+	typeErrorRE       = regexp.MustCompile("^line (\\d+): cannot unmarshal !!\\w+ `(.*)` into (\\S+)$")
+	collectionErrorRE = regexp.MustCompile(`^line (\d+): cannot unmarshal !!(seq|map) into (\S+)$`)
 )
 
 // friendlyYAMLError rewrites yaml's messages into the key paths a user
@@ -437,6 +438,20 @@ func friendlyYAMLError(err error, doc []byte) error {
 			}
 			if key := keyAt(&root, "", line, m[2]); key != "" {
 				msg = fmt.Sprintf("line %d: %s: %q is not %s", line, key, m[2], what)
+			}
+		} else if m := collectionErrorRE.FindStringSubmatch(msg); m != nil {
+			// A list or mapping where a value goes: yaml names no key.
+			line, _ := strconv.Atoi(m[1])
+			kind, noun := yaml.SequenceNode, "a list"
+			if m[2] == "map" {
+				kind, noun = yaml.MappingNode, "a mapping"
+			}
+			what := m[3]
+			if w, ok := wantOf[what]; ok {
+				what = w
+			}
+			if key := collectionKeyAt(&root, "", line, kind); key != "" {
+				msg = fmt.Sprintf("line %d: %s: %s is not %s", line, key, noun, what)
 			}
 		}
 		errs = append(errs, errors.New(msg))
@@ -486,6 +501,43 @@ func keyAt(n *yaml.Node, path string, line int, value string) string {
 		}
 	}
 	return ""
+}
+
+// collectionKeyAt finds the key path of the list or mapping of kind that
+// starts at line in a YAML tree: the deepest, for a section's own mapping
+// starts on the line of its first key.
+func collectionKeyAt(n *yaml.Node, path string, line int, kind yaml.Kind) string {
+	found := ""
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			if k := collectionKeyAt(c, path, line, kind); k != "" {
+				found = k
+			}
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := strings.TrimPrefix(path+"."+k.Value, ".")
+			if v.Kind == kind && v.Line == line {
+				found = p
+			}
+			if deeper := collectionKeyAt(v, p, line, kind); deeper != "" {
+				found = deeper
+			}
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			if c.Kind == kind && c.Line == line {
+				found = p
+			}
+			if deeper := collectionKeyAt(c, p, line, kind); deeper != "" {
+				found = deeper
+			}
+		}
+	}
+	return found
 }
 
 // sectionNames maps Go type names ("proxy.Config") to their yaml key path.

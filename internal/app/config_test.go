@@ -333,3 +333,24 @@ func TestEnvEmptyClearsList(t *testing.T) {
 		}
 	}
 }
+
+// TestCollectionForValueNamesItsKey: a list or a mapping where one value
+// goes (listen: [a]) came back as yaml's "line 1: cannot unmarshal !!seq
+// into string", which names no key; in a flow mapping or a long section
+// the line alone does not say which. The key is named, as it is for a
+// scalar of the wrong type.
+func TestCollectionForValueNamesItsKey(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{"proxy: {listen: [a]}\n", "line 1: proxy.listen: a list is not a string"},
+		{"proxy:\n  max_conns: {a: 1}\n", "line 2: proxy.max_conns: a mapping is not a whole number"},
+		{"dedup: {ttl: [1s]}\n", "line 1: dedup.ttl: a list is not a duration such as 45s"},
+		{"dedup: {rules: {name: a}}\n", "line 1: dedup.rules: a mapping is not []dedup.RuleConfig"},
+		{"upstream:\n  rules:\n    - name: a\n      ban_statuses: {x: 1}\n", "line 4: upstream.rules[0].ban_statuses: a mapping is not []int"},
+		{"socks5: {mitm_ports: [443, [8443]]}\n", "line 1: socks5.mitm_ports[1]: a list is not a whole number"},
+	} {
+		_, err := LoadConfig(shippedConfig, writeConfig(t, tc.doc), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+}
