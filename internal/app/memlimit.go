@@ -133,7 +133,21 @@ const cgroupShare = 0.9
 // the flights' spools, and the certificate cache (a leaf and its key are
 // about 4 KiB).
 func configuredBytes(cfg *Config) int64 {
-	return int64(cfg.Dedup.Memory.MaxBytes) + int64(cfg.Dedup.SpoolMemoryBytes) + int64(cfg.MITM.CacheSize)*4<<10
+	certs := int64(math.MaxInt64)
+	if n := int64(cfg.MITM.CacheSize); n <= math.MaxInt64>>12 {
+		certs = n * 4 << 10
+	}
+	return addBounded(addBounded(int64(cfg.Dedup.Memory.MaxBytes), int64(cfg.Dedup.SpoolMemoryBytes)), certs)
+}
+
+// addBounded is a + b for byte counts that are not negative, held at the
+// int64 maximum: a sum that wrapped round would be a tiny or negative
+// memory limit under which the collector never stops.
+func addBounded(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // memoryLimit decides the limit and says where it came from; 0 means none.
@@ -156,7 +170,7 @@ func memoryLimit(cfg *Config, getenv func(string) string, cgroup func() (uint64,
 		slog.Debug("could not read the cgroup memory limit", "err", err)
 	}
 	total := configuredBytes(cfg)
-	return total + max(64<<20, total/8), fmt.Sprintf("the configured bounds (%s) plus a margin", bytesize.Size(total))
+	return addBounded(total, max(64<<20, total/8)), fmt.Sprintf("the configured bounds (%s) plus a margin", bytesize.Size(total))
 }
 
 // gcPercent decides the collector's GOGC and says where it came from; 0

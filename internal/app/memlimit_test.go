@@ -83,6 +83,20 @@ func TestMemoryLimit(t *testing.T) {
 	}
 }
 
+// TestMemoryLimitHugeCertCache: auto's limit adds up the configured
+// bounds, and mitm.cert_cache_size × 4 KiB wrapped round int64 for a size
+// near 2^52: 2^52 - 100,000 certificates came to a limit of 57 MiB under a
+// 256 MiB cache, a collector running without end once the cache filled.
+// Bounds past int64 are held at its maximum: no limit in effect.
+func TestMemoryLimitHugeCertCache(t *testing.T) {
+	noCgroup := func() (uint64, error) { return 0, memlimit.ErrNoCgroup }
+	none := func(string) string { return "" }
+	cfg := loadYAML(t, "mitm: {cert_cache_size: 4503599627270496}\n")
+	if limit, from := memoryLimit(cfg, none, noCgroup); limit < int64(cfg.Dedup.Memory.MaxBytes) {
+		t.Errorf("limit %d (%s) is below the memory cache's %d", limit, from, int64(cfg.Dedup.Memory.MaxBytes))
+	}
+}
+
 // TestMemoryLimitZeroRefused: memory_limit: 0 was read as a size of none
 // and the process ran under auto's limit, the opposite of what someone
 // writing 0 for "no limit" asked for. It is refused, pointing at off.
