@@ -354,3 +354,24 @@ func TestCollectionForValueNamesItsKey(t *testing.T) {
 		}
 	}
 }
+
+// TestLowerMaxFlightsAlone: dedup.max_flights_per_client defaults to a
+// quarter of max_flights, but config.yaml wrote the quarter of the shipped
+// 4096 out (1024), so max_flights: 100 alone refused to start, over a key
+// the file never set. The per-client cap follows max_flights unless set.
+func TestLowerMaxFlightsAlone(t *testing.T) {
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "dedup: {max_flights: 100}\n"), nil)
+	if err != nil {
+		t.Fatalf("max_flights: 100 alone: %v", err)
+	}
+	if got := cfg.Dedup.MaxFlightsPerClient; got != 25 {
+		t.Errorf("max_flights_per_client = %d, want a quarter of max_flights, 25", got)
+	}
+	shipped, err := LoadConfig(shippedConfig, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := shipped.Dedup.MaxFlightsPerClient; got != 1024 {
+		t.Errorf("as shipped: max_flights_per_client %d, want 1024", got)
+	}
+}
