@@ -375,3 +375,24 @@ func TestLowerMaxFlightsAlone(t *testing.T) {
 		t.Errorf("as shipped: max_flights_per_client %d, want 1024", got)
 	}
 }
+
+// TestLowerMaxIdleConnsAlone: upstream.max_idle_conns_per_host defaults to
+// 512 or max_idle_conns when that is lower, but config.yaml wrote 512 out,
+// so max_idle_conns: 100 alone refused to start over a key the file never
+// set.
+func TestLowerMaxIdleConnsAlone(t *testing.T) {
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "upstream: {max_idle_conns: 100}\n"), nil)
+	if err != nil {
+		t.Fatalf("max_idle_conns: 100 alone: %v", err)
+	}
+	if got := cfg.Upstream.MaxIdleConnsPerHost; got != 100 {
+		t.Errorf("max_idle_conns_per_host = %d, want max_idle_conns, 100", got)
+	}
+	shipped, err := LoadConfig(shippedConfig, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := shipped.Upstream.MaxIdleConnsPerHost; got != 512 {
+		t.Errorf("as shipped: max_idle_conns_per_host %d, want 512", got)
+	}
+}
