@@ -201,11 +201,26 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// maxTTL bounds a ttl: an entry's expiry is kept in int64 nanoseconds,
+// which end in 2262, and one past that wraps round to before 1678, an
+// entry expired as it is stored.
+const maxTTL = 100 * 365 * 24 * time.Hour
+
+func checkTTL(ttl time.Duration) error {
+	switch {
+	case ttl < 0:
+		return fmt.Errorf("ttl: must not be negative, got %s", ttl)
+	case ttl > maxTTL:
+		return fmt.Errorf("ttl: must be at most %s (100 years), got %s", maxTTL, ttl)
+	}
+	return nil
+}
+
 // Validate reports every problem in c, each prefixed with its yaml key.
 func (c Config) Validate() error {
 	var errs []error
-	if c.TTL < 0 {
-		errs = append(errs, fmt.Errorf("ttl: must not be negative, got %s", c.TTL))
+	if err := checkTTL(c.TTL); err != nil {
+		errs = append(errs, err)
 	}
 	errs = append(errs, checkStatuses("cacheable_statuses", c.CacheableStatuses)...)
 	errs = append(errs, checkHeaders("key_headers", c.KeyHeaders)...)
@@ -285,8 +300,10 @@ func (r RuleConfig) validate() []error {
 			errs = append(errs, fmt.Errorf("methods[%d]: CONNECT cannot be deduplicated", i))
 		}
 	}
-	if r.TTL != nil && *r.TTL < 0 {
-		errs = append(errs, fmt.Errorf("ttl: must not be negative, got %s", *r.TTL))
+	if r.TTL != nil {
+		if err := checkTTL(*r.TTL); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	errs = append(errs, checkStatuses("cacheable_statuses", r.CacheableStatuses)...)
 	errs = append(errs, checkHeaders("key_headers", r.KeyHeaders)...)

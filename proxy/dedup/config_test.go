@@ -128,3 +128,22 @@ func TestAcceptsCoding(t *testing.T) {
 		}
 	}
 }
+
+// TestConfigValidateTTLBound: an entry's expiry is kept in int64
+// nanoseconds, which end in 2262; a ttl reaching past it made the expiry
+// wrap round to before 1678, so nothing was ever served from the cache
+// and nothing said so. A ttl past 100 years is refused, at the top and in
+// a rule.
+func TestConfigValidateTTLBound(t *testing.T) {
+	huge := 2_100_000 * time.Hour // 2026 + 239 years: past 2262
+	err := Config{TTL: huge, Rules: []RuleConfig{{Name: "r0", TTL: &huge}}}.WithDefaults().Validate()
+	for _, want := range []string{"ttl: must be at most 876000h0m0s (100 years)", "rules[0](r0).ttl: must be at most 876000h0m0s (100 years)"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("ttl %s: %v, want %q", huge, err, want)
+		}
+	}
+	long := maxTTL
+	if err := (Config{TTL: long, Rules: []RuleConfig{{Name: "r0", TTL: &long}}}).WithDefaults().Validate(); err != nil {
+		t.Errorf("ttl of 100 years: %v", err)
+	}
+}
