@@ -11,6 +11,7 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -92,6 +93,7 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 	if err := decodeStrict(bytes.NewReader(shipped), &cfg); err != nil {
 		return nil, fmt.Errorf("embedded config.yaml: %w", err)
 	}
+	base := cfg
 	if path != "" {
 		f, err := os.Open(path)
 		if err != nil {
@@ -108,11 +110,60 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 	if err := conventionalStore(&cfg, environ); err != nil {
 		return nil, err
 	}
+	zeros := explicitZeros(&base, &cfg, environ)
 	cfg.withDefaults()
-	if err := cfg.validate(getenv); err != nil {
+	err := cfg.validate(getenv)
+	if len(zeros) > 0 {
+		var ce *configError
+		if errors.As(err, &ce) {
+			zeros = append(zeros, ce.errs...)
+		}
+		return nil, &configError{errs: zeros}
+	}
+	if err != nil {
 		return nil, err
 	}
 	return &cfg, nil
+}
+
+// zeroMeans are the keys config.yaml ships with a value other than 0 and
+// gives 0 a meaning of its own.
+var zeroMeans = map[string]bool{"dedup.ttl": true, "dedup.disk.max_bytes": true}
+
+// explicitZeros reports every number set to 0 where 0 means nothing: the
+// sections take 0 for "unset" and fill in their default, and a key
+// config.yaml ships non-zero can only be 0 because the file or a variable
+// said so (proxy.idle_timeout: 0s for no timeout ran with 2m). An empty
+// variable clears its key back to the default, as documented.
+func explicitZeros(shipped, cfg *Config, environ []string) []error {
+	running := envKeys(cfg)
+	var errs []error
+	for name, k := range envKeys(shipped) {
+		switch k.field.Kind() {
+		case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Float32, reflect.Float64:
+		default:
+			continue
+		}
+		if k.field.IsZero() || zeroMeans[k.path] || !running[name].field.IsZero() {
+			continue
+		}
+		if v, set := lookupEnvSet(environ, name); set && v == "" {
+			continue
+		}
+		errs = append(errs, fmt.Errorf("%s: 0 has no meaning here; remove the key for its default (%v)", k.path, k.field.Interface()))
+	}
+	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
+	return errs
+}
+
+// lookupEnvSet returns the value of name in environ and whether it is set.
+func lookupEnvSet(environ []string, name string) (string, bool) {
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
+			return v, true
+		}
+	}
+	return "", false
 }
 
 // conventionalStore fills the shared store from the variables platforms

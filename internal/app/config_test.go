@@ -396,3 +396,35 @@ func TestLowerMaxIdleConnsAlone(t *testing.T) {
 		t.Errorf("as shipped: max_idle_conns_per_host %d, want 512", got)
 	}
 }
+
+// TestExplicitZeroRefused: a number written 0 where config.yaml gives no
+// meaning to 0 was taken for "unset" and replaced by the default, so
+// proxy.idle_timeout: 0s (no timeout, as net/http reads it) ran with 2m
+// and auth.max_failures_per_minute: 0 with 30. It is refused, naming the
+// key and its default. The keys whose 0 config.yaml explains keep it, and
+// an empty variable still clears a key back to its default.
+func TestExplicitZeroRefused(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{"proxy: {idle_timeout: 0s}\n", "proxy.idle_timeout: 0 has no meaning here; remove the key for its default (2m0s)"},
+		{"auth: {max_failures_per_minute: 0}\n", "auth.max_failures_per_minute: 0 has no meaning here; remove the key for its default (30)"},
+		{"dedup: {max_body_bytes: 0}\n", "dedup.max_body_bytes: 0 has no meaning here; remove the key for its default (8MiB)"},
+		{"upstream: {retry: {max_attempts: 0}}\n", "upstream.retry.max_attempts: 0 has no meaning here"},
+	} {
+		_, err := LoadConfig(shippedConfig, writeConfig(t, tc.doc), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+	_, err := LoadConfig(shippedConfig, "", []string{"ONCEPROXY_DEDUP_FLIGHT_TIMEOUT=0s"})
+	if want := "dedup.flight_timeout: 0 has no meaning here"; err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("ONCEPROXY_DEDUP_FLIGHT_TIMEOUT=0s: %v, want %q", err, want)
+	}
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "dedup: {ttl: 0s, disk: {max_bytes: 0}}\nproxy: {max_conns_per_client: 0}\n"),
+		[]string{"ONCEPROXY_PROXY_IDLE_TIMEOUT="})
+	if err != nil {
+		t.Fatalf("zeros config.yaml explains, and an empty variable: %v", err)
+	}
+	if cfg.Dedup.TTL != 0 || cfg.Dedup.Disk.MaxBytes != 0 || cfg.Proxy.IdleTimeout != 2*time.Minute {
+		t.Errorf("ttl %s, disk.max_bytes %s, idle_timeout %s; want 0s, 0B and the default 2m", cfg.Dedup.TTL, cfg.Dedup.Disk.MaxBytes, cfg.Proxy.IdleTimeout)
+	}
+}
