@@ -214,3 +214,22 @@ func TestMetricsPassPromtool(t *testing.T) {
 		t.Errorf("promtool check metrics: %v\n%s", err, out)
 	}
 }
+
+// TestCurrencyNotUTF8Refused: savings.currency is the currency label of
+// onceproxy_money_saved_total, and Prometheus takes only UTF-8 label
+// values. One that was not (an environment variable can hold any bytes)
+// passed the configuration, and every scrape then dropped the metric
+// without a word: the registry recovers the collector's panic, and the
+// handler answers 200 with the rest.
+func TestCurrencyNotUTF8Refused(t *testing.T) {
+	for _, cur := range []string{"\xff", "US\x00D", "\x1b[2J"} {
+		_, err := LoadConfig(shippedConfig, "", []string{"ONCEPROXY_SAVINGS_CURRENCY=" + cur})
+		if err == nil || !strings.Contains(err.Error(), "currency") {
+			t.Errorf("currency %q: %v, want an error naming savings.currency", cur, err)
+		}
+	}
+	a := serveApp(t, "", []string{"ONCEPROXY_SAVINGS_CURRENCY=EUR"})
+	if got := samples(t, scrape(t, a), "onceproxy_money_saved_total"); len(got) != 1 {
+		t.Errorf("currency EUR: onceproxy_money_saved_total series %v, want one", got)
+	}
+}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // SavingsConfig is the `savings:` section: what going upstream costs, so
@@ -38,7 +40,11 @@ func (c SavingsConfig) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: must be a price of 0 or more, got %v", p.key, p.v))
 		}
 	}
-	if c.Currency != "" && (len(c.Currency) > 8 || strings.ContainsAny(c.Currency, " \t\n\"<>")) {
+	// The currency is the label of onceproxy_money_saved_total: bytes that
+	// are not UTF-8 (an environment variable may hold any) make the
+	// registry drop the metric at every scrape, and say so to no one.
+	printable := utf8.ValidString(c.Currency) && !strings.ContainsFunc(c.Currency, func(r rune) bool { return !unicode.IsPrint(r) })
+	if c.Currency != "" && (len(c.Currency) > 8 || !printable || strings.ContainsAny(c.Currency, " \t\n\"<>")) {
 		errs = append(errs, fmt.Errorf("currency: %q is not a currency code such as USD", c.Currency))
 	}
 	return errors.Join(errs...)
