@@ -578,13 +578,16 @@ func (p ProviderConfig) validate(key string, listed bool, getenv func(string) st
 	add := func(k string, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s.%s: %s", key, k, fmt.Sprintf(format, args...)))
 	}
-	if listed {
+	// The shorthand's name, when set, is checked as a listed one's: it
+	// labels the same metrics and starts its sessions' ids ("" is
+	// "default").
+	if listed || p.Name != "" {
 		if err := validateProviderName(p.Name); err != nil {
 			errs = append(errs, fmt.Errorf("%s.name: %w", key, err))
 		}
-		if p.API == "" {
-			add("api", "required")
-		}
+	}
+	if listed && p.API == "" {
+		add("api", "required")
 	}
 	if p.Name == staticName && (listed || p.API != "") {
 		// The pool indexes its groups by name: a provider of this name

@@ -233,3 +233,23 @@ func TestCurrencyNotUTF8Refused(t *testing.T) {
 		t.Errorf("currency EUR: onceproxy_money_saved_total series %v, want one", got)
 	}
 }
+
+// TestShorthandProviderNameChecked: upstream.provider.name labels the
+// onceproxy_upstream_provider_* series and starts its sessions' ids, as a
+// name in upstream.providers does, but only those were checked. A name
+// that was not UTF-8 (from the environment) started, and every scrape
+// dropped all of its provider's and sessions' series without a word.
+func TestShorthandProviderNameChecked(t *testing.T) {
+	env := []string{"ONCEPROXY_UPSTREAM_PROVIDER_API=http://127.0.0.1:1/x", "ONCEPROXY_UPSTREAM_PROVIDER_API_KEY=k"}
+	for _, name := range []string{"a\xffb", "a.b", "a\"b"} {
+		_, err := LoadConfig(shippedConfig, "", append(env, "ONCEPROXY_UPSTREAM_PROVIDER_NAME="+name))
+		if err == nil || !strings.Contains(err.Error(), "upstream.provider.name") {
+			t.Errorf("provider name %q: %v, want an error naming upstream.provider.name", name, err)
+		}
+	}
+	for _, name := range []string{"", "acme-1"} {
+		if _, err := LoadConfig(shippedConfig, "", append(env, "ONCEPROXY_UPSTREAM_PROVIDER_NAME="+name)); err != nil {
+			t.Errorf("provider name %q refused: %v", name, err)
+		}
+	}
+}
