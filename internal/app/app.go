@@ -192,7 +192,7 @@ func Build(cfg *Config, o Options) (_ *App, err error) {
 	}
 	a.live.users.Store(users)
 	a.closers = append(a.closers, func() { a.live.users.Load().Close() })
-	a.Metrics = metrics.New()
+	a.Metrics = metrics.New(logger)
 	popts := proxy.Options{
 		Logger:    logger,
 		Certs:     a.CA,

@@ -2,10 +2,12 @@ package app
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,10 +17,12 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fakeprovider"
+	"github.com/seed-a3c387e8/onceproxy/internal/metrics"
 )
 
 // serveApp builds an App from the shipped defaults plus yaml and serves it
@@ -252,4 +256,63 @@ func TestShorthandProviderNameChecked(t *testing.T) {
 			t.Errorf("provider name %q refused: %v", name, err)
 		}
 	}
+}
+
+// TestScrapeErrorsAreLogged: a series the registry cannot write (a label
+// value that is not UTF-8) is left out of the scrape, which still answers
+// 200 with the rest (promhttp.ContinueOnError), so nothing but a log line
+// can tell the operator a metric went missing; there was none.
+func TestScrapeErrorsAreLogged(t *testing.T) {
+	env := []string{
+		"ONCEPROXY_PROXY_LISTEN=127.0.0.1:0", "ONCEPROXY_SOCKS5_LISTEN=", "ONCEPROXY_ADMIN_LISTEN=127.0.0.1:0",
+		"ONCEPROXY_MITM_CA_DIR=" + t.TempDir(), "ONCEPROXY_DEDUP_DISK_DIR=" + t.TempDir(), "ONCEPROXY_DEDUP_SPOOL_DIR=" + t.TempDir(),
+	}
+	cfg, err := LoadConfig(shippedConfig, "", env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	a, err := Build(cfg, Options{Logger: slog.New(slog.NewTextHandler(&logs, nil)), Getenv: func(k string) string { return LookupEnv(env, k) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Close)
+	a.Metrics.Register(metrics.NewVec("test_broken", "A series with a label value that is not UTF-8.", false, []string{"l"},
+		func(emit func(float64, ...string)) { emit(1, "\xff") }))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Serve(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	res, err := http.Get("http://" + a.Addrs().Admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(res.Body)
+	res.Body.Close()
+	if res.StatusCode != http.StatusOK || !strings.Contains(string(body), "onceproxy_cache_entries") {
+		t.Fatalf("/metrics: %d, want 200 with the other series\n%.300s", res.StatusCode, body)
+	}
+	if !strings.Contains(logs.String(), "test_broken") {
+		t.Errorf("a scrape dropped onceproxy_test_broken and the log does not say so:\n%s", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer the server's goroutines may write while
+// the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

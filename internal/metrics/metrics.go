@@ -6,6 +6,8 @@
 package metrics
 
 import (
+	"fmt"
+	"log/slog"
 	"net/http"
 	"slices"
 	"strconv"
@@ -28,6 +30,8 @@ type Metrics struct {
 	ssrfRefused  prometheus.Counter
 	authFailures prometheus.Counter
 	tunnels      prometheus.Counter
+	// errorLog says what a scrape left out; nil says nothing.
+	errorLog *slog.Logger
 	// series caches the two series each answer updates, per X-Cache value
 	// the engine sets and status class: resolving them by label values
 	// hashes the labels (and builds the class's string) on every request.
@@ -51,10 +55,12 @@ type requestSeries struct {
 }
 
 // New returns metrics on a fresh registry (Go runtime and process
-// collectors included).
-func New() *Metrics {
+// collectors included). errorLog, when not nil, is told what a scrape
+// could not gather.
+func New(errorLog *slog.Logger) *Metrics {
 	m := &Metrics{
-		reg: prometheus.NewRegistry(),
+		errorLog: errorLog,
+		reg:      prometheus.NewRegistry(),
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: namespace, Name: "requests_total",
 			Help: "Requests answered, by X-Cache result (HIT, COALESCED, MISS, BYPASS, or none for answers the dedup layer never saw) and status class.",
@@ -168,7 +174,13 @@ func (m *Metrics) Counter(name, help string, f func() float64) {
 
 // Handler serves the registry in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	opts := promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}
+	if m.errorLog != nil {
+		// ContinueOnError answers 200 with the series it could gather:
+		// the log is then the only place that says one is missing.
+		opts.ErrorLog = slog.NewLogLogger(m.errorLog.Handler(), slog.LevelError)
+	}
+	return promhttp.HandlerFor(m.reg, opts)
 }
 
 // Vec is a collector of labelled values read at scrape time (upstream
@@ -194,6 +206,15 @@ func (v *Vec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
 // Collect implements prometheus.Collector.
 func (v *Vec) Collect(ch chan<- prometheus.Metric) {
 	v.collect(func(value float64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(v.desc, v.kind, value, labels...)
+		// Not MustNewConstMetric: its panic (a label value that is not
+		// UTF-8) would end the collection, dropping every later sample
+		// with the bad one, and the registry's report of it names only
+		// this type, under a stack trace. An invalid metric drops the one
+		// sample and names the metric.
+		m, err := prometheus.NewConstMetric(v.desc, v.kind, value, labels...)
+		if err != nil {
+			m = prometheus.NewInvalidMetric(v.desc, fmt.Errorf("labels %q: %w", labels, err))
+		}
+		ch <- m
 	})
 }

@@ -13,7 +13,7 @@ import (
 // An X-Cache the engine does not set (an origin's own, on a protocol
 // switch) counts as none.
 func TestRequestSeries(t *testing.T) {
-	m := New()
+	m := New(nil)
 	m.Request("HIT", 200, time.Millisecond)
 	m.Request("HIT", 204, time.Millisecond)
 	m.Request("MISS", 503, time.Second)
@@ -67,7 +67,7 @@ func TestRequestSeries(t *testing.T) {
 // Prometheus), and one that is not UTF-8 panicked in WithLabelValues,
 // after the answer was sent (in goproxy's splice goroutine for a 101).
 func TestRequestOriginXCache(t *testing.T) {
-	m := New()
+	m := New(nil)
 	record := func(xcache string) {
 		defer func() {
 			if p := recover(); p != nil {
@@ -111,7 +111,7 @@ func TestRequestOriginXCache(t *testing.T) {
 // always in 100-999; each hundred outside used to be a code series of its
 // own ("123xx", "-1xx"), minted at will by an origin.
 func TestRequestOriginStatus(t *testing.T) {
-	m := New()
+	m := New(nil)
 	for _, st := range []int{0, -150, 1000, 12345, 99999, 1 << 40} {
 		m.Request("MISS", st, time.Millisecond)
 	}
