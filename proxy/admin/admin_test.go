@@ -230,3 +230,26 @@ func statusPage(t *testing.T, base string) (string, *http.Response) {
 	resp.Body.Close()
 	return html.UnescapeString(string(b)), resp
 }
+
+// downFleet is a shared store whose breaker is open: every command fails
+// at once.
+type downFleet struct{}
+
+func (downFleet) Name() string    { return "redis" }
+func (downFleet) Available() bool { return false }
+func (downFleet) FleetStats(context.Context) (dedup.FleetStats, error) {
+	return dedup.FleetStats{}, dedup.ErrUnavailable
+}
+
+// TestStatusPageSaysTheStoreIsDown: the status page named the fleet's
+// store only when it could read the fleet's statistics from it, so with
+// the store down (the moment an operator opens the page to see why) it
+// said nothing about a store at all, as if the instance ran alone.
+func TestStatusPageSaysTheStoreIsDown(t *testing.T) {
+	srv := httptest.NewServer(admin.New(admin.Options{Cache: sharingCache{}, Fleet: downFleet{}}))
+	defer srv.Close()
+	page, _ := statusPage(t, srv.URL)
+	if !strings.Contains(page, "redis") || !strings.Contains(page, "unavailable") {
+		t.Errorf("status page with the fleet's store down does not say so:\n%s", page)
+	}
+}

@@ -17,10 +17,13 @@ import (
 
 // statusData is what the status page renders.
 type statusData struct {
-	Now      time.Time
-	Stats    dedup.Stats
-	Fleet    *dedup.FleetStats
-	Sessions []upstream.SessionStatus
+	Now   time.Time
+	Stats dedup.Stats
+	// FleetStore names the store the fleet shares ("" when this instance
+	// runs alone); FleetAvailable says whether it is in use now.
+	FleetStore     string
+	FleetAvailable bool
+	Sessions       []upstream.SessionStatus
 	// Providers with their sessions, highest priority first.
 	Providers []providerRows
 	Egress    string
@@ -86,9 +89,11 @@ func statusPage(o Options) http.HandlerFunc {
 			d.Stats = o.Cache.Stats()
 		}
 		if o.Fleet != nil {
-			if fs, err := o.Fleet.FleetStats(r.Context()); err == nil {
-				d.Fleet = &fs
-			}
+			// What the instance knows of the store, not a read of the
+			// fleet's statistics from it: the page named the store only
+			// when that read worked, so a store down was a store unsaid,
+			// and each refresh of an open page was a round trip to it.
+			d.FleetStore, d.FleetAvailable = o.Fleet.Name(), o.Fleet.Available()
 		}
 		if o.Sessions != nil {
 			d.Sessions, d.Egress = o.Sessions.Sessions(), o.Sessions.Describe()
@@ -155,7 +160,7 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 · flights running: {{.Flights}}{{if .Sharing}} ({{.Sharing}} handing their answer to the fleet's store){{end}}, clients waiting on them: {{.Waiters}}
 · cache: {{.Store.Entries}} responses, {{bytes .Store.Bytes}} of {{bytes .Store.MaxBytes}} ({{.Store.Kind}})</p>
 {{end}}{{end}}
-{{with .Fleet}}<p>Fleet-wide statistics (all instances sharing {{.Store}}) are at <a href="/cache/stats">/cache/stats</a>.</p>{{end}}
+{{with .FleetStore}}<p id="store">Shared store: {{.}}, {{if $.FleetAvailable}}<span class="ok">in use</span>{{else}}<span class="bad">unavailable</span> (not used until it answers again){{end}}. Fleet-wide statistics (all instances sharing it) are at <a href="/cache/stats">/cache/stats</a>.</p>{{end}}
 <h2>Upstream sessions</h2>
 {{if .Sessions}}{{range .Providers}}
 <h3 id="provider-{{.Name}}">{{.Name}} <span class="sub">priority {{.Priority}}{{with .API}} · {{.}}{{end}}{{with .Countries}} · countries {{range $i, $c := .}}{{if $i}}, {{end}}{{$c}}{{end}}{{end}}</span>
