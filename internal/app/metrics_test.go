@@ -316,3 +316,34 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestMoneySavedNeverGoesBack: onceproxy_money_saved_total is a counter,
+// kept in billionths in an int64. A price that makes one answer's saving
+// pass 2^63 billionths (savings.* takes any price of 0 or more) wrapped
+// it below zero, and so would the sum of savings reaching it: a counter
+// that goes back, and a report of money lost.
+func TestMoneySavedNeverGoesBack(t *testing.T) {
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "page") }))
+	defer origin.Close()
+	a := serveApp(t, "savings: {price_per_1000_requests: 1e13}\n", nil)
+	c := &http.Client{Transport: &http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: a.Addrs().Proxy})}}
+	defer c.CloseIdleConnections()
+	last := 0.0
+	for i := range 4 {
+		resp, err := c.Get(origin.URL + "/a") // a MISS, then HITs
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		for _, v := range samples(t, scrape(t, a), "onceproxy_money_saved_total") {
+			if v < last {
+				t.Fatalf("request %d: onceproxy_money_saved_total went from %g to %g", i+1, last, v)
+			}
+			last = v
+		}
+	}
+	if last <= 0 {
+		t.Errorf("onceproxy_money_saved_total is %g after three HITs at a price, want more than 0", last)
+	}
+}

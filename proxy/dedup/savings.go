@@ -74,8 +74,17 @@ func (p Price) saved(bytes int) float64 {
 	return p.Per1000Requests/1000 + float64(bytes)/1e9*p.PerGB
 }
 
-// nano turns money into whole billionths, for counting with atomics.
-func nano(v float64) int64 { return int64(math.Round(v * 1e9)) }
+// nano turns money into whole billionths, for counting with atomics. A
+// saving past what an int64 holds (a price of billions) is the most it
+// holds: Go's conversion of a float out of range gives the least on
+// amd64, and onceproxy_money_saved_total went back below zero.
+func nano(v float64) int64 {
+	n := math.Round(v * 1e9)
+	if n >= math.MaxInt64 { // float64(math.MaxInt64) is 2^63, itself out of range
+		return math.MaxInt64
+	}
+	return int64(n)
+}
 
 // pricing is one configuration's way to price savings.
 type pricing struct {

@@ -2,6 +2,7 @@ package dedup
 
 import (
 	"crypto/rand"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -213,7 +214,7 @@ func (c *DayCounts) fields() [6]*atomic.Int64 {
 // answer: an add of nothing is skipped.
 func (c *DayCounts) Record(xcache string, avoided int, moneyNano int64) {
 	if moneyNano != 0 {
-		c.MoneyNano.Add(moneyNano)
+		addSaturating(&c.MoneyNano, moneyNano)
 	}
 	switch xcache {
 	case CacheHit:
@@ -269,4 +270,20 @@ type FleetStats struct {
 	Today     DayStats   `json:"today"`
 	Last7Days DayStats   `json:"last_7_days"`
 	Days      []DayStats `json:"days"`
+}
+
+// addSaturating adds n (positive) to v, stopping at the most an int64
+// holds: the money saved is a counter, and one wrapped below zero by a
+// sum of large savings would go back (pgstore saturates its sum too).
+func addSaturating(v *atomic.Int64, n int64) {
+	for {
+		old := v.Load()
+		sum := old + n
+		if sum < old {
+			sum = math.MaxInt64
+		}
+		if sum == old || v.CompareAndSwap(old, sum) {
+			return
+		}
+	}
 }
