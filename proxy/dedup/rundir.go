@@ -25,11 +25,15 @@ type runDir struct {
 	closed bool       // removed for good: never made again
 }
 
-// runDirPrefix starts every run directory's name.
-const runDirPrefix = "run-"
+// runDirPrefix starts every run directory's name; newDirPrefix a run
+// directory's while it is being made, before its lock is held.
+const (
+	runDirPrefix = "run-"
+	newDirPrefix = "new-"
+)
 
 // staleAge spares directories younger than this from the clean-up: one
-// created by another process a moment ago may not be locked yet.
+// that another process is making may not be locked yet.
 const staleAge = time.Minute
 
 // openRunDir creates parent if needed, removes stale run directories in it
@@ -39,22 +43,43 @@ func openRunDir(parent string) (*runDir, error) {
 		return nil, err
 	}
 	removeStale(parent)
-	path, err := os.MkdirTemp(parent, runDirPrefix)
+	path, lock, err := makeLocked(parent, "")
 	if err != nil {
 		return nil, err
 	}
-	lock, err := os.OpenFile(filepath.Join(path, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
-	if err == nil {
-		err = lockFile(lock)
-	}
+	return &runDir{path: path, lock: lock}, nil
+}
+
+// makeLocked makes a run directory in parent, named path ("": a fresh
+// name), with its lock held. It is made and locked under a newDirPrefix
+// name, then renamed: a run directory whose lock is free is then always a
+// dead process's, whatever its age, and goes at the next start. (Locked
+// after it had its name, a crashed process's directory was spared for
+// staleAge as one being made, and a restart within that minute left its
+// files behind for good.)
+func makeLocked(parent, path string) (string, *os.File, error) {
+	tmp, err := os.MkdirTemp(parent, newDirPrefix)
 	if err != nil {
-		if lock != nil {
+		return "", nil, err
+	}
+	if path == "" {
+		path = filepath.Join(parent, runDirPrefix+strings.TrimPrefix(filepath.Base(tmp), newDirPrefix))
+	}
+	lock, err := os.OpenFile(filepath.Join(tmp, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
+	if err == nil {
+		if err = lockFile(lock); err == nil {
+			// The lock is on the open file: it moves with the directory.
+			err = os.Rename(tmp, path)
+		}
+		if err != nil {
 			lock.Close()
 		}
-		os.RemoveAll(path)
-		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
-	return &runDir{path: path, lock: lock}, nil
+	if err != nil {
+		os.RemoveAll(tmp)
+		return "", nil, fmt.Errorf("lock %s: %w", path, err)
+	}
+	return path, lock, nil
 }
 
 func removeStale(parent string) {
@@ -63,14 +88,22 @@ func removeStale(parent string) {
 		return
 	}
 	for _, ent := range ents {
-		if !ent.IsDir() || !strings.HasPrefix(ent.Name(), runDirPrefix) {
+		name := ent.Name()
+		run := strings.HasPrefix(name, runDirPrefix)
+		if !ent.IsDir() || !run && !strings.HasPrefix(name, newDirPrefix) {
 			continue
 		}
-		dir := filepath.Join(parent, ent.Name())
-		if info, err := ent.Info(); err != nil || time.Since(info.ModTime()) < staleAge {
-			continue
+		dir := filepath.Join(parent, name)
+		lock := filepath.Join(dir, "lock")
+		// Young and not locked for sure yet: being made, by this version
+		// (newDirPrefix) or by an older one, which named its directory
+		// before it made the lock.
+		if _, err := os.Stat(lock); !run || err != nil {
+			if info, err := ent.Info(); err != nil || time.Since(info.ModTime()) < staleAge {
+				continue
+			}
 		}
-		if lockedByAnother(filepath.Join(dir, "lock")) {
+		if lockedByAnother(lock) {
 			continue
 		}
 		os.RemoveAll(dir)
@@ -101,20 +134,16 @@ func (d *runDir) restore() error {
 	if d.closed {
 		return os.ErrClosed
 	}
-	if err := os.MkdirAll(d.path, 0o700); err != nil {
+	parent := filepath.Dir(d.path)
+	if err := os.MkdirAll(parent, 0o700); err != nil {
 		return err
 	}
-	lockPath := filepath.Join(d.path, "lock")
-	if _, err := os.Stat(lockPath); err == nil {
+	if _, err := os.Stat(filepath.Join(d.path, "lock")); err == nil {
 		return nil // restored by another caller before us: the lock is ours
 	}
-	lock, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	_, lock, err := makeLocked(parent, d.path)
 	if err != nil {
 		return err
-	}
-	if err := lockFile(lock); err != nil {
-		lock.Close()
-		return fmt.Errorf("lock %s: %w", d.path, err)
 	}
 	d.lock.Close() // the old lock's file is gone with its directory
 	d.lock = lock
