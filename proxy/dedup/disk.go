@@ -13,7 +13,8 @@ import (
 // diskTier caches response bodies too big to keep whole in memory (over
 // max_body_bytes), each in a file of its own in this process's directory
 // under disk.dir, bounded by the total size of the files (disk.max_bytes),
-// evicting the least recently used. The index (key → file and the
+// evicting the least recently used; an entry's file goes when it expires.
+// The index (key → file and the
 // response's status and headers) is in memory: the tier starts empty and
 // its files go with the process (Close, or the next start after a crash).
 //
@@ -33,8 +34,9 @@ type diskTier struct {
 
 // diskObject is one cached body and what is needed to answer with it.
 type diskObject struct {
-	key  string
-	meta *Entry // Body nil; file set: the path and size
+	key    string
+	meta   *Entry      // Body nil; file set: the path and size
+	expiry *time.Timer // removes the entry at meta.ExpiresAt; stopped when it goes otherwise
 }
 
 func newDiskTier(dir *runDir, maxBytes int64) *diskTier {
@@ -74,6 +76,10 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	}
 	d.byKey[key] = d.lru.PushFront(obj)
 	d.bytes += size
+	// An expired entry is never served, only found by a request for its
+	// key or evicted for room: without this its file stayed for as long
+	// as neither came.
+	obj.expiry = time.AfterFunc(time.Until(m.ExpiresAt), func() { d.expire(obj) })
 	d.mu.Unlock()
 	removeFiles(victims)
 	return nil
@@ -184,6 +190,21 @@ func (d *diskTier) forget(key, path string) {
 	}
 }
 
+// expire removes obj when it is still key's entry: its timer may fire
+// while it is replaced or evicted.
+func (d *diskTier) expire(obj *diskObject) {
+	d.mu.Lock()
+	el, ok := d.byKey[obj.key]
+	ok = ok && el.Value.(*diskObject) == obj
+	if ok {
+		d.removeLocked(el)
+	}
+	d.mu.Unlock()
+	if ok {
+		removeFiles([]string{obj.meta.file.path})
+	}
+}
+
 // deleteURL removes every entry of urlKey: an admin action, so a walk.
 func (d *diskTier) deleteURL(urlKey string) int {
 	var victims []string
@@ -206,6 +227,7 @@ func (d *diskTier) removeLocked(el *list.Element) {
 	d.lru.Remove(el)
 	delete(d.byKey, obj.key)
 	d.bytes -= obj.meta.file.size
+	obj.expiry.Stop()
 }
 
 // removeFiles unlinks evicted files. A client still reading one keeps its
@@ -226,6 +248,9 @@ func (d *diskTier) stats() StoreStats {
 // close forgets every entry and removes the files.
 func (d *diskTier) close() {
 	d.mu.Lock()
+	for el := d.lru.Front(); el != nil; el = el.Next() {
+		el.Value.(*diskObject).expiry.Stop()
+	}
 	d.byKey, d.lru, d.bytes = map[string]*list.Element{}, list.New(), 0
 	d.mu.Unlock()
 	d.dir.remove()
