@@ -163,6 +163,9 @@ func (e *Engine) serveRange(req *http.Request, meta *Entry, b wholeBody, key, xc
 	}
 	body, err := b.open(req.Context(), start, end-start)
 	if err != nil {
+		if fb, ok := b.(fileBody); ok {
+			e.fileFailed(key, fb.f, err)
+		}
 		b.done()
 		return nil, false
 	}

@@ -1,11 +1,13 @@
 package dedup
 
 import (
+	"bytes"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
 )
@@ -70,5 +72,38 @@ func TestDiskTierEntryWhoseFileWentIsFetchedOnce(t *testing.T) {
 	}
 	if n := f.up.n.Load(); n != 2 {
 		t.Fatalf("origin requests = %d, want 2", n)
+	}
+}
+
+// TestDiskTierEntryWhoseFileWentIsFetchedOnceForRanges: as above, for a
+// media player's requests, which all carry Range. A request for bytes=0-
+// found the entry, could not open its file and went upstream for the
+// whole body on its own, and the entry stayed: every later one did the
+// same, and the body was never cached again until a plain GET came or the
+// entry expired. Now the first forgets the entry, the next starts a flight
+// that caches the body again, and the one after is a HIT.
+func TestDiskTierEntryWhoseFileWentIsFetchedOnceForRanges(t *testing.T) {
+	const size = 256 << 10
+	body := pattern(size)
+	f := newFixture(t, streamConfig(t, Config{MaxBodyBytes: 64 * bytesize.KiB}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(body))
+	}))
+	if r := f.get("/cached"); r.err != nil || r.xcache != CacheMiss || r.body != string(body) {
+		t.Fatalf("first request: %s, %d bytes, err %v", r.xcache, len(r.body), r.err)
+	}
+	if err := os.RemoveAll(f.eng.disk.dir.path); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		r := f.get("/cached", "Range", "bytes=0-")
+		if r.err != nil || r.body != string(body) {
+			t.Fatalf("range #%d after the file went: %s, %d of %d bytes, err %v", i, r.xcache, len(r.body), size, r.err)
+		}
+		if i == 2 && r.xcache != CacheHit {
+			t.Fatalf("range #%d after the file went: %s, want a HIT (the body cached again)", i, r.xcache)
+		}
+	}
+	if n := f.up.n.Load(); n != 3 {
+		t.Fatalf("origin requests = %d, want 3", n)
 	}
 }

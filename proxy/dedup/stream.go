@@ -42,12 +42,7 @@ func (e *Engine) serveFile(req *http.Request, ent *Entry, key, xcache string) (*
 	if req.Method != http.MethodHead {
 		f, err := os.Open(ent.file.path)
 		if err != nil {
-			// Evicted since the lookup, or removed under the process:
-			// then the entry goes too, so that the next request starts
-			// a flight instead of finding it again.
-			if errors.Is(err, fs.ErrNotExist) && e.disk != nil {
-				e.disk.forget(key, ent.file.path)
-			}
+			e.fileFailed(key, ent.file, err)
 			return nil, false
 		}
 		body = f
@@ -61,6 +56,16 @@ func (e *Engine) serveFile(req *http.Request, ent *Entry, key, xcache string) (*
 		resp.Header.Set("Age", age(ent))
 	}
 	return resp, true
+}
+
+// fileFailed is told that the file of key's disk-tier entry could not be
+// opened. Evicted since the lookup, or removed under the process: then the
+// entry goes too, so that the next request, plain or Range, starts a
+// flight instead of finding it again.
+func (e *Engine) fileFailed(key string, file *diskFile, err error) {
+	if errors.Is(err, fs.ErrNotExist) && e.disk != nil {
+		e.disk.forget(key, file.path)
+	}
 }
 
 // streamResponse builds one client's response with meta's status and
