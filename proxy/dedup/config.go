@@ -52,6 +52,10 @@ type Config struct {
 	// SpoolMemoryBytes bounds the memory all flights' spools hold at once;
 	// past it, bodies go to files sooner. Default 128 MiB.
 	SpoolMemoryBytes bytesize.Size `yaml:"spool_memory_bytes"`
+	// SpoolDiskBytes bounds what all flights' spool files hold at once. A
+	// body that would take them past it goes on as on a full disk: relayed
+	// to the clients already reading it, uncached. Default 4 GiB.
+	SpoolDiskBytes bytesize.Size `yaml:"spool_disk_bytes"`
 	// Disk is the cache tier for bodies over MaxBodyBytes.
 	Disk DiskConfig `yaml:"disk"`
 	// MaxRequestBodyBytes is the largest request body read to key a
@@ -180,6 +184,9 @@ func (c Config) WithDefaults() Config {
 	if c.SpoolMemoryBytes == 0 {
 		c.SpoolMemoryBytes = 128 * bytesize.MiB
 	}
+	if c.SpoolDiskBytes == 0 {
+		c.SpoolDiskBytes = 4 * bytesize.GiB
+	}
 	if c.Disk.Dir == "" {
 		c.Disk.Dir = defaultDiskDir()
 	}
@@ -238,6 +245,9 @@ func (c Config) Validate() error {
 	}
 	if c.SpoolMemoryBytes < 0 {
 		errs = append(errs, fmt.Errorf("spool_memory_bytes: must not be negative, got %s", c.SpoolMemoryBytes))
+	}
+	if c.SpoolDiskBytes < 0 {
+		errs = append(errs, fmt.Errorf("spool_disk_bytes: must not be negative, got %s", c.SpoolDiskBytes))
 	}
 	if c.Disk.MaxBytes < 0 {
 		errs = append(errs, fmt.Errorf("disk.max_bytes: must not be negative, got %s", c.Disk.MaxBytes))

@@ -21,7 +21,8 @@
 //     body cut short by the origin is an error for every reader and is
 //     never cached;
 //   - memory and disk are bounded: max_body_bytes per spool and
-//     spool_memory_bytes for all, the Store's own bound, disk.max_bytes for
+//     spool_memory_bytes for all, spool_disk_bytes for the spools' files,
+//     the Store's own bound, disk.max_bytes for
 //     the disk tier (bodies over max_body_bytes, up to max_object_bytes);
 //     bigger bodies stream to their own client uncached.
 //

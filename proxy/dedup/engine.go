@@ -128,7 +128,7 @@ func New(cfg Config, o Options) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dedup: spool_dir: %w", err)
 	}
-	e.spools = &spools{dir: spoolDir, budget: int64(cfg.SpoolMemoryBytes)}
+	e.spools = &spools{dir: spoolDir, budget: int64(cfg.SpoolMemoryBytes), diskBudget: int64(cfg.SpoolDiskBytes)}
 	if cfg.Disk.MaxBytes > 0 {
 		diskDir, err := openRunDir(cfg.Disk.Dir)
 		if err != nil {

@@ -22,8 +22,9 @@ import (
 // The bytes live in memory up to a bound (max_body_bytes for one spool,
 // spool_memory_bytes for all of them together), then in a file in the
 // spool directory: the memory part is written to the file and dropped, and
-// everything after goes to the file. The file is removed, and the memory
-// returned, when the last holder lets go.
+// everything after goes to the file (all files together within
+// spool_disk_bytes; past it a write fails as on a full disk). The file is
+// removed, and the memory returned, when the last holder lets go.
 //
 // A body of unknown length that grows past max_object_bytes switches the
 // spool to relay mode (see startRelay): from then on it keeps only the
@@ -36,6 +37,7 @@ type spool struct {
 	mem      []byte     // the body while in memory (nil once in a file)
 	reserved int64      // bytes of pool.budget held for mem's capacity
 	file     *os.File   // the body once spilled; nil before
+	onDisk   int64      // bytes of pool.diskBudget held for file
 	n        int64      // bytes readers may read: below n
 	hidden   int64      // bytes written after n, shown by finish (writeLast)
 	done     bool       // the writer finished (err says how)
@@ -62,6 +64,10 @@ type spools struct {
 	used   atomic.Int64
 	active atomic.Int64 // spools alive
 	files  atomic.Int64 // spools that spilled to a file and still hold it
+	// diskBudget (spool_disk_bytes) bounds what the files hold together;
+	// diskUsed is what they hold.
+	diskBudget int64
+	diskUsed   atomic.Int64
 }
 
 func (p *spools) reserve(n int64) bool {
@@ -73,6 +79,15 @@ func (p *spools) reserve(n int64) bool {
 }
 
 func (p *spools) release(n int64) { p.used.Add(-n) }
+
+// reserveDisk is reserve for the files: spool_disk_bytes.
+func (p *spools) reserveDisk(n int64) bool {
+	if p.diskUsed.Add(n) > p.diskBudget {
+		p.diskUsed.Add(-n)
+		return false
+	}
+	return true
+}
 
 // newSpool returns a spool held once (by the flight). size is the declared
 // length (-1 unknown): a body known to be larger than the memory bound
@@ -91,7 +106,10 @@ func (p *spools) newSpool(memMax, size int64) *spool {
 
 var (
 	errNoReaders = errors.New("nobody reads this body any more")
-	errRelayed   = errors.New("body is relayed past max_object_bytes: its start is gone")
+	// errSpoolDiskFull is a spool file that would grow past
+	// spool_disk_bytes: it fails the write as a full disk does.
+	errSpoolDiskFull = errors.New("spool files at dedup.spool_disk_bytes")
+	errRelayed       = errors.New("body is relayed past max_object_bytes: its start is gone")
 )
 
 // fileError is a spool file that could not be made or written (disk full,
@@ -133,7 +151,11 @@ func (s *spool) append(ctx context.Context, p []byte, hide bool) error {
 		s.mu.Unlock()
 	}
 	// In a file: the writer appends, readers ReadAt below n. Bytes of p
-	// that a failed Write left past n are never read.
+	// that a failed Write left past n are never read, but stay counted
+	// until the file goes.
+	if err := s.holdDisk(int64(len(p))); err != nil {
+		return err
+	}
 	if _, err := s.file.Write(p); err != nil {
 		return fileError{err}
 	}
@@ -172,24 +194,48 @@ func (s *spool) growLocked(k int) bool {
 	return true
 }
 
+// holdDisk reserves k bytes of spool_disk_bytes for the file. Only the
+// writer calls it.
+func (s *spool) holdDisk(k int64) error {
+	if !s.pool.reserveDisk(k) {
+		return fileError{errSpoolDiskFull}
+	}
+	s.mu.Lock()
+	s.onDisk += k
+	s.mu.Unlock()
+	return nil
+}
+
+// dropDiskLocked gives back what the file held of spool_disk_bytes, as it
+// goes.
+func (s *spool) dropDiskLocked() {
+	s.pool.diskUsed.Add(-s.onDisk)
+	s.onDisk = 0
+}
+
 // spill moves the body to a file. Readers keep reading mem until the
 // switch, which happens under the lock once the file holds every byte.
 func (s *spool) spill() error {
-	f, err := s.pool.dir.create("spool-*")
-	if err != nil {
-		return fileError{err}
-	}
 	s.mu.Lock()
 	mem := s.mem
 	s.mu.Unlock()
+	if !s.pool.reserveDisk(int64(len(mem))) {
+		return fileError{errSpoolDiskFull}
+	}
+	f, err := s.pool.dir.create("spool-*")
+	if err != nil {
+		s.pool.diskUsed.Add(-int64(len(mem)))
+		return fileError{err}
+	}
 	// What mem holds never changes, and only the writer (us) appends.
 	if _, err := f.Write(mem); err != nil {
 		f.Close()
 		os.Remove(f.Name())
+		s.pool.diskUsed.Add(-int64(len(mem)))
 		return fileError{err}
 	}
 	s.mu.Lock()
-	s.file, s.mem = f, nil
+	s.file, s.mem, s.onDisk = f, nil, int64(len(mem))
 	s.pool.release(s.reserved)
 	s.reserved = 0
 	s.mu.Unlock()
@@ -260,6 +306,7 @@ func (s *spool) relayLocked(ctx context.Context, p []byte) error {
 		os.Remove(s.file.Name())
 		s.file = nil
 		s.pool.files.Add(-1)
+		s.dropDiskLocked()
 	}
 	s.pool.release(s.reserved)
 	s.reserved = 0
@@ -400,6 +447,7 @@ func (s *spool) release() {
 	}
 	f, reserved := s.file, s.reserved
 	s.file, s.mem, s.reserved = nil, nil, 0
+	s.dropDiskLocked()
 	s.mu.Unlock()
 	if f != nil {
 		f.Close()

@@ -21,7 +21,7 @@ func testSpools(t *testing.T, budget int64) *spools {
 		t.Fatal(err)
 	}
 	t.Cleanup(dir.remove)
-	return &spools{dir: dir, budget: budget}
+	return &spools{dir: dir, budget: budget, diskBudget: 1 << 30}
 }
 
 // TestSpoolSpillsWhenTheBudgetRunsOut: two spools share a 160 KiB budget;
