@@ -180,13 +180,18 @@ func (d *diskTier) delete(key string) {
 
 // forget drops key's entry if it is still the one whose file is path: a
 // file that cannot be opened any more (its directory was removed under the
-// process). Kept, the entry would send every request for key past the
-// flight, upstream on its own, until it expired.
+// process) or that was cut short. Kept, the entry would send every request
+// for key past the flight, upstream on its own, until it expired.
 func (d *diskTier) forget(key, path string) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
-	if el, ok := d.byKey[key]; ok && el.Value.(*diskObject).meta.file.path == path {
+	el, ok := d.byKey[key]
+	ok = ok && el.Value.(*diskObject).meta.file.path == path
+	if ok {
 		d.removeLocked(el)
+	}
+	d.mu.Unlock()
+	if ok {
+		removeFiles([]string{path})
 	}
 }
 
@@ -260,4 +265,27 @@ func (d *diskTier) close() {
 type diskFile struct {
 	path string
 	size int64
+}
+
+// errFileCut is a disk-tier file that no longer holds its body: cut short
+// (or grown) under the process.
+var errFileCut = errors.New("disk tier: file size is not the body's")
+
+// open opens the file for one response. A file of another size than the
+// body fails it: served, it would send a client less than the
+// Content-Length it was promised, and cut its connection.
+func (f *diskFile) open() (*os.File, error) {
+	fh, err := os.Open(f.path)
+	if err != nil {
+		return nil, err
+	}
+	info, err := fh.Stat()
+	if err == nil && info.Size() != f.size {
+		err = errFileCut
+	}
+	if err != nil {
+		fh.Close()
+		return nil, fmt.Errorf("open %s: %w", f.path, err)
+	}
+	return fh, nil
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 
@@ -289,7 +288,7 @@ type fileBody struct{ f *diskFile }
 func (b fileBody) length(context.Context) (int64, error) { return b.f.size, nil }
 func (b fileBody) done()                                 {}
 func (b fileBody) open(_ context.Context, off, n int64) (io.ReadCloser, error) {
-	f, err := os.Open(b.f.path)
+	f, err := b.f.open()
 	if err != nil {
 		return nil, err
 	}

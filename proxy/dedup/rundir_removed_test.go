@@ -107,3 +107,35 @@ func TestDiskTierEntryWhoseFileWentIsFetchedOnceForRanges(t *testing.T) {
 		t.Fatalf("origin requests = %d, want 3", n)
 	}
 }
+
+// TestDiskTierEntryWhoseFileWasCutIsFetchedAgain: the disk tier's file
+// for a cached body is shorter than the body (truncated under the
+// process: an operator freeing space, a disk error). Every hit used to
+// declare the whole length and send what the file had, cutting each
+// client's connection short of it, until the entry expired. Now a file
+// whose size is not the body's is taken for gone.
+func TestDiskTierEntryWhoseFileWasCutIsFetchedAgain(t *testing.T) {
+	const size = 256 << 10
+	body := pattern(size)
+	f := newFixture(t, streamConfig(t, Config{MaxBodyBytes: 64 * bytesize.KiB}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(body))
+	}))
+	if r := f.get("/cached"); r.err != nil || r.xcache != CacheMiss || r.body != string(body) {
+		t.Fatalf("first request: %s, %d bytes, err %v", r.xcache, len(r.body), r.err)
+	}
+	ent := f.eng.disk.get(f.get("/cached").key)
+	if ent == nil {
+		t.Fatal("not in the disk tier")
+	}
+	if err := os.Truncate(ent.file.path, size/2); err != nil {
+		t.Fatal(err)
+	}
+	for i, want := range []string{CacheMiss, CacheHit} {
+		if r := f.get("/cached"); r.err != nil || r.xcache != want || r.body != string(body) {
+			t.Fatalf("request #%d after the file was cut: %s, %d of %d bytes, err %v; want %s", i, r.xcache, len(r.body), size, r.err, want)
+		}
+	}
+	if r := f.get("/cached", "Range", "bytes=0-"); r.err != nil || r.body != string(body) {
+		t.Fatalf("range: %s, %d of %d bytes, err %v", r.xcache, len(r.body), size, r.err)
+	}
+}

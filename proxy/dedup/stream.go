@@ -5,7 +5,6 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"os"
 	"strconv"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
@@ -40,7 +39,7 @@ func (e *Engine) serveObject(req *http.Request, f *flight, obj *object, key, xca
 func (e *Engine) serveFile(req *http.Request, ent *Entry, key, xcache string) (*http.Response, bool) {
 	var body io.ReadCloser = http.NoBody
 	if req.Method != http.MethodHead {
-		f, err := os.Open(ent.file.path)
+		f, err := ent.file.open()
 		if err != nil {
 			e.fileFailed(key, ent.file, err)
 			return nil, false
@@ -59,11 +58,11 @@ func (e *Engine) serveFile(req *http.Request, ent *Entry, key, xcache string) (*
 }
 
 // fileFailed is told that the file of key's disk-tier entry could not be
-// opened. Evicted since the lookup, or removed under the process: then the
-// entry goes too, so that the next request, plain or Range, starts a
-// flight instead of finding it again.
+// opened. Evicted since the lookup, removed or cut short under the
+// process: then the entry goes too, so that the next request, plain or
+// Range, starts a flight instead of finding it again.
 func (e *Engine) fileFailed(key string, file *diskFile, err error) {
-	if errors.Is(err, fs.ErrNotExist) && e.disk != nil {
+	if (errors.Is(err, fs.ErrNotExist) || errors.Is(err, errFileCut)) && e.disk != nil {
 		e.disk.forget(key, file.path)
 	}
 }
