@@ -46,6 +46,10 @@ func newDiskTier(dir *runDir, maxBytes int64) *diskTier {
 // errTooBigForDisk: the body alone exceeds disk.max_bytes.
 var errTooBigForDisk = errors.New("body larger than dedup.disk.max_bytes")
 
+// errNoDiskRoom: the room is taken by other bodies being put at the same
+// time; this one is not cached.
+var errNoDiskRoom = errors.New("dedup.disk.max_bytes taken by bodies being stored")
+
 // put caches the body in the file at src (a complete spool file) under key.
 // The tier gets a hard link to it when it can (no copy: the spool removes
 // its own name when its readers are done), else a copy. meta's Body is
@@ -54,17 +58,14 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	if size > d.max {
 		return errTooBigForDisk
 	}
-	path, err := d.link(src)
-	if err != nil {
-		return fmt.Errorf("disk tier: %w", err)
-	}
-	m := *meta
-	m.Body, m.packed = nil, packed{}
-	m.file = &diskFile{path: path, size: size}
-	obj := &diskObject{key: key, meta: &m}
-	var victims []string
+	// The room first, counted in bytes before the file is there: a copy
+	// (disk.dir on another filesystem than spool_dir) made first had the
+	// directory hold max_bytes and the body, and on a volume of max_bytes
+	// failed for want of the room its evictions would have freed.
 	d.mu.Lock()
+	var victims []string
 	if old, ok := d.byKey[key]; ok {
+		// Replaced: its room goes to the new file before anybody else's.
 		victims = append(victims, old.Value.(*diskObject).meta.file.path)
 		d.removeLocked(old)
 	}
@@ -74,8 +75,34 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 		d.removeLocked(back)
 		d.evictions++
 	}
-	d.byKey[key] = d.lru.PushFront(obj)
-	d.bytes += size
+	room := d.bytes+size <= d.max
+	if room {
+		d.bytes += size
+	}
+	d.mu.Unlock()
+	removeFiles(victims)
+	if !room {
+		return errNoDiskRoom
+	}
+	path, err := d.link(src)
+	if err != nil {
+		d.mu.Lock()
+		d.bytes -= size
+		d.mu.Unlock()
+		return fmt.Errorf("disk tier: %w", err)
+	}
+	m := *meta
+	m.Body, m.packed = nil, packed{}
+	m.file = &diskFile{path: path, size: size}
+	obj := &diskObject{key: key, meta: &m}
+	victims = victims[:0]
+	d.mu.Lock()
+	if old, ok := d.byKey[key]; ok {
+		// Put by another download of key meanwhile.
+		victims = append(victims, old.Value.(*diskObject).meta.file.path)
+		d.removeLocked(old)
+	}
+	d.byKey[key] = d.lru.PushFront(obj) // its size is counted already
 	// An expired entry is never served, only found by a request for its
 	// key or evicted for room: without this its file stayed for as long
 	// as neither came.

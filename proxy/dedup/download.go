@@ -315,7 +315,7 @@ func (d *download) keep(body []byte, whole bool) {
 	} else if body != nil {
 		err = e.disk.putBytes(d.key, &ent, body)
 	}
-	if err != nil && !errors.Is(err, errTooBigForDisk) {
+	if err != nil && !errors.Is(err, errTooBigForDisk) && !errors.Is(err, errNoDiskRoom) {
 		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)
 	}
 }
