@@ -68,10 +68,9 @@ func makeLocked(parent, path string) (string, *os.File, error) {
 	lock, err := os.OpenFile(filepath.Join(tmp, "lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err == nil {
 		if err = lockFile(lock); err == nil {
-			// The lock is on the open file: it moves with the directory.
-			err = os.Rename(tmp, path)
+			lock, err = nameLocked(tmp, path, lock)
 		}
-		if err != nil {
+		if err != nil && lock != nil {
 			lock.Close()
 		}
 	}

@@ -8,6 +8,12 @@ import (
 	"syscall"
 )
 
+// nameLocked renames the locked directory tmp to path. The lock is on the
+// open file: it moves with the directory.
+func nameLocked(tmp, path string, lock *os.File) (*os.File, error) {
+	return lock, os.Rename(tmp, path)
+}
+
 func lockFile(f *os.File) error {
 	return syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 }
