@@ -1279,6 +1279,8 @@ func (e *Engine) Stats() Stats {
 		Files:       e.spools.files.Load(),
 		MemoryBytes: e.spools.used.Load(),
 		MaxMemory:   e.spools.budget,
+		DiskBytes:   e.spools.diskUsed.Load(),
+		MaxDisk:     e.spools.diskBudget,
 	}
 	return s
 }

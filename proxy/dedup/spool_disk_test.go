@@ -71,7 +71,7 @@ func TestSpoolDiskBoundRelaysTheBody(t *testing.T) {
 		}
 	}
 	testkit.Eventually(t, testkit.Patience, func() bool { return f.eng.Stats().Spool.Active == 0 }, "every spool let go")
-	if n := f.eng.spools.dir.files(); n != 0 || f.eng.spools.diskUsed.Load() != 0 {
-		t.Fatalf("%d spool files left, %d bytes accounted", n, f.eng.spools.diskUsed.Load())
+	if n, st := f.eng.spools.dir.files(), f.eng.Stats().Spool; n != 0 || st.DiskBytes != 0 || st.MaxDisk != 256<<10 {
+		t.Fatalf("%d spool files left; stats %+v", n, st)
 	}
 }

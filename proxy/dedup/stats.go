@@ -93,6 +93,8 @@ type SpoolStats struct {
 	Files       int64 `json:"files"`        // of them, spilled to a file
 	MemoryBytes int64 `json:"memory_bytes"` // memory they hold
 	MaxMemory   int64 `json:"max_memory_bytes"`
+	DiskBytes   int64 `json:"disk_bytes"` // what their files hold
+	MaxDisk     int64 `json:"max_disk_bytes"`
 }
 
 func (c *counters) snapshot() Stats {
