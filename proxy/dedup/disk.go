@@ -55,13 +55,26 @@ var errNoDiskRoom = errors.New("dedup.disk.max_bytes taken by bodies being store
 // its own name when its readers are done), else a copy. meta's Body is
 // ignored; its ExpiresAt must be set.
 func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
+	return d.store(key, meta, size, func() (string, error) { return d.link(src) })
+}
+
+// putBytes is put for a body in memory: it is written to a file of the
+// tier's own.
+func (d *diskTier) putBytes(key string, meta *Entry, body []byte) error {
+	return d.store(key, meta, int64(len(body)), func() (string, error) { return d.write(body) })
+}
+
+// store caches under key the body of size bytes that makeFile puts in a
+// file of the tier's own, returning its path.
+func (d *diskTier) store(key string, meta *Entry, size int64, makeFile func() (string, error)) error {
 	if size > d.max {
 		return errTooBigForDisk
 	}
-	// The room first, counted in bytes before the file is there: a copy
-	// (disk.dir on another filesystem than spool_dir) made first had the
-	// directory hold max_bytes and the body, and on a volume of max_bytes
-	// failed for want of the room its evictions would have freed.
+	// The room first, counted in bytes before the file is there: a file
+	// written first (a copy when disk.dir is on another filesystem than
+	// spool_dir, a body from memory) had the directory hold max_bytes and
+	// the body, and on a volume of max_bytes failed for want of the room
+	// its evictions would have freed.
 	d.mu.Lock()
 	var victims []string
 	if old, ok := d.byKey[key]; ok {
@@ -84,7 +97,7 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	if !room {
 		return errNoDiskRoom
 	}
-	path, err := d.link(src)
+	path, err := makeFile()
 	if err != nil {
 		d.mu.Lock()
 		d.bytes -= size
@@ -112,24 +125,21 @@ func (d *diskTier) put(key string, meta *Entry, src string, size int64) error {
 	return nil
 }
 
-// putBytes is put for a body in memory: it is written to a file first.
-func (d *diskTier) putBytes(key string, meta *Entry, body []byte) error {
-	if int64(len(body)) > d.max {
-		return errTooBigForDisk
-	}
-	f, err := d.dir.create("mem-*")
+// write puts body in a file of the tier's own.
+func (d *diskTier) write(body []byte) (string, error) {
+	f, err := d.dir.create("obj-*")
 	if err != nil {
-		return fmt.Errorf("disk tier: %w", err)
+		return "", err
 	}
-	defer os.Remove(f.Name()) // put links it under a name of its own
 	_, err = f.Write(body)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("disk tier: %w", err)
+		os.Remove(f.Name())
+		return "", err
 	}
-	return d.put(key, meta, f.Name(), int64(len(body)))
+	return f.Name(), nil
 }
 
 // link gives src a name of the tier's own.

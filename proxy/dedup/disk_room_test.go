@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/bytesize"
 )
@@ -31,5 +32,27 @@ func TestDiskTierMakesRoomBeforeItCopies(t *testing.T) {
 	}
 	if r := f.get("/c"); r.err != nil || r.xcache != CacheHit || r.body != string(body) {
 		t.Fatalf("/c again: %s, %d bytes, err %v; want a HIT (/a evicted to make room for it)", r.xcache, len(r.body), r.err)
+	}
+}
+
+// TestDiskTierMakesRoomBeforeItWritesABody: the same for a body the tier
+// gets in memory (bigger than the shared store takes, within
+// max_body_bytes), which it writes to a file of its own.
+func TestDiskTierMakesRoomBeforeItWritesABody(t *testing.T) {
+	const size = 512 << 10
+	dir, err := openRunDir(smallFilesystem(t, 2*size))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := newDiskTier(dir, 2*size)
+	defer d.close()
+	meta := &Entry{Status: 200, Header: http.Header{}, StoredAt: time.Now(), ExpiresAt: time.Now().Add(time.Hour)}
+	for _, k := range []string{"a", "b", "c"} {
+		if err := d.putBytes(k, meta, pattern(size)); err != nil {
+			t.Fatalf("%s: %v", k, err)
+		}
+	}
+	if d.get("c") == nil || d.get("a") != nil {
+		t.Fatal("c not cached in a's room")
 	}
 }
