@@ -168,8 +168,6 @@ func TestSpoolRelay(t *testing.T) {
 	}
 }
 
-// TestDiskTierEvictsLeastRecentlyUsed: the tier stays within its bytes,
-// evicts the entry used least recently, expires, and forgets by URL.
 // TestDiskTierReplaceRemovesTheOldFile: a key stored again (a refetch
 // after its TTL, a fleet copy given back) leaves one file on disk, not the
 // old one too, which nothing would count against disk.max_bytes or remove
@@ -191,6 +189,8 @@ func TestDiskTierReplaceRemovesTheOldFile(t *testing.T) {
 	}
 }
 
+// TestDiskTierEvictsLeastRecentlyUsed: the tier stays within its bytes,
+// evicts the entry used least recently, expires, and forgets by URL.
 func TestDiskTierEvictsLeastRecentlyUsed(t *testing.T) {
 	dir, err := openRunDir(t.TempDir())
 	if err != nil {
