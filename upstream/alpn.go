@@ -21,9 +21,9 @@ import (
 // other connections chose meanwhile. An origin whose servers differ (a
 // rollout behind a load balancer) is then offered to clients as one that
 // speaks HTTP/2, as it was before this memory, rather than flip at every
-// connection; a client speaking HTTP/1.1 to the proxy over a connection
-// the origin takes in HTTP/2 gets a made-up HTTP/2 preface, which only
-// the first connection after an origin turns to HTTP/2 should meet.
+// connection. An origin that turns to HTTP/2 takes, once, a connection
+// for a client that spoke HTTP/1.1 to the proxy, with an HTTP/2 preface
+// of the proxy's own (the client sent none), before the memory follows.
 //
 // Entries keep their own time rather than an expiry of the cache's, which
 // would cost a clean-up goroutine for the pool to stop.
