@@ -2,15 +2,10 @@ package proxy_test
 
 import (
 	"bufio"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"io"
-	"math/big"
 	"net"
 	"slices"
 	"strings"
@@ -43,28 +38,10 @@ func startRawOrigin(t *testing.T, useTLS bool) *rawOrigin {
 	}
 	o := &rawOrigin{ln: ln, cond: make(chan struct{})}
 	if useTLS {
-		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-		if err != nil {
-			t.Fatal(err)
-		}
-		tmpl := &x509.Certificate{
-			SerialNumber: big.NewInt(7),
-			Subject:      pkix.Name{CommonName: "raw origin"},
-			NotBefore:    time.Now().Add(-time.Hour),
-			NotAfter:     time.Now().Add(time.Hour),
-			IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
-			DNSNames:     []string{"localhost"},
-			ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		}
-		der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if o.cert, err = x509.ParseCertificate(der); err != nil {
-			t.Fatal(err)
-		}
+		var cert tls.Certificate
+		cert, o.cert = selfSignedCert(t, "raw origin")
 		o.ln = tls.NewListener(ln, &tls.Config{
-			Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}},
+			Certificates: []tls.Certificate{cert},
 			NextProtos:   []string{"http/1.1"},
 		})
 	}

@@ -275,25 +275,39 @@ func plainOrigin(t testing.TB, h http.Handler) *httptest.Server {
 // certificate, so trusting one trusts them all).
 func untrustedTLSOrigin(t testing.TB, h http.Handler) *httptest.Server {
 	t.Helper()
+	cert, _ := selfSignedCert(t, "untrusted origin")
+	s := httptest.NewUnstartedServer(h)
+	s.TLS = &tls.Config{Certificates: []tls.Certificate{cert}}
+	s.StartTLS()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// selfSignedCert makes a fresh self-signed server certificate for
+// 127.0.0.1 and localhost, named name, and returns it with its parsed
+// leaf, for a test origin's TLS and the pool that trusts it.
+func selfSignedCert(t testing.TB, name string) (tls.Certificate, *x509.Certificate) {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: big.NewInt(42),
-		Subject:      pkix.Name{CommonName: "untrusted origin"},
+		Subject:      pkix.Name{CommonName: name},
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(time.Hour),
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		DNSNames:     []string{"localhost"},
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := httptest.NewUnstartedServer(h)
-	s.TLS = &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}}
-	s.StartTLS()
-	t.Cleanup(s.Close)
-	return s
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, leaf
 }

@@ -2,10 +2,13 @@ package upstream
 
 import (
 	"net"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/maypok86/otter/v2"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // alpnMemory remembers which application protocol each HTTPS origin
@@ -56,7 +59,7 @@ func newALPNMemory() *alpnMemory {
 // record notes that the origin at addr (host:port) chose proto when
 // offered offered.
 func (m *alpnMemory) record(addr string, offered []string, proto string) {
-	if m == nil || !containsFold(offered, "h2") {
+	if m == nil || !slices.ContainsFunc(offered, func(p string) bool { return strings.EqualFold(p, "h2") }) {
 		// An offer without HTTP/2 says nothing of whether the origin
 		// speaks it.
 		return
@@ -90,16 +93,7 @@ func originKey(addr string) string {
 	if err != nil {
 		return strings.ToLower(addr)
 	}
-	return net.JoinHostPort(strings.ToLower(strings.TrimSuffix(host, ".")), port)
-}
-
-func containsFold(list []string, s string) bool {
-	for _, v := range list {
-		if strings.EqualFold(v, s) {
-			return true
-		}
-	}
-	return false
+	return net.JoinHostPort(hostmatch.Normalize(host), port)
 }
 
 // OriginProtocol reports which application protocol the HTTPS origin at

@@ -859,12 +859,8 @@ func envReferences(v reflect.Value) map[string]bool {
 
 // LookupEnv returns the value of name in environ ("" if unset).
 func LookupEnv(environ []string, name string) string {
-	for _, kv := range environ {
-		if k, v, ok := strings.Cut(kv, "="); ok && k == name {
-			return v
-		}
-	}
-	return ""
+	v, _ := lookupEnvSet(environ, name)
+	return v
 }
 
 // envNames lists the override variables, for docs and tests.

@@ -110,9 +110,9 @@ func Compile(patterns []string) (*Set, error) {
 			continue
 		}
 		if name, ok := strings.CutPrefix(p, "*."); ok {
-			s.domains[normalize(name)] = struct{}{}
+			s.domains[Normalize(name)] = struct{}{}
 		} else {
-			s.exact[normalize(p)] = struct{}{}
+			s.exact[Normalize(p)] = struct{}{}
 		}
 	}
 	if len(errs) > 0 {
@@ -136,7 +136,7 @@ func (s *Set) Match(host string) bool {
 	if s.Len() == 0 {
 		return false
 	}
-	host = normalize(host)
+	host = Normalize(host)
 	if _, ok := s.exact[host]; ok {
 		return true
 	}
@@ -159,8 +159,9 @@ func (s *Set) Match(host string) bool {
 	return false
 }
 
-// normalize lower-cases a host and drops one trailing dot. It allocates
-// only when host has upper-case letters.
-func normalize(host string) string {
+// Normalize lower-cases a host and drops one trailing dot: the form in
+// which two spellings of one host name compare equal. It allocates only
+// when host has upper-case letters.
+func Normalize(host string) string {
 	return strings.ToLower(strings.TrimSuffix(host, "."))
 }
