@@ -247,6 +247,16 @@ func (d *diskTier) expire(obj *diskObject) {
 	}
 }
 
+// invalidated applies an invalidation made elsewhere in the fleet.
+func (d *diskTier) invalidated(inv Invalidation) {
+	if inv.Key != "" {
+		d.delete(inv.Key)
+	}
+	if inv.URLKey != "" {
+		d.deleteURL(inv.URLKey)
+	}
+}
+
 // deleteURL removes every entry of urlKey: an admin action, so a walk.
 func (d *diskTier) deleteURL(urlKey string) int {
 	var victims []string

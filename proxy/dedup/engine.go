@@ -79,6 +79,10 @@ type Engine struct {
 	disk    *diskTier // nil: disk.max_bytes is 0
 	st      counters
 
+	// stopInvalidations ends the disk tier's hearing of the invalidations
+	// made elsewhere in the fleet (InvalidationSource); nil: none.
+	stopInvalidations func()
+
 	// base is canceled by Close: flights run detached from their clients
 	// but not from the engine's lifetime.
 	base   context.Context
@@ -136,6 +140,9 @@ func New(cfg Config, o Options) (*Engine, error) {
 			return nil, fmt.Errorf("dedup: disk.dir: %w", err)
 		}
 		e.disk = newDiskTier(diskDir, int64(cfg.Disk.MaxBytes))
+		if src, ok := o.Store.(InvalidationSource); ok {
+			e.stopInvalidations = src.OnInvalidated(e.disk.invalidated)
+		}
 	}
 	// Canceled with errShuttingDown: the cause every flight still running
 	// then fails with.
@@ -158,6 +165,9 @@ func (e *Engine) Close() {
 		return
 	}
 	e.workers.Close()
+	if e.stopInvalidations != nil {
+		e.stopInvalidations()
+	}
 	if e.disk != nil {
 		e.disk.close()
 	}

@@ -45,12 +45,21 @@ type Cache struct {
 	// dropping holds the rows too big to read being deleted (dropTooBig):
 	// one delete per row, however many readers find it meanwhile.
 	dropping sync.Map
+	// hooks hear the invalidations other instances make (the engine's
+	// disk tier, which this cache does not hold).
+	hooks dedup.InvalidationHooks
 }
 
 var (
-	_ dedup.TieredStore = (*Cache)(nil)
-	_ dedup.Fleet       = (*Cache)(nil)
+	_ dedup.TieredStore        = (*Cache)(nil)
+	_ dedup.Fleet              = (*Cache)(nil)
+	_ dedup.InvalidationSource = (*Cache)(nil)
 )
+
+// OnInvalidated implements dedup.InvalidationSource.
+func (s *Cache) OnInvalidated(f func(dedup.Invalidation)) (stop func()) {
+	return s.hooks.OnInvalidated(f)
+}
 
 func newCache(c *client, local *dedup.MemoryStore) *Cache {
 	s := &Cache{client: c, local: local}
@@ -330,10 +339,12 @@ func (s *Cache) flightEnded(key string) { s.waiters.Wake(key) }
 func (s *Cache) invalidated(key string) {
 	_ = s.local.Delete(context.Background(), key)
 	s.pending.remove(key)
+	s.hooks.Invalidated(dedup.Invalidation{Key: key})
 }
 
 func (s *Cache) invalidatedURL(urlKey string) {
 	_, _ = s.local.DeleteURL(context.Background(), urlKey)
+	s.hooks.Invalidated(dedup.Invalidation{URLKey: urlKey})
 }
 
 // replaced handles a Replaced message: another instance shared a copy of

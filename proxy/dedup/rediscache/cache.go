@@ -51,6 +51,14 @@ type Cache struct {
 	// peer is the address of this instance's peer listener, named by
 	// the leases it takes (AdvertisePeer); nil or "": none.
 	peer atomic.Pointer[string]
+	// hooks hear the invalidations other instances make (the engine's
+	// disk tier, which this cache does not hold).
+	hooks dedup.InvalidationHooks
+}
+
+// OnInvalidated implements dedup.InvalidationSource.
+func (s *Cache) OnInvalidated(f func(dedup.Invalidation)) (stop func()) {
+	return s.hooks.OnInvalidated(f)
 }
 
 // mark is what this process knows of its memory copy of a key.
@@ -71,8 +79,9 @@ type mark struct {
 const maxMarks = 1 << 16
 
 var (
-	_ dedup.TieredStore = (*Cache)(nil)
-	_ dedup.Fleet       = (*Cache)(nil)
+	_ dedup.TieredStore        = (*Cache)(nil)
+	_ dedup.Fleet              = (*Cache)(nil)
+	_ dedup.InvalidationSource = (*Cache)(nil)
 )
 
 // maxBody bounds what a value read from Redis may inflate to.
@@ -380,7 +389,11 @@ func (s *Cache) Stats() dedup.StoreStats {
 
 func (s *Cache) flightEnded(tag string) { s.waiters.Wake(tag) }
 
-func (s *Cache) invalidated(tag string) { s.forget(fullKey(tag)) }
+func (s *Cache) invalidated(tag string) {
+	key := fullKey(tag)
+	s.forget(key)
+	s.hooks.Invalidated(dedup.Invalidation{Key: key})
+}
 
 // forget drops this process's copy of key.
 func (s *Cache) forget(key string) {
@@ -390,4 +403,5 @@ func (s *Cache) forget(key string) {
 
 func (s *Cache) invalidatedURL(urlKey string) {
 	_, _ = s.local.DeleteURL(context.Background(), urlKey)
+	s.hooks.Invalidated(dedup.Invalidation{URLKey: urlKey})
 }
