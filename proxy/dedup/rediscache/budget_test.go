@@ -98,6 +98,11 @@ func (l *tripLog) others(keys []string) (trips int, sample []string) {
 	defer l.mu.Unlock()
 next:
 	for _, trip := range l.trips {
+		if handshake(trip) {
+			// A connection opening (the pool replacing one that timed
+			// out on a loaded machine), not work any request asked for.
+			continue
+		}
 		for _, k := range keys {
 			if ours(trip, tagOf(k)) {
 				continue next
@@ -109,6 +114,17 @@ next:
 		}
 	}
 	return trips, sample
+}
+
+// handshake reports a round trip of a new connection's set-up: HELLO and
+// CLIENT SETNAME/SETINFO.
+func handshake(trip []string) bool {
+	for _, c := range trip {
+		if !strings.HasPrefix(c, "hello ") && !strings.HasPrefix(c, "client ") {
+			return false
+		}
+	}
+	return len(trip) > 0
 }
 
 func ours(trip []string, tag string) bool {
