@@ -306,7 +306,7 @@ func (d *download) keep(body []byte, whole bool) {
 	}
 	// A download that outlived its TTL (counted from its headers) is
 	// expired already: kept, it would only evict fresh entries.
-	if !d.keeping() || e.disk == nil || !time.Now().Before(ent.ExpiresAt) {
+	if !d.keeping() || e.disk == nil || !time.Now().Before(ent.ExpiresAt) || e.invalidatedSince(d.key, &ent) {
 		return
 	}
 	var err error
@@ -314,6 +314,10 @@ func (d *download) keep(body []byte, whole bool) {
 		err = e.disk.put(d.key, &ent, path, n)
 	} else if body != nil {
 		err = e.disk.putBytes(d.key, &ent, body)
+	}
+	if err == nil && e.invalid.since(d.key, ent.URLKey, ent.askedAt()) {
+		// Invalidated while it was being stored (see keepEntry).
+		e.disk.delete(d.key)
 	}
 	if err != nil && !errors.Is(err, errTooBigForDisk) && !errors.Is(err, errNoDiskRoom) {
 		e.log.Warn("disk tier store failed; response served uncached", "key", d.key, "err", err)

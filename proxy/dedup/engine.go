@@ -79,8 +79,10 @@ type Engine struct {
 	disk    *diskTier // nil: disk.max_bytes is 0
 	st      counters
 
-	// stopInvalidations ends the disk tier's hearing of the invalidations
-	// made elsewhere in the fleet (InvalidationSource); nil: none.
+	// invalid remembers recent invalidations, this process's and those
+	// made elsewhere in the fleet, which stopInvalidations stops hearing
+	// of (InvalidationSource; nil: none).
+	invalid           invalidationLog
 	stopInvalidations func()
 
 	// base is canceled by Close: flights run detached from their clients
@@ -140,9 +142,9 @@ func New(cfg Config, o Options) (*Engine, error) {
 			return nil, fmt.Errorf("dedup: disk.dir: %w", err)
 		}
 		e.disk = newDiskTier(diskDir, int64(cfg.Disk.MaxBytes))
-		if src, ok := o.Store.(InvalidationSource); ok {
-			e.stopInvalidations = src.OnInvalidated(e.disk.invalidated)
-		}
+	}
+	if src, ok := o.Store.(InvalidationSource); ok {
+		e.stopInvalidations = src.OnInvalidated(e.invalidatedElsewhere)
 	}
 	// Canceled with errShuttingDown: the cause every flight still running
 	// then fails with.
@@ -935,6 +937,9 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		setBody(out, body)
 	}
 	var resp *http.Response
+	// What the origin answers from now on may predate an invalidation
+	// made while it comes (invalidatedSince).
+	asked := time.Now()
 	if peer != nil {
 		// Its flight is ours: the body streams from the peer into our
 		// spool, for every local reader, and is cached here. A peer that
@@ -965,6 +970,7 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		return e.streamResult(resp, timer, release, lease), nil
 	}
 	meta, ttl := e.metaFor(req, rule, resp)
+	meta.asked = asked
 	if fromPeer {
 		// The body is the leader's variant, fetched for its request's
 		// values: local requests with other values go to their own.
@@ -1099,6 +1105,9 @@ func (e *Engine) whole(key string, ent *Entry, ttl time.Duration, lease Lease, l
 // the lease still hands it to the flight's waiters.
 func (e *Engine) keepEntry(ctx context.Context, key string, ent *Entry, ttl time.Duration, lease Lease) {
 	ttl = keptTTL(ent, ttl)
+	if ttl > 0 && e.invalidatedSince(key, ent) {
+		ttl = 0
+	}
 	switch {
 	case lease != nil:
 		// Finish stores the value (when ttl > 0) with the outcome.
@@ -1106,7 +1115,33 @@ func (e *Engine) keepEntry(ctx context.Context, key string, ent *Entry, ttl time
 	case ttl > 0:
 		if err := e.store.Set(ctx, key, ent, ttl); err != nil {
 			e.log.Warn("cache store failed; response served uncached", "key", key, "err", err)
+		} else if e.invalidatedSince(key, ent) {
+			// Invalidated while it was being stored: its delete may
+			// have come first.
+			_ = e.store.Delete(ctx, key)
 		}
+	}
+}
+
+// invalidatedSince reports whether key (or its URL) was invalidated since
+// ent was asked of the origin, here or elsewhere in the fleet: it is not
+// to be cached (invalidationLog). An entry with no such time (not fetched
+// by a flight of this process) counts as asked at its StoredAt.
+func (e *Engine) invalidatedSince(key string, ent *Entry) bool {
+	if e.invalid.since(key, ent.URLKey, ent.askedAt()) {
+		e.log.Info("not caching a response fetched before its invalidation", "key", key)
+		return true
+	}
+	return false
+}
+
+// invalidatedElsewhere applies an invalidation made by another instance
+// of the fleet to what this process alone holds: its disk tier, and the
+// flights still fetching.
+func (e *Engine) invalidatedElsewhere(inv Invalidation) {
+	e.invalid.add(inv, time.Now())
+	if e.disk != nil {
+		e.disk.invalidated(inv)
 	}
 }
 
@@ -1303,6 +1338,9 @@ func (e *Engine) InvalidateKey(ctx context.Context, key string) error {
 	if !validKey(key) {
 		return fmt.Errorf("%w: %q (want %s:<64 hex digits>)", ErrInvalidKey, key, keyVersion)
 	}
+	// Recorded before anything is removed: a flight that stores its
+	// response meanwhile finds it (keepEntry), whichever goes first.
+	e.invalid.add(Invalidation{Key: key}, time.Now())
 	if e.disk != nil {
 		e.disk.delete(key)
 	}
@@ -1327,6 +1365,7 @@ func (e *Engine) InvalidateURL(ctx context.Context, rawURL string) (int, error) 
 			continue
 		}
 		seen[uk] = true
+		e.invalid.add(Invalidation{URLKey: uk}, time.Now())
 		n, err := e.store.DeleteURL(ctx, uk)
 		total += n
 		if e.disk != nil {

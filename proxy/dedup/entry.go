@@ -40,6 +40,19 @@ type Entry struct {
 	// private: the entry was unpacked for the one caller that holds it,
 	// with a header map of its own (see Engine.serve's sole).
 	private bool
+	// asked is when the flight that fetched it sent its request: an
+	// invalidation since then makes it unfit to keep (invalidationLog).
+	// Zero for an entry that did not come from a flight here.
+	asked time.Time
+}
+
+// askedAt is when e was asked of the origin, as far as this process
+// knows: asked, or else when it was stored.
+func (e *Entry) askedAt() time.Time {
+	if e.asked.IsZero() {
+		return e.StoredAt
+	}
+	return e.asked
 }
 
 // HeaderValue is one request header's canonical name and joined value.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto/rand"
 	"net/http"
+	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -59,5 +61,55 @@ func TestInvalidationReachesEveryDiskTier(t *testing.T) {
 				t.Fatalf("after the invalidation: %s %v, origin fetched %d times more, want one MISS", last.xcache, last.err, f.hits.Load()-hits)
 			}
 		})
+	}
+}
+
+// TestInvalidationDuringAFleetFlight: a flight still downloading when
+// another instance invalidates its URL does not store what it fetched in
+// the fleet's store (it was asked of the origin before the invalidation).
+// Before, it did, and every instance answered the invalidated response as
+// a HIT for its TTL.
+func TestInvalidationDuringAFleetFlight(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	var calls atomic.Int64
+	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
+		body := []byte("the page as it was")
+		if calls.Add(1) > 1 {
+			body = []byte("the page as it is")
+		}
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		if calls.Load() > 1 {
+			w.Write(body)
+			return
+		}
+		w.Write(body[:4])
+		w.(http.Flusher).Flush()
+		close(arrived)
+		<-release
+		w.Write(body[4:])
+	})
+	a, b := f.insts[0], f.insts[1]
+	heard := make(chan struct{}, 1)
+	stop := a.store.OnInvalidated(func(dedup.Invalidation) {
+		select {
+		case heard <- struct{}{}:
+		default:
+		}
+	})
+	defer stop()
+	url := f.origin.URL + "/page"
+	first := make(chan got, 1)
+	go func() { first <- a.get(url) }()
+	<-arrived
+	if _, err := b.engine.InvalidateURL(context.Background(), url); err != nil {
+		t.Fatal(err)
+	}
+	<-heard // the leader's instance knows before its flight ends
+	close(release)
+	if g := <-first; g.xcache != dedup.CacheMiss || g.body != "the page as it was" {
+		t.Fatalf("the flight's own client: %s %q %v", g.xcache, g.body, g.err)
+	}
+	if g := b.get(url); g.xcache != dedup.CacheMiss || g.body != "the page as it is" {
+		t.Fatalf("after the invalidation, on the other instance: %s %q, want a MISS with the new page", g.xcache, g.body)
 	}
 }
