@@ -267,9 +267,23 @@ func (c Config) Validate() error {
 	if c.Memory.MaxBytes < c.MaxBodyBytes {
 		errs = append(errs, fmt.Errorf("memory.max_bytes: must be at least max_body_bytes (%s), got %s", c.MaxBodyBytes, c.Memory.MaxBytes))
 	}
+	// A rule's name is how logs and errors tell it apart (Rule.Name): two
+	// rules of one name would pass for each other. An unnamed rule is
+	// "rules[i]" (compileRules), as upstream.rules names it.
+	named := map[string]string{}
 	for i, r := range c.Rules {
+		key := fmt.Sprintf("rules[%d]", i)
 		for _, err := range r.validate() {
-			errs = append(errs, fmt.Errorf("rules[%d]%s.%w", i, ruleLabel(r), err))
+			errs = append(errs, fmt.Errorf("%s%s.%w", key, ruleLabel(r), err))
+		}
+		name := r.Name
+		if name == "" {
+			name = key
+		}
+		if first, ok := named[name]; ok {
+			errs = append(errs, fmt.Errorf("%s%s.name: %q is already used by %s", key, ruleLabel(r), name, first))
+		} else {
+			named[name] = key
 		}
 	}
 	return errors.Join(errs...)

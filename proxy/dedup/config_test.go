@@ -36,6 +36,13 @@ func TestConfigValidate(t *testing.T) {
 			"rules[0](r0).host:", "rules[0](r0).path_prefix:", "rules[0](r0).methods[0]:", "rules[0](r0).methods[1]:",
 			"rules[0](r0).ttl:", "rules[0](r0).body_fields[0]:",
 		}},
+		// Logs and errors tell rules apart by name: two of one name were
+		// accepted and passed for each other. An unnamed rule is
+		// "rules[i]"; two unnamed ones stay allowed.
+		{"rule names", Config{Rules: []RuleConfig{
+			{Name: "api", Host: "a.example"}, {Host: "b.example"}, {Host: "c.example"}, {Name: "api", Host: "d.example"},
+			{Name: "rules[1]", Host: "e.example"},
+		}}, []string{`rules[3](api).name: "api" is already used by rules[0]`, `rules[4](rules[1]).name: "rules[1]" is already used by rules[1]`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
