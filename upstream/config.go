@@ -186,6 +186,12 @@ type ProviderConfig struct {
 // DefaultMaxSessions is ProviderConfig.MaxSessions's default.
 const DefaultMaxSessions = 1000
 
+// maxProviderTimeout bounds a provider's timeout: a rotation's claim on the
+// fleet lasts rotationQuiet plus it (claimRotation), a sum that near
+// time.Duration's end (2562047h) wrapped round below zero, a lifetime no
+// claim can have. A day is past any real API call.
+const maxProviderTimeout = 24 * time.Hour
+
 // HealthConfig is upstream.health: active probes through every session.
 type HealthConfig struct {
 	// URL is fetched (GET) through every session; "" (default) turns
@@ -599,6 +605,9 @@ func (p ProviderConfig) validate(key string, listed bool, getenv func(string) st
 	}
 	if p.Timeout < 0 {
 		add("timeout", "must not be negative, got %s", p.Timeout)
+	}
+	if p.Timeout > maxProviderTimeout {
+		add("timeout", "must be at most %s (a rotation's fleet claim adds 5s to it), got %s", maxProviderTimeout, p.Timeout)
 	}
 	if p.MaxSessions < 0 {
 		add("max_sessions", "must be positive, got %d", p.MaxSessions)

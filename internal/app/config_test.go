@@ -428,3 +428,32 @@ func TestExplicitZeroRefused(t *testing.T) {
 		t.Errorf("ttl %s, disk.max_bytes %s, idle_timeout %s; want 0s, 0B and the default 2m", cfg.Dedup.TTL, cfg.Dedup.Disk.MaxBytes, cfg.Proxy.IdleTimeout)
 	}
 }
+
+// TestTimeoutsThatAddUpAreBounded: deadlines are sums of configured
+// durations (postgres: dial_timeout + timeout, and 3 × dial_timeout + 7 ×
+// timeout for a lease's end; redis: dial_timeout + timeout; a fleet
+// waiter: flight_timeout + 5s; a rotation's claim: a provider's timeout
+// + 5s). A value near time.Duration's end (2562047h) was accepted and
+// wrapped the sum round below zero. Each input is bounded at load, named
+// by its key.
+func TestTimeoutsThatAddUpAreBounded(t *testing.T) {
+	for _, tc := range []struct{ doc, want string }{
+		{"postgres: {dial_timeout: 2562000h}\n", "postgres.dial_timeout: must be at most 24h0m0s"},
+		{"postgres: {dial_timeout: 900000h}\n", "postgres.dial_timeout: must be at most 24h0m0s"},
+		{"redis: {dial_timeout: 2562000h}\n", "redis.dial_timeout: must be at most 24h0m0s"},
+		{"redis: {timeout: 2562000h, lease: 2562047h, presence_ttl: 2562047h}\n", "redis.timeout: must be at most 24h0m0s"},
+		{"dedup: {flight_timeout: 2562047h}\n", "dedup.flight_timeout: must be at most 24h0m0s"},
+		{"upstream: {provider: {api: 'https://api.example', api_key: k, timeout: 2562047h}}\n", "upstream.provider.timeout: must be at most 24h0m0s"},
+		{"upstream: {providers: [{name: a, api: 'https://api.example', api_key: k, timeout: 2562047h}]}\n", "upstream.providers[0].timeout: must be at most 24h0m0s"},
+	} {
+		_, err := LoadConfig(shippedConfig, writeConfig(t, tc.doc), nil)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%q: error %v, want %q", tc.doc, err, tc.want)
+		}
+	}
+	// The bound itself is a valid value.
+	if _, err := LoadConfig(shippedConfig, writeConfig(t, "postgres: {dial_timeout: 24h}\nredis: {dial_timeout: 24h, timeout: 24h, lease: 72h, presence_ttl: 72h}\n"+
+		"dedup: {flight_timeout: 24h}\nupstream: {provider: {api: 'https://api.example', api_key: k, timeout: 24h}}\n"), nil); err != nil {
+		t.Errorf("timeouts at the bound refused: %v", err)
+	}
+}

@@ -213,6 +213,12 @@ func (c Config) WithDefaults() Config {
 // entry expired as it is stored.
 const maxTTL = 100 * 365 * 24 * time.Hour
 
+// maxFlightTimeout bounds flight_timeout: a fleet waiter gives up after it
+// plus a margin (joinFleet), a sum that near time.Duration's end
+// (2562047h) wrapped round below zero, so that every waiter gave up at
+// once. A day to response headers is past any real origin.
+const maxFlightTimeout = 24 * time.Hour
+
 func checkTTL(ttl time.Duration) error {
 	switch {
 	case ttl < 0:
@@ -263,6 +269,9 @@ func (c Config) Validate() error {
 	}
 	if c.FlightTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("flight_timeout: must be positive, got %s", c.FlightTimeout))
+	}
+	if c.FlightTimeout > maxFlightTimeout {
+		errs = append(errs, fmt.Errorf("flight_timeout: must be at most %s (a fleet waiter's deadline adds 5s to it), got %s", maxFlightTimeout, c.FlightTimeout))
 	}
 	if c.Memory.MaxBytes < c.MaxBodyBytes {
 		errs = append(errs, fmt.Errorf("memory.max_bytes: must be at least max_body_bytes (%s), got %s", c.MaxBodyBytes, c.Memory.MaxBytes))

@@ -121,6 +121,13 @@ const maxBackends = 1<<18 - 1
 // (an int of milliseconds): past it every connection is refused.
 const maxStatementTimeout = math.MaxInt32 * time.Millisecond
 
+// maxDialTimeout bounds dial_timeout. The deadlines of the calls add it to
+// timeout (stepBound) and a lease's end waits 3 × it plus 7 × timeout
+// (finishBound): near time.Duration's end (2562047h) those sums wrapped
+// round below zero, so every call's deadline had passed before it began.
+// A connect takes seconds; a day is past any real one.
+const maxDialTimeout = 24 * time.Hour
+
 // schemaName is what a schema may be called: a plain lower-case
 // identifier, short enough for the channel name built from it.
 var schemaName = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
@@ -152,6 +159,9 @@ func (c Config) Validate() error {
 	}
 	if c.Timeout > 0 && c.Timeout < time.Millisecond {
 		errs = append(errs, fmt.Errorf("timeout: must be at least 1ms (statement_timeout counts milliseconds), got %s", c.Timeout))
+	}
+	if c.DialTimeout > maxDialTimeout {
+		errs = append(errs, fmt.Errorf("dial_timeout: must be at most %s (every call's deadline adds it to timeout, a lease's end 3 × it to 7 × timeout), got %s", maxDialTimeout, c.DialTimeout))
 	}
 	if c.Timeout > maxStatementTimeout {
 		errs = append(errs, fmt.Errorf("timeout: must be at most %s (statement_timeout is a 32-bit count of milliseconds), got %s", maxStatementTimeout, c.Timeout))

@@ -146,6 +146,14 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s: must be positive, got %s", d.key, d.v))
 		}
 	}
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"dial_timeout", c.DialTimeout}, {"timeout", c.Timeout}} {
+		if d.v > maxTimeout {
+			errs = append(errs, fmt.Errorf("%s: must be at most %s (a command's deadline and the pool's wait add dial_timeout and timeout), got %s", d.key, maxTimeout, d.v))
+		}
+	}
 	if c.Lease > 0 && c.Lease < thrice(c.Timeout) {
 		errs = append(errs, fmt.Errorf("lease: must be at least 3 × timeout (%s) so renewals land in time, got %s", thrice(c.Timeout), c.Lease))
 	}
@@ -166,6 +174,12 @@ func (c Config) Validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// maxTimeout bounds dial_timeout and timeout. A command's deadline and the
+// pool's wait for a connection are their sum (client.go): near
+// time.Duration's end (2562047h) it wrapped round below zero, and every
+// command failed before it was sent. A day is past any real Redis wait.
+const maxTimeout = 24 * time.Hour
 
 // thrice is 3 × d, held at the longest duration rather than wrapping
 // round: a lease or presence_ttl shorter than a huge timeout must not pass
