@@ -30,6 +30,36 @@ func URL(raw string) string {
 	return ParsedURL(u)
 }
 
+// AsWritten returns raw as the operator wrote it, with its password and
+// the values of its secret query parameters masked: for an error about a
+// configured URL, which its author must recognise. URL serializes the
+// parsed URL again, escaping what was written plainly (a path "my db"
+// became my%20db, a name in Cyrillic a row of %XX). A URL that does not
+// parse is masked as URL masks it.
+func AsWritten(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return URL(raw)
+	}
+	if _, has := u.User.Password(); has {
+		// Where url.Parse found the password: the authority runs from
+		// "//" to the first '/', '?' or '#'; the user information ends
+		// at its last '@', the password starts after its first ':'.
+		start := strings.Index(raw, "//") + 2
+		end := len(raw)
+		if i := strings.IndexAny(raw[start:], "/?#"); i >= 0 {
+			end = start + i
+		}
+		at := strings.LastIndex(raw[start:end], "@")
+		colon := strings.Index(raw[start:start+max(at, 0)], ":")
+		if start < 2 || at < 0 || colon < 0 {
+			return URL(raw) // not where url.Parse found it: take no chance
+		}
+		raw = raw[:start+colon+1] + mask + raw[start+at:]
+	}
+	return Text(raw)
+}
+
 // ParsedURL is u as a string with its password (url.URL.Redacted) and the
 // values of its secret query parameters (SecretParam) masked. The other
 // parameters are kept as they were sent, in their order: the operator

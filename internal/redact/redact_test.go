@@ -29,6 +29,25 @@ func TestURL(t *testing.T) {
 	}
 }
 
+// TestAsWritten: a configured URL in an error reads as it was written
+// (URL escaped it again: "my db" came out my%20db), its password and
+// secret parameters masked all the same.
+func TestAsWritten(t *testing.T) {
+	for raw, want := range map[string]string{
+		"redis://:s3cret@127.0.0.1:6379/my db":          "redis://:xxxxx@127.0.0.1:6379/my db",
+		"redis://user:p@ss:w0rd@host:6379/база":         "redis://user:xxxxx@host:6379/база",
+		"redis://user:s3c%2Fret@host:6379/0?db=x y":     "redis://user:xxxxx@host:6379/0?db=x y",
+		"redis://host:6379/0?api_key=S1&dial_timeout=x": "redis://host:6379/0?api_key=xxxxx&dial_timeout=x",
+		"redis://user@host:6379/0":                      "redis://user@host:6379/0",
+		"redis://:s3cret%zz@127.0.0.1:6379/0":           "<redacted>@127.0.0.1:6379/0",
+		"unix://:s3cret@/tmp/redis.sock?db=1":           "unix://:xxxxx@/tmp/redis.sock?db=1",
+	} {
+		if got := AsWritten(raw); got != want {
+			t.Errorf("AsWritten(%q) = %q, want %q", raw, got, want)
+		}
+	}
+}
+
 // TestQuerySecrets: the values of query parameters that carry credentials
 // (api_key=, token=, sig=, X-Amz-Signature=...) are masked wherever a URL
 // is shown, as its password is; every other parameter stays readable.

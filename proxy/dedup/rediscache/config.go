@@ -115,7 +115,7 @@ func (c Config) Validate() error {
 	}
 	if c.URL != "" {
 		if _, err := redis.ParseURL(c.URL); err != nil {
-			errs = append(errs, fmt.Errorf("url: %s: %w", redact.URL(c.URL), redact.Error(err, c.URL)))
+			errs = append(errs, fmt.Errorf("url: %s: %w", redact.AsWritten(c.URL), redact.Error(err, c.URL)))
 		}
 	}
 	for i, a := range c.Addrs {
