@@ -208,7 +208,7 @@ func (g *Guard) checkHost(host string) (allowed bool, err error) {
 	if !hostmatch.ValidName(host) || endsInNumber(host) {
 		return false, &BlockedError{Host: host, Class: invalidHost}
 	}
-	name := strings.ToLower(strings.TrimSuffix(host, "."))
+	name := hostmatch.Normalize(host)
 	if g.hosts.Match(name) {
 		return true, nil
 	}

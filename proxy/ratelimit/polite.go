@@ -3,12 +3,13 @@ package ratelimit
 import (
 	"fmt"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/maypok86/otter/v2"
 	"golang.org/x/time/rate"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/hostmatch"
 )
 
 // Polite paces requests to each target host: a token bucket per host
@@ -67,9 +68,9 @@ func (p *Polite) RoundTrip(req *http.Request) (*http.Response, error) {
 	if pc == nil {
 		return p.next.RoundTrip(req)
 	}
-	// One bucket per name, however it is spelled: host patterns ignore case and a trailing dot too, and
-	// "site.test." with a bucket of its own would double the pace at that site.
-	host := strings.ToLower(strings.TrimSuffix(req.URL.Hostname(), "."))
+	// One bucket per name, however it is spelled (hostmatch.Normalize, the form host patterns match
+	// in): "site.test." with a bucket of its own would double the pace at that site.
+	host := hostmatch.Normalize(req.URL.Hostname())
 	lim, _ := pc.hosts.ComputeIfAbsent(host, func() (*rate.Limiter, bool) { return rate.NewLimiter(pc.rps, pc.burst), false })
 	if err := lim.Wait(req.Context()); err != nil {
 		return nil, fmt.Errorf("ratelimit: waiting for a turn at %s (per_host_rps %v): %w", host, float64(pc.rps), err)
