@@ -148,18 +148,30 @@ func TestReload(t *testing.T) {
 	}
 
 	// A broken file is refused whole: the running configuration stays.
-	for _, broken := range []struct{ text, want1, want2 string }{
+	// Every problem is listed at once, a value of the wrong type, an
+	// unknown key or a byte size that does not parse with the rest.
+	for _, broken := range []struct {
+		text string
+		want []string
+	}{
 		{"proxy: {max_conns: -3}\nrate_limit: {window: -1s}\nauth: {users: [{name: alice, password_env: PW_NEW}]}\n",
-			"proxy.max_conns", "rate_limit.window"},
-		{"rate_limit: {window: nope}\nlog: {level: loud}\n", "rate_limit.window", "nope"},
+			[]string{"proxy.max_conns", "rate_limit.window"}},
+		{"rate_limit: {window: nope}\nlog: {level: loud}\ndedup: {max_body_bytes: lots, rules: [{name: r}, {name: r}]}\nguard: {allow_hostz: []}\n",
+			[]string{"line 1: rate_limit.window", "nope", "line 3: dedup.max_body_bytes", `unknown key \"guard.allow_hostz\"`,
+				"log.level", "dedup.rules[1](r).name"}},
 	} {
 		if err := os.WriteFile(cfgFile, []byte(broken.text), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		code, body = reload()
 		problems, _ := json.Marshal(body["problems"])
-		if code != http.StatusUnprocessableEntity || !strings.Contains(string(problems), broken.want1) || !strings.Contains(string(problems), broken.want2) {
-			t.Errorf("a broken file: %d %v, want 422 listing %s and %s", code, body, broken.want1, broken.want2)
+		if code != http.StatusUnprocessableEntity {
+			t.Errorf("a broken file: %d %v, want 422", code, body)
+		}
+		for _, w := range broken.want {
+			if !strings.Contains(string(problems), w) {
+				t.Errorf("a broken file: problems %s lack %s", problems, w)
+			}
 		}
 	}
 	if c, _ := status(t, plainClient(proxyAddr, "alice", "new-secret"), origin.URL+"/page"); c != 200 {

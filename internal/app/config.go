@@ -2,6 +2,7 @@ package app
 
 import (
 	"bytes"
+	"cmp"
 	"encoding"
 	"errors"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.yaml.in/yaml/v3"
 
@@ -86,7 +88,12 @@ type AdminConfig struct {
 // defaults every run starts from, so the file users read and the defaults
 // the binary uses are the same text), then the file at path (skipped when
 // path is ""), then ONCEPROXY_* variables from environ. Every problem is
-// reported at once, each with its key.
+// reported at once, each with its key: unknown keys and values of the
+// wrong type (the file's first, in line order, then the variables'), then
+// the checks of what was read, which run on everything that decoded. A
+// key whose value was refused is not checked again. Only a file that is
+// not YAML, or whose decoding stopped short, ends loading before the
+// checks (a half-read file would fail them for keys it does set).
 func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) {
 	getenv := func(k string) string { return LookupEnv(environ, k) }
 	var cfg Config
@@ -94,6 +101,7 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 		return nil, fmt.Errorf("embedded config.yaml: %w", err)
 	}
 	base := cfg
+	var fileErrs []error
 	if path != "" {
 		f, err := os.Open(path)
 		if err != nil {
@@ -101,29 +109,65 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 		}
 		defer f.Close()
 		if err := decodeStrict(f, &cfg); err != nil {
-			return nil, fmt.Errorf("config %s: %w", path, err)
+			var ce *configError
+			if !errors.As(err, &ce) || ce.incomplete {
+				return nil, fmt.Errorf("config %s: %w", path, err)
+			}
+			fileErrs = ce.errs
 		}
 	}
-	if err := applyEnv(&cfg, environ); err != nil {
-		return nil, err
-	}
-	if err := conventionalStore(&cfg, environ); err != nil {
-		return nil, err
-	}
-	zeros := explicitZeros(&base, &cfg, environ)
+	errs := slices.Clone(fileErrs)
+	errs = append(errs, flatten(applyEnv(&cfg, environ))...)
+	errs = append(errs, flatten(conventionalStore(&cfg, environ))...)
+	refused := refusedKeys(errs)
+	later := explicitZeros(&base, &cfg, environ)
 	cfg.withDefaults()
-	err := cfg.validate(getenv)
-	if len(zeros) > 0 {
-		var ce *configError
-		if errors.As(err, &ce) {
-			zeros = append(zeros, ce.errs...)
+	later = append(later, flatten(cfg.validate(getenv))...)
+	for _, err := range later {
+		if !refused(err) {
+			errs = append(errs, err)
 		}
-		return nil, &configError{errs: zeros}
 	}
-	if err != nil {
-		return nil, err
+	switch {
+	case len(errs) == 0:
+		return &cfg, nil
+	case len(fileErrs) > 0:
+		// The lines the file's problems name are the file's.
+		return nil, fmt.Errorf("config %s: %w", path, &configError{errs: errs})
 	}
-	return &cfg, nil
+	return nil, &configError{errs: errs}
+}
+
+// keyError is a problem with the value of one key, found while decoding:
+// the value the key holds is then not what was written (the one before
+// it, or 2 for 2.9), and the checks that follow say nothing of it.
+type keyError struct {
+	key string // yaml path, "upstream.retry.max_attempts"
+	err error
+}
+
+func (e *keyError) Error() string { return e.err.Error() }
+func (e *keyError) Unwrap() error { return e.err }
+
+// refusedKeys returns what tells whether a later problem is about a key
+// one of errs refused, its message starting with the key's path.
+func refusedKeys(errs []error) func(error) bool {
+	var keys []string
+	for _, err := range errs {
+		var ke *keyError
+		if errors.As(err, &ke) && ke.key != "" {
+			keys = append(keys, ke.key)
+		}
+	}
+	return func(err error) bool {
+		msg := err.Error()
+		for _, k := range keys {
+			if rest, ok := strings.CutPrefix(msg, k); ok && (strings.HasPrefix(rest, ":") || strings.HasPrefix(rest, "[")) {
+				return true
+			}
+		}
+		return false
+	}
 }
 
 // zeroMeans are the keys config.yaml ships with a value other than 0 and
@@ -281,7 +325,12 @@ func (c *Config) validate(getenv func(string) string) error {
 }
 
 // configError lists every configuration problem, one per line.
-type configError struct{ errs []error }
+type configError struct {
+	errs []error
+	// incomplete: decoding stopped at these problems, and what comes
+	// after them was not read.
+	incomplete bool
+}
 
 func (e *configError) Error() string {
 	var b strings.Builder
@@ -326,60 +375,170 @@ func decodeStrict(r io.Reader, v any) error {
 	if err != nil {
 		return err
 	}
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	err = dec.Decode(v)
+	var root yaml.Node
+	parsed := yaml.Unmarshal(b, &root) == nil
+	rv := reflect.ValueOf(v).Elem()
+	before := reflect.New(rv.Type()).Elem()
+	before.Set(rv)
+	err = decodeKnown(b, v)
 	if errors.Is(err, io.EOF) {
 		return nil // an empty file means "all defaults"
 	}
 	var te *yaml.TypeError
-	var root yaml.Node
-	parsed := yaml.Unmarshal(b, &root) == nil
+	var errs []error
 	if err != nil && !errors.As(err, &te) {
 		// yaml.v3 stops at the first value a TextUnmarshaler refuses (a
 		// byte size, process.memory_limit) and returns its bare message,
-		// with neither line nor key: find every such value again, by key.
-		if parsed {
-			if errs := textErrors(&root, reflect.TypeOf(v), ""); len(errs) > 0 {
-				return &configError{errs: errs}
-			}
+		// with neither line nor key: find every such value again, by key,
+		// and decode once more with each written over by a null (which
+		// leaves its field as it was), so that the keys after the first
+		// are read and checked too.
+		if !parsed {
+			return err
 		}
-		return err
+		var refused []*yaml.Node
+		errs, refused = textErrors(&root, reflect.TypeOf(v), "")
+		if len(errs) == 0 {
+			return err
+		}
+		blanked, ok := blankScalars(b, refused)
+		if !ok {
+			return &configError{errs: errs, incomplete: true}
+		}
+		rv.Set(before)
+		if err = decodeKnown(blanked, v); err != nil && !errors.As(err, &te) {
+			return &configError{errs: errs, incomplete: true}
+		}
 	}
-	var fractions []error
 	if parsed {
-		fractions = fractionErrors(&root, reflect.TypeOf(v))
+		errs = append(errs, fractionErrors(&root, reflect.TypeOf(v))...)
 	}
-	if err == nil {
-		if len(fractions) > 0 {
-			return &configError{errs: fractions}
+	if err != nil {
+		friendly := friendlyYAMLError(err, b)
+		ce, ok := friendly.(*configError)
+		if !ok {
+			return friendly
 		}
+		errs = append(errs, ce.errs...)
+	}
+	if len(errs) == 0 {
 		return nil
 	}
-	err = friendlyYAMLError(err, b)
-	if ce, ok := err.(*configError); ok {
-		ce.errs = append(ce.errs, fractions...)
+	// Each kind of problem was found in document order: together, by line.
+	slices.SortStableFunc(errs, func(a, b error) int { return cmp.Compare(lineOf(a), lineOf(b)) })
+	return &configError{errs: errs}
+}
+
+// decodeKnown decodes doc into v, refusing keys v has no field for.
+func decodeKnown(doc []byte, v any) error {
+	dec := yaml.NewDecoder(bytes.NewReader(doc))
+	dec.KnownFields(true)
+	return dec.Decode(v)
+}
+
+var lineRE = regexp.MustCompile(`^line (\d+):`)
+
+// lineOf is the line a problem names, 0 for none.
+func lineOf(err error) int {
+	if m := lineRE.FindStringSubmatch(err.Error()); m != nil {
+		n, _ := strconv.Atoi(m[1])
+		return n
 	}
-	return err
+	return 0
+}
+
+// blankScalars returns doc with the text of each scalar of nodes written
+// over by "~" (null) and spaces, every line and column kept, so that a
+// second decoding names the lines the first did. It reports false when a
+// scalar's text is not where and as its node says (a tag, a multi-line
+// or block scalar): the caller then decodes no further.
+func blankScalars(doc []byte, nodes []*yaml.Node) ([]byte, bool) {
+	out := slices.Clone(doc)
+	var starts []int // of each line
+	starts = append(starts, 0)
+	for i, c := range out {
+		if c == '\n' {
+			starts = append(starts, i+1)
+		}
+	}
+	for _, n := range nodes {
+		if n.Line < 1 || n.Line > len(starts) || n.Column < 1 {
+			return nil, false
+		}
+		line := out[starts[n.Line-1]:]
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			line = line[:i]
+		}
+		// Column counts characters from 1.
+		off, col := 0, 1
+		for col < n.Column && off < len(line) {
+			_, size := utf8.DecodeRune(line[off:])
+			off += size
+			col++
+		}
+		span := scalarSpan(line[off:], n)
+		if col != n.Column || span == 0 {
+			return nil, false
+		}
+		line[off] = '~'
+		for i := off + 1; i < off+span; i++ {
+			line[i] = ' '
+		}
+	}
+	return out, true
+}
+
+// scalarSpan is the length of the scalar n's text at the start of text,
+// 0 when text does not hold it whole.
+func scalarSpan(text []byte, n *yaml.Node) int {
+	switch n.Style {
+	case 0:
+		if bytes.HasPrefix(text, []byte(n.Value)) && len(n.Value) > 0 {
+			return len(n.Value)
+		}
+	case yaml.DoubleQuotedStyle:
+		for i := 1; i < len(text) && text[0] == '"'; i++ {
+			switch text[i] {
+			case '\\':
+				i++
+			case '"':
+				return i + 1
+			}
+		}
+	case yaml.SingleQuotedStyle:
+		for i := 1; i < len(text) && text[0] == '\''; i++ {
+			if text[i] == '\'' {
+				if i+1 < len(text) && text[i+1] == '\'' {
+					i++
+					continue
+				}
+				return i + 1
+			}
+		}
+	}
+	return 0
 }
 
 var textUnmarshalerType = reflect.TypeFor[encoding.TextUnmarshaler]()
 
 // textErrors returns, with its line and key path, every scalar of the
-// YAML tree n that a text-unmarshalled field of t refuses. A document
-// that is one bare value (an environment override) has no key to name and
-// yields nothing.
-func textErrors(n *yaml.Node, t reflect.Type, path string) []error {
-	return scalarErrors(n, t, path, func(n *yaml.Node, t reflect.Type, path string) error {
+// YAML tree n that a text-unmarshalled field of t refuses, and those
+// scalars' nodes. A document that is one bare value (an environment
+// override) has no key to name and yields nothing.
+func textErrors(n *yaml.Node, t reflect.Type, path string) ([]error, []*yaml.Node) {
+	var refused []*yaml.Node
+	errs := scalarErrors(n, t, path, func(n *yaml.Node, t reflect.Type, path string) error {
 		if path == "" || !reflect.PointerTo(t).Implements(textUnmarshalerType) {
 			return nil
 		}
 		u := reflect.New(t).Interface().(encoding.TextUnmarshaler)
 		if err := u.UnmarshalText([]byte(n.Value)); err != nil {
-			return fmt.Errorf("line %d: %s: %w", n.Line, path, err)
+			refused = append(refused, n)
+			return &keyError{key: path, err: fmt.Errorf("line %d: %s: %w", n.Line, path, err)}
 		}
 		return nil
 	})
+	return errs, refused
 }
 
 // fractionErrors returns every number with a fraction that the YAML tree
@@ -405,7 +564,7 @@ func fractionErrors(n *yaml.Node, t reflect.Type) []error {
 		if path == "" {
 			return fmt.Errorf("%s is not a whole number", n.Value)
 		}
-		return fmt.Errorf("line %d: %s: %s is not a whole number", n.Line, path, n.Value)
+		return &keyError{key: path, err: fmt.Errorf("line %d: %s: %s is not a whole number", n.Line, path, n.Value)}
 	})
 }
 
@@ -475,19 +634,20 @@ func friendlyYAMLError(err error, doc []byte) error {
 	sections := sectionNames()
 	var errs []error
 	for _, msg := range te.Errors {
+		key := "" // the key whose value is refused
 		if m := unknownFieldRE.FindStringSubmatch(msg); m != nil {
-			key := m[2]
+			name := m[2]
 			if sec, ok := sections[m[3]]; ok && sec != "" {
-				key = sec + "." + key
+				name = sec + "." + name
 			}
-			msg = fmt.Sprintf("line %s: unknown key %q", m[1], key)
+			msg = fmt.Sprintf("line %s: unknown key %q", m[1], name)
 		} else if m := typeErrorRE.FindStringSubmatch(msg); m != nil {
 			line, _ := strconv.Atoi(m[1])
 			what := m[3]
 			if w, ok := wantOf[what]; ok {
 				what = w
 			}
-			if key := keyAt(&root, "", line, m[2]); key != "" {
+			if key = keyAt(&root, "", line, m[2]); key != "" {
 				msg = fmt.Sprintf("line %d: %s: %q is not %s", line, key, m[2], what)
 			}
 		} else if m := collectionErrorRE.FindStringSubmatch(msg); m != nil {
@@ -501,11 +661,11 @@ func friendlyYAMLError(err error, doc []byte) error {
 			if w, ok := wantOf[what]; ok {
 				what = w
 			}
-			if key := collectionKeyAt(&root, "", line, kind); key != "" {
+			if key = collectionKeyAt(&root, "", line, kind); key != "" {
 				msg = fmt.Sprintf("line %d: %s: %s is not %s", line, key, noun, what)
 			}
 		}
-		errs = append(errs, errors.New(msg))
+		errs = append(errs, &keyError{key: key, err: errors.New(msg)})
 	}
 	return &configError{errs: errs}
 }
@@ -709,8 +869,13 @@ func applyEnv(cfg *Config, environ []string) error {
 		if scalarList(field.Type()) && !yamlList(val) {
 			doc = "[" + val + "]" // "200, 404" as [200, 404]
 		}
+		before := reflect.New(field.Type()).Elem()
+		before.Set(field)
 		if err := decodeStrict(strings.NewReader(doc), field.Addr().Interface()); err != nil {
 			errs = append(errs, envValueError(name, val, field.Type(), err))
+			// The checks that follow see the key as it was before the
+			// variable, not a list decoded in part or 2 for 2.9.
+			field.Set(before)
 		}
 	}
 	named := envReferences(reflect.ValueOf(cfg).Elem())

@@ -475,3 +475,79 @@ func TestRedisURLErrorReadsAsWritten(t *testing.T) {
 		t.Errorf("file: error %v, want %q and no password", err, want)
 	}
 }
+
+// TestEveryProblemInOneGo: unknown keys and values of the wrong type
+// stopped loading before any other check ran, and a byte size yaml
+// refused stopped decoding too, so that a file with several mistakes
+// took a round of fixes each. Every problem comes at once: the file's
+// unknown keys and refused values in line order (those after a refused
+// byte size included), the variables' next, then the checks of what was
+// read. A key whose value was refused is not checked again (2.9 decodes
+// as 2, 0.5 as 0, which has no meaning here).
+func TestEveryProblemInOneGo(t *testing.T) {
+	p := writeConfig(t, `proxy:
+  lisen: 127.0.0.1:8081
+  max_conns: many
+  listen: nope
+  idle_timeout: 0s
+dedup:
+  max_body_bytes: 1XB
+  max_flights: 0
+  spool_memory_bytes: lots
+upstream:
+  retry: {max_attempts: 0.5}
+  dial_timout: 1s
+  dial_timeout: -1s
+log: {level: loud}
+`)
+	_, err := LoadConfig(shippedConfig, p, []string{"ONCEPROXY_MITM_CERT_CACHE_SIZE=several"})
+	if err == nil {
+		t.Fatal("a file with eleven problems loaded")
+	}
+	msg := err.Error()
+	want := []string{
+		"config " + p + ": invalid configuration:",
+		`line 2: unknown key "proxy.lisen"`,
+		`line 3: proxy.max_conns: "many" is not a whole number`,
+		"line 7: dedup.max_body_bytes:",
+		"line 9: dedup.spool_memory_bytes:",
+		"line 11: upstream.retry.max_attempts: 0.5 is not a whole number",
+		`line 12: unknown key "upstream.dial_timout"`,
+		`ONCEPROXY_MITM_CERT_CACHE_SIZE: "several" is not a whole number`,
+		"dedup.max_flights: 0 has no meaning here",
+		"proxy.idle_timeout: 0 has no meaning here",
+		"log.level: must be debug, info, warn or error",
+		"proxy.listen:",
+		"upstream.dial_timeout: must not be negative",
+	}
+	at := -1
+	for _, w := range want {
+		i := strings.Index(msg, w)
+		if i < 0 {
+			t.Errorf("error lacks %q:\n%s", w, msg)
+			continue
+		}
+		if i < at {
+			t.Errorf("%q out of order:\n%s", w, msg)
+		}
+		at = i
+	}
+	for _, never := range []string{"upstream.retry.max_attempts: 0 has no meaning", "mitm.cert_cache_size:", "proxy.max_conns: must"} {
+		if strings.Contains(msg, never) {
+			t.Errorf("a refused value checked again (%q):\n%s", never, msg)
+		}
+	}
+	// Quoted sizes are written over whole, and what follows them read.
+	_, err = LoadConfig(shippedConfig, writeConfig(t, "dedup: {max_body_bytes: \"1 XB\", spool_memory_bytes: 'l''ots', tll: 1s}\nlog: {level: loud}\n"), nil)
+	for _, w := range []string{`line 1: dedup.max_body_bytes: invalid size "1 XB"`, `line 1: dedup.spool_memory_bytes: invalid size "l'ots"`,
+		`line 1: unknown key "dedup.tll"`, "log.level: must be"} {
+		if err == nil || !strings.Contains(err.Error(), w) {
+			t.Errorf("quoted sizes: error %v lacks %q", err, w)
+		}
+	}
+	// One problem reads as it always did.
+	_, err = LoadConfig(shippedConfig, writeConfig(t, "proxy:\n  lisen: x\n"), nil)
+	if want := "line 2: unknown key \"proxy.lisen\""; err == nil || !strings.HasSuffix(err.Error(), ": invalid configuration:\n  "+want) {
+		t.Errorf("one unknown key: %v, want only %q", err, want)
+	}
+}

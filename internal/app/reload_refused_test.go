@@ -22,15 +22,17 @@ func TestReloadRefusesBadValues(t *testing.T) {
 		text string
 		want []string
 	}{
-		// Values that decode are checked together; one that does not
-		// decode (below) is reported before any check runs, as a type
-		// error is.
+		// Values that decode are checked together with those that do
+		// not (below).
 		{"upstream:\n  sessions: [{id: s1, url: 'http://127.0.0.1:99999'}]\n" +
 			"  rules: [{name: api, host: a.example}, {name: api, host: b.example}]\nfleet: {peer_timeout: -1s}\n",
 			[]string{"upstream.sessions[0].url:", "port must be 1-65535",
 				`upstream.rules[1].name: "api" is already used by rules[0]`, "fleet.peer_timeout: must be positive"}},
 		{"upstream:\n  retry: {max_attempts: 2.9}\n", []string{"line 2: upstream.retry.max_attempts: 2.9 is not a whole number"}},
 		{"process: {memory_limit: 0}\n", []string{"line 1: process.memory_limit:", "write off"}},
+		{"process: {memory_limit: 0}\nupstream: {retry: {max_attempts: 2.9}, rules: [{name: a}, {name: a}]}\nproxy: {lisen: x}\n",
+			[]string{"line 1: process.memory_limit:", "line 2: upstream.retry.max_attempts: 2.9", `line 3: unknown key "proxy.lisen"`,
+				`upstream.rules[1].name: "a" is already used by rules[0]`}},
 	} {
 		if err := os.WriteFile(path, []byte(tc.text), 0o644); err != nil {
 			t.Fatal(err)
