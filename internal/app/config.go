@@ -102,13 +102,14 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 	}
 	base := cfg
 	var fileErrs []error
+	var written []writtenDoc // what the file and the variables say, as YAML
 	if path != "" {
-		f, err := os.Open(path)
+		b, err := os.ReadFile(path)
 		if err != nil {
 			return nil, fmt.Errorf("config: %w", err)
 		}
-		defer f.Close()
-		if err := decodeStrict(f, &cfg); err != nil {
+		written = append(written, writtenDoc{doc: b})
+		if err := decodeStrict(bytes.NewReader(b), &cfg); err != nil {
 			var ce *configError
 			if !errors.As(err, &ce) || ce.incomplete {
 				return nil, fmt.Errorf("config %s: %w", path, err)
@@ -122,6 +123,8 @@ func LoadConfig(shipped []byte, path string, environ []string) (*Config, error) 
 	refused := refusedKeys(errs)
 	later := explicitZeros(&base, &cfg, environ)
 	cfg.withDefaults()
+	later = append(later, listZeros(&cfg, append(written, envDocs(&cfg, environ)...))...)
+	slices.SortFunc(later, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	later = append(later, flatten(cfg.validate(getenv))...)
 	for _, err := range later {
 		if !refused(err) {
@@ -198,6 +201,131 @@ func explicitZeros(shipped, cfg *Config, environ []string) []error {
 	}
 	slices.SortFunc(errs, func(a, b error) int { return strings.Compare(a.Error(), b.Error()) })
 	return errs
+}
+
+// writtenDoc is YAML that set keys: the file (at the top, key ""), or a
+// variable's value (at its key).
+type writtenDoc struct {
+	key string
+	doc []byte
+}
+
+// envDocs returns the values of the variables that set a list of
+// sections (upstream.sessions, dedup.rules) and were taken.
+func envDocs(cfg *Config, environ []string) []writtenDoc {
+	keys := envKeys(cfg)
+	var docs []writtenDoc
+	for _, kv := range environ {
+		name, val, _ := strings.Cut(kv, "=")
+		k, ok := keys[name]
+		if !ok || val == "" || k.field.Kind() != reflect.Slice || !isSection(k.field.Type().Elem()) {
+			continue
+		}
+		if decodeStrict(strings.NewReader(val), reflect.New(k.field.Type()).Interface()) == nil {
+			docs = append(docs, writtenDoc{key: k.path, doc: []byte(val)})
+		}
+	}
+	return docs
+}
+
+// listZeros is explicitZeros for the entries of lists (a session's
+// weight, a provider's timeout): nothing ships in them to compare with,
+// so it looks at what was written. A number written 0 there that the
+// section's defaults replaced (cfg has them) had no meaning; one they
+// keep (a provider's priority) did. A list a variable set is read from
+// the variable, not the file.
+func listZeros(cfg *Config, written []writtenDoc) []error {
+	shadowed := map[string]bool{}
+	for _, w := range written {
+		if w.key != "" {
+			shadowed[w.key] = true
+		}
+	}
+	var errs []error
+	var walk func(n *yaml.Node, v reflect.Value, path string, inList bool)
+	walk = func(n *yaml.Node, v reflect.Value, path string, inList bool) {
+		if n.Kind == yaml.AliasNode && n.Alias != nil {
+			n = n.Alias
+		}
+		switch n.Kind {
+		case yaml.DocumentNode:
+			for _, c := range n.Content {
+				walk(c, v, path, inList)
+			}
+		case yaml.MappingNode:
+			if v.Kind() != reflect.Struct || !isSection(v.Type()) {
+				return
+			}
+			for i := 0; i+1 < len(n.Content); i += 2 {
+				k, c := n.Content[i], n.Content[i+1]
+				p := strings.TrimPrefix(path+"."+k.Value, ".")
+				if !inList && shadowed[p] {
+					continue // a variable's value is the one in force
+				}
+				for j := range v.NumField() {
+					if yamlName(v.Type().Field(j)) == k.Value {
+						walk(c, v.Field(j), p, inList)
+					}
+				}
+			}
+		case yaml.SequenceNode:
+			if v.Kind() != reflect.Slice {
+				return
+			}
+			for i, c := range n.Content {
+				if i < v.Len() {
+					walk(c, v.Index(i), fmt.Sprintf("%s[%d]", path, i), true)
+				}
+			}
+		case yaml.ScalarNode:
+			switch v.Kind() {
+			case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64, reflect.Float32, reflect.Float64:
+			default:
+				return
+			}
+			if !inList || n.ShortTag() == "!!null" || v.IsZero() {
+				return
+			}
+			// What was written, read as the key reads it.
+			w := reflect.New(v.Type())
+			if n.Decode(w.Interface()) != nil || !w.Elem().IsZero() {
+				return
+			}
+			errs = append(errs, fmt.Errorf("%s: 0 has no meaning here; remove the key for its default (%v)", path, v.Interface()))
+		}
+	}
+	root := reflect.ValueOf(cfg).Elem()
+	for _, w := range written {
+		var doc yaml.Node
+		if yaml.Unmarshal(w.doc, &doc) != nil {
+			continue
+		}
+		v, path := root, ""
+		if w.key != "" {
+			v, path = keyField(root, w.key), w.key
+		}
+		if v.IsValid() {
+			walk(&doc, v, path, false)
+		}
+	}
+	return errs
+}
+
+// keyField is the field of the Config v that the key path key names.
+func keyField(v reflect.Value, key string) reflect.Value {
+	for name := range strings.SplitSeq(key, ".") {
+		found := reflect.Value{}
+		for j := range v.NumField() {
+			if yamlName(v.Type().Field(j)) == name {
+				found = v.Field(j)
+			}
+		}
+		if !found.IsValid() {
+			return found
+		}
+		v = found
+	}
+	return v
 }
 
 // lookupEnvSet returns the value of name in environ and whether it is set.

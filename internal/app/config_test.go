@@ -551,3 +551,46 @@ log: {level: loud}
 		t.Errorf("one unknown key: %v, want only %q", err, want)
 	}
 }
+
+// TestExplicitZeroInListEntriesRefused: the rule of TestExplicitZeroRefused
+// covered the top-level keys only. A session's weight: 0 ran with 5 and a
+// provider's refresh: 0s with 5m, said nowhere; inside list entries, in
+// the file or a variable's list, such a 0 is refused too, naming the full
+// key path. A 0 the entry keeps (a provider's priority) stays allowed.
+func TestExplicitZeroInListEntriesRefused(t *testing.T) {
+	p := writeConfig(t, `upstream:
+  sessions:
+    - {id: s1, url: 'http://127.0.0.1:1'}
+    - {id: s2, url: 'http://127.0.0.1:2', weight: 0}
+  providers:
+    - {name: a, api: 'https://a.example', api_key: k, priority: 0, refresh: 0s}
+    - {name: b, api: 'https://b.example', api_key: k, timeout: 0s, max_sessions: 0}
+`)
+	_, err := LoadConfig(shippedConfig, p, nil)
+	for _, want := range []string{
+		"upstream.sessions[1].weight: 0 has no meaning here; remove the key for its default (5)",
+		"upstream.providers[0].refresh: 0 has no meaning here; remove the key for its default (5m0s)",
+		"upstream.providers[1].timeout: 0 has no meaning here; remove the key for its default (10s)",
+		"upstream.providers[1].max_sessions: 0 has no meaning here; remove the key for its default (1000)",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+	if err != nil && strings.Contains(err.Error(), "priority") {
+		t.Errorf("a provider's priority 0, which it keeps, refused: %v", err)
+	}
+	// A variable's list is read as the file's is, and wins over it.
+	_, err = LoadConfig(shippedConfig, p, []string{"ONCEPROXY_UPSTREAM_SESSIONS=[{id: s3, url: 'http://127.0.0.1:3', weight: 0}, {id: s4, url: 'http://127.0.0.1:4'}]"})
+	if want := "upstream.sessions[0].weight: 0 has no meaning here"; err == nil || !strings.Contains(err.Error(), want) ||
+		strings.Contains(err.Error(), "upstream.sessions[1].weight") {
+		t.Errorf("variable's list: error %v, want %q alone for sessions", err, want)
+	}
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "upstream:\n  sessions: [{id: s1, url: 'http://127.0.0.1:1', weight: 3}]\n  providers: [{name: a, api: 'https://a.example', api_key: k, priority: 0}]\n"), nil)
+	if err != nil {
+		t.Fatalf("entries without a meaningless 0: %v", err)
+	}
+	if cfg.Upstream.Sessions[0].Weight != 3 || cfg.Upstream.Providers[0].Refresh != 5*time.Minute {
+		t.Errorf("weight %d, refresh %s; want 3 and the default 5m", cfg.Upstream.Sessions[0].Weight, cfg.Upstream.Providers[0].Refresh)
+	}
+}

@@ -30,6 +30,7 @@ func TestReloadRefusesBadValues(t *testing.T) {
 				`upstream.rules[1].name: "api" is already used by rules[0]`, "fleet.peer_timeout: must be positive"}},
 		{"upstream:\n  retry: {max_attempts: 2.9}\n", []string{"line 2: upstream.retry.max_attempts: 2.9 is not a whole number"}},
 		{"process: {memory_limit: 0}\n", []string{"line 1: process.memory_limit:", "write off"}},
+		{"upstream: {sessions: [{id: s1, url: 'http://127.0.0.1:1', weight: 0}]}\n", []string{"upstream.sessions[0].weight: 0 has no meaning here"}},
 		{"process: {memory_limit: 0}\nupstream: {retry: {max_attempts: 2.9}, rules: [{name: a}, {name: a}]}\nproxy: {lisen: x}\n",
 			[]string{"line 1: process.memory_limit:", "line 2: upstream.retry.max_attempts: 2.9", `line 3: unknown key "proxy.lisen"`,
 				`upstream.rules[1].name: "a" is already used by rules[0]`}},
