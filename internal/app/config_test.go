@@ -586,11 +586,13 @@ func TestExplicitZeroInListEntriesRefused(t *testing.T) {
 		strings.Contains(err.Error(), "upstream.sessions[1].weight") {
 		t.Errorf("variable's list: error %v, want %q alone for sessions", err, want)
 	}
-	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "upstream:\n  sessions: [{id: s1, url: 'http://127.0.0.1:1', weight: 3}]\n  providers: [{name: a, api: 'https://a.example', api_key: k, priority: 0}]\n"), nil)
+	// A dedup rule's ttl: 0s means coalesce only, and stays.
+	cfg, err := LoadConfig(shippedConfig, writeConfig(t, "upstream:\n  sessions: [{id: s1, url: 'http://127.0.0.1:1', weight: 3}]\n"+
+		"  providers: [{name: a, api: 'https://a.example', api_key: k, priority: 0}]\ndedup: {rules: [{name: live, host: a.example, ttl: 0s}]}\n"), nil)
 	if err != nil {
 		t.Fatalf("entries without a meaningless 0: %v", err)
 	}
-	if cfg.Upstream.Sessions[0].Weight != 3 || cfg.Upstream.Providers[0].Refresh != 5*time.Minute {
-		t.Errorf("weight %d, refresh %s; want 3 and the default 5m", cfg.Upstream.Sessions[0].Weight, cfg.Upstream.Providers[0].Refresh)
+	if cfg.Upstream.Sessions[0].Weight != 3 || cfg.Upstream.Providers[0].Refresh != 5*time.Minute || *cfg.Dedup.Rules[0].TTL != 0 {
+		t.Errorf("weight %d, refresh %s, rule ttl %s; want 3, the default 5m and 0s", cfg.Upstream.Sessions[0].Weight, cfg.Upstream.Providers[0].Refresh, *cfg.Dedup.Rules[0].TTL)
 	}
 }
