@@ -193,28 +193,50 @@ func (pv *provider) sameAPI(pc ProviderConfig, key string) bool {
 // answers, a session is ready behind a gateway that answers) and, when it
 // cannot, why.
 func (pv *provider) availability(sessions []*session, now time.Time) (bool, string) {
-	if pv.apiDown.Load() {
-		return false, fmt.Sprintf("its API failed %d refreshes in a row", apiDownAfter)
-	}
-	if len(sessions) == 0 {
-		return false, "it has no sessions"
-	}
+	t := tally{sessions: len(sessions)}
 	n := now.UnixNano()
-	refusing, cooling := "", 0
 	for _, s := range sessions {
-		switch {
-		case s.gw.down(n):
-			refusing = s.gw.addr
-		case !s.h.available(n):
-			cooling++
-		default:
-			return true, ""
+		if t.add(s, n) {
+			break // one ready session is enough to know
 		}
 	}
-	if cooling == 0 {
-		return false, "its gateway " + refusing + " refuses connections"
+	return pv.verdict(t)
+}
+
+// tally counts a provider's sessions by whether they can take a request.
+type tally struct {
+	sessions, ready, cooling int
+	refusing                 string // a gateway that refuses connections
+}
+
+// add counts s at n (unix nanoseconds) and reports whether it is ready.
+func (t *tally) add(s *session, n int64) bool {
+	switch {
+	case s.gw.down(n):
+		t.refusing = s.gw.addr
+	case !s.h.available(n):
+		t.cooling++
+	default:
+		t.ready++
+		return true
 	}
-	return false, fmt.Sprintf("all %d of its sessions are cooling down or behind a refusing gateway", len(sessions))
+	return false
+}
+
+// verdict is availability's answer from a tally of the provider's
+// sessions.
+func (pv *provider) verdict(t tally) (bool, string) {
+	switch {
+	case pv.apiDown.Load():
+		return false, fmt.Sprintf("its API failed %d refreshes in a row", apiDownAfter)
+	case t.sessions == 0:
+		return false, "it has no sessions"
+	case t.ready > 0:
+		return true, ""
+	case t.cooling == 0:
+		return false, "its gateway " + t.refusing + " refuses connections"
+	}
+	return false, fmt.Sprintf("all %d of its sessions are cooling down or behind a refusing gateway", t.sessions)
 }
 
 // checkProviders logs and counts each provider's change of availability
@@ -349,43 +371,7 @@ type GatewayStatus struct {
 }
 
 // Providers lists the providers by priority, highest first.
-func (p *Pool) Providers() []ProviderStatus {
-	now := p.now()
-	nowN := now.UnixNano()
-	set := p.sessions.Load()
-	groups := p.st.Load().groups
-	out := make([]ProviderStatus, 0, len(groups))
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, pv := range groups {
-		list := set.byProvider[pv]
-		st := ProviderStatus{Name: pv.name, Priority: pv.priority, PricePerGB: pv.price.PerGB, PricePer1000Requests: pv.price.Per1000Requests,
-			Failovers: pv.failovers.Load(), Failbacks: pv.failbacks.Load(), Sessions: len(list)}
-		st.Available, st.Reason = pv.availability(list, now)
-		for _, s := range list {
-			if s.h.available(nowN) && !s.gw.down(nowN) {
-				st.Ready++
-			}
-		}
-		for c := range pv.countries {
-			st.Countries = append(st.Countries, c)
-		}
-		slices.Sort(st.Countries)
-		if pv.client != nil {
-			st.API = pv.client.base
-			r := pv.refresh
-			r.InARow = pv.failures
-			st.Refresh = &r
-		}
-		for _, g := range pv.gateways {
-			if g.down(nowN) {
-				st.Gateways = append(st.Gateways, GatewayStatus{Addr: g.addr, DownUntil: time.Unix(0, g.downUntil.Load())})
-			}
-		}
-		out = append(out, st)
-	}
-	return out
-}
+func (p *Pool) Providers() []ProviderStatus { return p.Snapshot().Providers }
 
 // refreshSoon fetches pv's list now, for a binding that names a session
 // this instance has not listed yet (another instance refreshed first),

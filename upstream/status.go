@@ -78,6 +78,82 @@ func (p *Pool) SiteCooldowns() int {
 	return n
 }
 
+// Snapshot is the pool as one metrics scrape reads it: every session's
+// numbers and every provider's status, from one walk of the sessions.
+type Snapshot struct {
+	// Sessions are in the order of Providers, each provider's by id.
+	Sessions  []SessionCounts
+	Providers []ProviderStatus
+	// SiteCooldowns is what SiteCooldowns counts.
+	SiteCooldowns int
+	// Cooling counts the sessions cooling down for every site.
+	Cooling int
+}
+
+// SessionCounts is one session's numbers for metrics.
+type SessionCounts struct {
+	ID, Provider       string
+	Requests, Failures int64
+	Weight             int // the health weight, 1-10
+	Available          bool
+}
+
+// Snapshot reads every session once and takes the pool's lock once, for
+// the providers' own state (refresh status, refusing gateways); the
+// sessions' part is their lock-free mirrors. A scrape used to read the
+// sessions once per metric showing them, and the providers (under the
+// lock, which refreshes and requests meeting an empty pool take too) six
+// times.
+func (p *Pool) Snapshot() Snapshot {
+	now := p.now()
+	n := now.UnixNano()
+	set := p.sessions.Load()
+	groups := p.st.Load().groups
+	snap := Snapshot{Sessions: make([]SessionCounts, 0, len(set.list)), Providers: make([]ProviderStatus, 0, len(groups))}
+	for _, pv := range groups {
+		list := set.byProvider[pv]
+		t := tally{sessions: len(list)}
+		for _, s := range list {
+			t.add(s, n)
+			avail := s.h.available(n)
+			if !avail {
+				snap.Cooling++
+			}
+			snap.SiteCooldowns += s.h.sitesCooling(now)
+			snap.Sessions = append(snap.Sessions, SessionCounts{ID: s.id, Provider: pv.name,
+				Requests: s.h.requests.Load(), Failures: s.h.failed.Load(), Weight: s.h.currentWeight(), Available: avail})
+		}
+		st := ProviderStatus{Name: pv.name, Priority: pv.priority, PricePerGB: pv.price.PerGB, PricePer1000Requests: pv.price.Per1000Requests,
+			Failovers: pv.failovers.Load(), Failbacks: pv.failbacks.Load(), Sessions: len(list), Ready: t.ready}
+		st.Available, st.Reason = pv.verdict(t)
+		for c := range pv.countries {
+			st.Countries = append(st.Countries, c)
+		}
+		slices.Sort(st.Countries)
+		if pv.client != nil {
+			st.API = pv.client.base
+		}
+		snap.Providers = append(snap.Providers, st)
+	}
+	// What only the lock guards: short, no session in it.
+	p.mu.Lock()
+	for i, pv := range groups {
+		st := &snap.Providers[i]
+		if pv.client != nil {
+			r := pv.refresh
+			r.InARow = pv.failures
+			st.Refresh = &r
+		}
+		for _, g := range pv.gateways {
+			if g.down(n) {
+				st.Gateways = append(st.Gateways, GatewayStatus{Addr: g.addr, DownUntil: time.Unix(0, g.downUntil.Load())})
+			}
+		}
+	}
+	p.mu.Unlock()
+	return snap
+}
+
 // Sessions lists the sessions, sorted by id.
 func (p *Pool) Sessions() []SessionStatus {
 	now := p.now()

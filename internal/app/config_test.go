@@ -22,7 +22,7 @@ var shippedConfig = func() []byte {
 	return b
 }()
 
-func writeConfig(t *testing.T, text string) string {
+func writeConfig(t testing.TB, text string) string {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "config.yaml")
 	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {

@@ -8,8 +8,17 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
 
+// upstreamState is what the metrics read of the upstream pool
+// (*upstream.Pool); tests count the reads through it.
+type upstreamState interface {
+	Snapshot() upstream.Snapshot
+	HelloCounts() map[string]int64
+	BindingStats() upstream.BindingStats
+	NotesRejected() int64
+}
+
 // registerMetrics exposes the totals the components keep themselves.
-func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine, ca *mitm.Authority, up *upstream.Pool, shared *shared) {
+func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine, ca *mitm.Authority, up upstreamState, shared *shared) {
 	m.Gauge("client_connections", "Client connections open now, on the proxy and SOCKS5 ports.",
 		func() float64 { return float64(px.ConnStats().Live) })
 	m.Counter("connections_shed_total", "Idle client connections closed to make room near proxy.max_conns.",
@@ -51,32 +60,29 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 		func() float64 { return float64(ca.Stats().Mints) })
 	m.Gauge("certificates_cached", "Leaf certificates held in memory.",
 		func() float64 { return float64(ca.Stats().Cached) })
+	// One read of the pool per scrape feeds every metric of its sessions
+	// and providers (see upstream.Pool.Snapshot).
+	g := metrics.NewGroup(up.Snapshot)
 	for _, v := range []struct {
 		name, help string
 		counter    bool
-		value      func(upstream.SessionStatus) float64
+		value      func(upstream.SessionCounts) float64
 	}{
 		{"upstream_session_requests_total", "Requests sent through each upstream session.", true,
-			func(s upstream.SessionStatus) float64 { return float64(s.Requests) }},
+			func(s upstream.SessionCounts) float64 { return float64(s.Requests) }},
 		{"upstream_session_failures_total", "Failed requests (429, ban, 5xx, connection error) per upstream session.", true,
-			func(s upstream.SessionStatus) float64 { return float64(s.Failures) }},
+			func(s upstream.SessionCounts) float64 { return float64(s.Failures) }},
 		{"upstream_session_weight", "Current health weight (1-10) of each upstream session.", false,
-			func(s upstream.SessionStatus) float64 { return float64(s.Weight) }},
+			func(s upstream.SessionCounts) float64 { return float64(s.Weight) }},
 		{"upstream_session_available", "1 when the session is usable, 0 while it cools down.", false,
-			func(s upstream.SessionStatus) float64 { return boolValue(s.Available) }},
+			func(s upstream.SessionCounts) float64 { return boolValue(s.Available) }},
 	} {
-		m.Register(metrics.NewVec(v.name, v.help, v.counter, []string{"session", "provider"}, func(emit func(float64, ...string)) {
-			for _, s := range up.Sessions() {
+		g.Add(v.name, v.help, v.counter, []string{"session", "provider"}, func(snap upstream.Snapshot, emit func(float64, ...string)) {
+			for _, s := range snap.Sessions {
 				emit(v.value(s), s.ID, s.Provider)
 			}
-		}))
+		})
 	}
-	m.Register(metrics.NewVec("upstream_connections_total", "Origin connections opened, by how their TLS hello was made: mirrored (the client's own), closest (the client's minus what the TLS library cannot complete), go (Go's: requests without a client fingerprint, fingerprint: go, protocol switches).",
-		true, []string{"hello"}, func(emit func(float64, ...string)) {
-			for _, mode := range []string{"mirrored", "closest", "go"} {
-				emit(float64(up.HelloCounts()[mode]), mode)
-			}
-		}))
 	for _, v := range []struct {
 		name, help string
 		counter    bool
@@ -100,15 +106,32 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 				return float64(p.Refresh.Failures)
 			}},
 	} {
-		m.Register(metrics.NewVec(v.name, v.help, v.counter, []string{"provider"}, func(emit func(float64, ...string)) {
-			for _, p := range up.Providers() {
+		g.Add(v.name, v.help, v.counter, []string{"provider"}, func(snap upstream.Snapshot, emit func(float64, ...string)) {
+			for _, p := range snap.Providers {
 				if p.API == "" && p.Sessions == 0 {
 					continue // no hand-listed sessions
 				}
 				emit(v.value(p), p.Name)
 			}
-		}))
+		})
 	}
+	g.Add("upstream_sessions_cooling_ratio", "Share of the upstream sessions cooling down now (0 with no sessions).", false, nil,
+		func(snap upstream.Snapshot, emit func(float64, ...string)) {
+			ratio := 0.0
+			if len(snap.Sessions) > 0 {
+				ratio = float64(snap.Cooling) / float64(len(snap.Sessions))
+			}
+			emit(ratio)
+		})
+	g.Add("upstream_site_cooldowns", "Upstream sessions sitting out one site each now, after its 429 or ban (a session sitting out two sites counts twice).", false, nil,
+		func(snap upstream.Snapshot, emit func(float64, ...string)) { emit(float64(snap.SiteCooldowns)) })
+	m.Register(g)
+	m.Register(metrics.NewVec("upstream_connections_total", "Origin connections opened, by how their TLS hello was made: mirrored (the client's own), closest (the client's minus what the TLS library cannot complete), go (Go's: requests without a client fingerprint, fingerprint: go, protocol switches).",
+		true, []string{"hello"}, func(emit func(float64, ...string)) {
+			for _, mode := range []string{"mirrored", "closest", "go"} {
+				emit(float64(up.HelloCounts()[mode]), mode)
+			}
+		}))
 	bind := func(f func(upstream.BindingStats) int64) func() float64 {
 		return func() float64 { return float64(f(up.BindingStats())) }
 	}
@@ -120,22 +143,6 @@ func registerMetrics(m *metrics.Metrics, px *proxy.Server, engine *dedup.Engine,
 		bind(func(s upstream.BindingStats) int64 { return s.Rejected }))
 	m.Counter("upstream_bindings_errors_total", "Sticky key lookups that failed (the store away): the instance chose alone.",
 		bind(func(s upstream.BindingStats) int64 { return s.Errors }))
-	m.Gauge("upstream_sessions_cooling_ratio", "Share of the upstream sessions cooling down now (0 with no sessions).",
-		func() float64 {
-			list := up.Sessions()
-			cooling := 0
-			for _, s := range list {
-				if !s.Available {
-					cooling++
-				}
-			}
-			if len(list) == 0 {
-				return 0
-			}
-			return float64(cooling) / float64(len(list))
-		})
-	m.Gauge("upstream_site_cooldowns", "Upstream sessions sitting out one site each now, after its 429 or ban (a session sitting out two sites counts twice).",
-		func() float64 { return float64(up.SiteCooldowns()) })
 	rejected := func() float64 { return float64(up.NotesRejected()) }
 	if shared != nil {
 		m.Register(metrics.NewVec("store_available", "1 when the store shared by the fleet is in use, 0 while its breaker is open.",

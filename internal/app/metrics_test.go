@@ -40,8 +40,14 @@ func serveApp(t *testing.T, yaml string, env []string) *App {
 // scrape reads the app's /metrics, as Prometheus would.
 func scrape(t *testing.T, a *App) string {
 	t.Helper()
+	return scrapeHandler(t, a.Metrics)
+}
+
+// scrapeHandler reads m's handler, as Prometheus would.
+func scrapeHandler(t testing.TB, m *metrics.Metrics) string {
+	t.Helper()
 	rec := httptest.NewRecorder()
-	a.Metrics.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	m.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	if rec.Code != http.StatusOK {
 		t.Fatalf("/metrics: %d\n%s", rec.Code, rec.Body)
 	}
@@ -50,7 +56,7 @@ func scrape(t *testing.T, a *App) string {
 
 // samples returns the label sets (the text between the braces) and values
 // of name's samples in a scrape.
-func samples(t *testing.T, text, name string) map[string]float64 {
+func samples(t testing.TB, text, name string) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
 	for _, l := range strings.Split(text, "\n") {

@@ -55,7 +55,7 @@ func TestBadValueNamesItsKey(t *testing.T) {
 // buildFromFile builds an App from the shipped defaults plus the file at
 // path, with loopback listeners on free ports, reloading from the same
 // file.
-func buildFromFile(t *testing.T, path string, env []string) *App {
+func buildFromFile(t testing.TB, path string, env []string) *App {
 	t.Helper()
 	env = append([]string{
 		"ONCEPROXY_PROXY_LISTEN=127.0.0.1:0", "ONCEPROXY_SOCKS5_LISTEN=", "ONCEPROXY_ADMIN_LISTEN=127.0.0.1:0",

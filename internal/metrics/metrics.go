@@ -172,9 +172,18 @@ func (m *Metrics) Counter(name, help string, f func() float64) {
 	m.Register(prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: namespace, Name: name, Help: help}, f))
 }
 
+// MaxScrapes is how many scrapes /metrics serves at once; one more is
+// answered 503 at once (promhttp's "Limit of concurrent requests reached").
+// Scrapes that overlap share one collection (their answer is as old as its
+// start), so the limit bounds the encoding and compression work and the
+// slots slow readers hold, not reads of the components' state: a scrape
+// storm (many Prometheus replicas, a curl loop) costs the request path one
+// collection at a time.
+const MaxScrapes = 8
+
 // Handler serves the registry in the Prometheus text format.
 func (m *Metrics) Handler() http.Handler {
-	opts := promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}
+	opts := promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, CoalesceGather: true, MaxRequestsInFlight: MaxScrapes}
 	if m.errorLog != nil {
 		// ContinueOnError answers 200 with the series it could gather:
 		// the log is then the only place that says one is missing.
@@ -205,16 +214,63 @@ func (v *Vec) Describe(ch chan<- *prometheus.Desc) { ch <- v.desc }
 
 // Collect implements prometheus.Collector.
 func (v *Vec) Collect(ch chan<- prometheus.Metric) {
-	v.collect(func(value float64, labels ...string) {
-		// Not MustNewConstMetric: its panic (a label value that is not
-		// UTF-8) would end the collection, dropping every later sample
-		// with the bad one, and the registry's report of it names only
-		// this type, under a stack trace. An invalid metric drops the one
-		// sample and names the metric.
-		m, err := prometheus.NewConstMetric(v.desc, v.kind, value, labels...)
-		if err != nil {
-			m = prometheus.NewInvalidMetric(v.desc, fmt.Errorf("labels %q: %w", labels, err))
-		}
-		ch <- m
-	})
+	v.collect(func(value float64, labels ...string) { v.send(ch, value, labels) })
 }
+
+// send writes one sample of v to ch.
+func (v *Vec) send(ch chan<- prometheus.Metric, value float64, labels []string) {
+	// Not MustNewConstMetric: its panic (a label value that is not
+	// UTF-8) would end the collection, dropping every later sample with
+	// the bad one, and the registry's report of it names only this type,
+	// under a stack trace. An invalid metric drops the one sample and
+	// names the metric.
+	m, err := prometheus.NewConstMetric(v.desc, v.kind, value, labels...)
+	if err != nil {
+		m = prometheus.NewInvalidMetric(v.desc, fmt.Errorf("labels %q: %w", labels, err))
+	}
+	ch <- m
+}
+
+// Group is a collector of several metrics fed by one read of a
+// component's state per scrape: read runs once, however many metrics it
+// feeds (the registry would call a collector per metric, each reading the
+// state again).
+type Group[S any] struct {
+	read func() S
+	vecs []groupVec[S]
+}
+
+type groupVec[S any] struct {
+	v       *Vec
+	collect func(s S, emit func(value float64, labels ...string))
+}
+
+// NewGroup returns an empty group whose metrics read read's result.
+func NewGroup[S any](read func() S) *Group[S] { return &Group[S]{read: read} }
+
+// Add describes a metric of the group (as NewVec does; no labels for a
+// plain gauge or counter) whose samples collect emits from the state.
+func (g *Group[S]) Add(name, help string, counter bool, labels []string, collect func(s S, emit func(value float64, labels ...string))) {
+	g.vecs = append(g.vecs, groupVec[S]{v: NewVec(name, help, counter, labels, nil), collect: collect})
+}
+
+// Describe implements prometheus.Collector.
+func (g *Group[S]) Describe(ch chan<- *prometheus.Desc) {
+	for _, gv := range g.vecs {
+		ch <- gv.v.desc
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (g *Group[S]) Collect(ch chan<- prometheus.Metric) {
+	s := g.read()
+	for _, gv := range g.vecs {
+		gv.collect(s, func(value float64, labels ...string) { gv.v.send(ch, value, labels) })
+	}
+}
+
+// Interface guards
+var (
+	_ prometheus.Collector = (*Vec)(nil)
+	_ prometheus.Collector = (*Group[struct{}])(nil)
+)
