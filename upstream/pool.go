@@ -45,6 +45,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/clientinfo"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 	"github.com/seed-a3c387e8/onceproxy/internal/urlcanon"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/upstream/mirror"
@@ -652,7 +653,7 @@ func (p *Pool) Describe() string {
 	d := fmt.Sprintf("%d upstream sessions [%s]", len(set.list), strings.Join(ids, " "))
 	apis := st.apiGroups()
 	if len(set.list) == 1 && len(st.static) == 1 && len(apis) == 0 {
-		d = "upstream session " + set.list[0].id + " via " + set.list[0].proxyURL.Redacted()
+		d = "upstream session " + set.list[0].id + " via " + redact.ParsedURL(set.list[0].proxyURL)
 	}
 	for _, pv := range apis {
 		d += fmt.Sprintf(", provider %s %s (priority %d)", pv.name, pv.client.base, pv.priority)

@@ -1017,12 +1017,15 @@ func TestAdminRotateErrors(t *testing.T) {
 }
 
 // TestSecretsNeverShown: the API key and session passwords appear in no
-// log line, error, status or description.
+// log line, error, status or description, nor do the gateways' user
+// names: some providers put the account's token there (ZenRows-style
+// http://TOKEN:@gw, ScrapingBee-style http://KEY:options@gw), and the
+// status page and GET /upstream/sessions showed it in clear.
 func TestSecretsNeverShown(t *testing.T) {
 	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2, APIKey: "APIKEY-7c1d"})
 	o := newOrigin(t, false)
 	cfg := providerConfig(fp)
-	cfg.URL = "http://u:STATICPASS@" + testkit.DeadAddr(t)
+	cfg.URL = "http://TOKENUSER-5b8e:STATICPASS@" + testkit.DeadAddr(t)
 	cfg.Health.URL = o.URL
 	cfg.Health.Interval = 20 * time.Millisecond
 	logger, logs := testLogger(t)
@@ -1039,12 +1042,19 @@ func TestSecretsNeverShown(t *testing.T) {
 	p.Rotate(context.Background(), "s1")
 	js, _ := json.Marshal(p.Sessions())
 	ps, _ := json.Marshal(p.Providers())
-	secrets := []string{"APIKEY-7c1d", "STATICPASS"}
+	secrets := []string{"APIKEY-7c1d", "STATICPASS", "TOKENUSER-5b8e"}
 	for _, s := range fp.Sessions() {
-		secrets = append(secrets, s.Password)
+		secrets = append(secrets, s.Password, s.Username)
 	}
+	// A pool of one session describes it by its gateway's URL.
+	one, err := upstream.New(upstream.Config{URL: "http://TOKENUSER-5b8e:@" + testkit.DeadAddr(t)}, logger)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
 	for _, where := range []struct{ name, text string }{
 		{"log", logs.String()}, {"sessions", string(js)}, {"provider status", string(ps)}, {"describe", p.Describe()},
+		{"describe of one session", one.Describe()},
 	} {
 		for _, s := range secrets {
 			if strings.Contains(where.text, s) {

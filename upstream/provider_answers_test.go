@@ -142,7 +142,7 @@ func TestProviderGatewayHostMustBeAHost(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), "gateway_host") {
 			t.Errorf("gateway_host %q: refresh error %v, want the entry refused", host, err)
 		}
-		if st := statusOf(t, p, "s1"); st.Proxy != "http://u:xxxxx@127.0.0.1:"+port {
+		if st := statusOf(t, p, "s1"); st.Proxy != "http://xxxxx:xxxxx@127.0.0.1:"+port {
 			t.Errorf("gateway_host %q: session s1 now goes through %s", host, st.Proxy)
 		}
 	}

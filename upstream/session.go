@@ -258,25 +258,40 @@ func (c *countedConn) Close() error {
 	return c.Conn.Close()
 }
 
-// scrub removes the session's password from a message: errors of net/http
-// and x/net/proxy do not contain it today, and this keeps it that way.
+// scrub removes the session's credentials from a message (its password,
+// and a user name long enough to be a token): errors of net/http and
+// x/net/proxy do not contain them today, and this keeps it that way.
 func (s *session) scrub(msg string) string {
-	if s.proxyURL.User == nil {
+	ui := s.proxyURL.User
+	if ui == nil {
 		return msg
 	}
-	pass, ok := s.proxyURL.User.Password()
-	if !ok || len(pass) < 3 {
-		return msg
-	}
-	msg = strings.ReplaceAll(msg, pass, "xxxxx")
-	if esc := url.QueryEscape(pass); esc != pass {
-		msg = strings.ReplaceAll(msg, esc, "xxxxx")
-	}
+	name := ui.Username()
+	pass, _ := ui.Password()
 	// A gateway that echoes the request in its refusal quotes the
 	// Proxy-Authorization it got: user and password in base64.
-	basic := base64.StdEncoding.EncodeToString([]byte(s.proxyURL.User.Username() + ":" + pass))
-	return strings.ReplaceAll(msg, basic, "xxxxx")
+	msg = strings.ReplaceAll(msg, base64.StdEncoding.EncodeToString([]byte(name+":"+pass)), "xxxxx")
+	// The user name too: some providers take a token as the user name
+	// and no password (http://TOKEN:@gw). Only a long one: a short
+	// account name is no token, and masking every "bob" in the gateway's
+	// message would garble it.
+	for _, secret := range []struct {
+		v   string
+		min int
+	}{{pass, 3}, {name, minSecretUser}} {
+		if len(secret.v) < secret.min {
+			continue
+		}
+		msg = strings.ReplaceAll(msg, secret.v, "xxxxx")
+		if esc := url.QueryEscape(secret.v); esc != secret.v {
+			msg = strings.ReplaceAll(msg, esc, "xxxxx")
+		}
+	}
+	return msg
 }
+
+// minSecretUser is the shortest gateway user name scrub masks.
+const minSecretUser = 8
 
 // connKit is what every transport of the pool is built from.
 type connKit struct {

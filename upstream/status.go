@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 )
 
 // SessionStatus is one session as the admin API shows it
@@ -169,7 +171,7 @@ func (p *Pool) Sessions() []SessionStatus {
 			Priority:            pv.priority,
 			Country:             s.country,
 			City:                s.city,
-			Proxy:               s.proxyURL.Redacted(),
+			Proxy:               redact.ParsedURL(s.proxyURL),
 			Rotation:            s.rotation,
 			BaseWeight:          s.baseWeight,
 			Weight:              h.weight,

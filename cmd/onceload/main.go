@@ -44,6 +44,7 @@ import (
 	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/loadgen"
+	"github.com/seed-a3c387e8/onceproxy/internal/redact"
 )
 
 func main() {
@@ -289,7 +290,7 @@ func load(ctx context.Context, cfg *config, stdout, stderr io.Writer) int {
 
 	via, proto := "direct", "HTTP/1.1"
 	if cfg.proxy != nil {
-		via = "via " + cfg.proxy.Redacted()
+		via = "via " + redact.ParsedURL(cfg.proxy)
 	}
 	if cfg.h2 && isTLS {
 		proto = "HTTP/2 offered"

@@ -1,6 +1,7 @@
 // Package redact hides the credentials in a URL, for logs and for errors a
-// client or an operator's terminal may show: its password, and the values
-// of its query parameters that carry one (api_key=, access_token=, sig=).
+// client or an operator's terminal may show: its user name and password,
+// and the values of its query parameters that carry one (api_key=,
+// access_token=, sig=).
 // It is the one rule for that: every URL written to a log or an error goes
 // through it.
 package redact
@@ -15,8 +16,8 @@ import (
 // mask replaces a secret, as url.URL.Redacted masks a password.
 const mask = "xxxxx"
 
-// URL returns raw with its password and the values of its secret query
-// parameters masked (see ParsedURL). A URL that does not parse has
+// URL returns raw with its user name, password and the values of its
+// secret query parameters masked (see ParsedURL). A URL that does not parse has
 // everything before its last '@' masked: the parser's own error would
 // otherwise quote the whole of it, password included.
 func URL(raw string) string {
@@ -30,40 +31,44 @@ func URL(raw string) string {
 	return ParsedURL(u)
 }
 
-// AsWritten returns raw as the operator wrote it, with its password and
-// the values of its secret query parameters masked: for an error about a
-// configured URL, which its author must recognise. URL serializes the
-// parsed URL again, escaping what was written plainly (a path "my db"
-// became my%20db, a name in Cyrillic a row of %XX). A URL that does not
-// parse is masked as URL masks it.
+// AsWritten returns raw as the operator wrote it, with its user name and
+// password (as ParsedURL masks them) and the values of its secret query
+// parameters masked: for an error about a configured URL, which its author
+// must recognise. URL serializes the parsed URL again, escaping what was
+// written plainly (a path "my db" became my%20db, a name in Cyrillic a row
+// of %XX). A URL that does not parse is masked as URL masks it.
 func AsWritten(raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil {
 		return URL(raw)
 	}
-	if _, has := u.User.Password(); has {
-		// Where url.Parse found the password: the authority runs from
-		// "//" to the first '/', '?' or '#'; the user information ends
-		// at its last '@', the password starts after its first ':'.
+	if u.User != nil {
+		// Where url.Parse found the user information: the authority
+		// runs from "//" to the first '/', '?' or '#', and the user
+		// information ends at its last '@'.
 		start := strings.Index(raw, "//") + 2
 		end := len(raw)
 		if i := strings.IndexAny(raw[start:], "/?#"); i >= 0 {
 			end = start + i
 		}
 		at := strings.LastIndex(raw[start:end], "@")
-		colon := strings.Index(raw[start:start+max(at, 0)], ":")
-		if start < 2 || at < 0 || colon < 0 {
+		if start < 2 || at < 0 {
 			return URL(raw) // not where url.Parse found it: take no chance
 		}
-		raw = raw[:start+colon+1] + mask + raw[start+at:]
+		raw = raw[:start] + maskUser(u.User).String() + raw[start+at:]
 	}
 	return Text(raw)
 }
 
-// ParsedURL is u as a string with its password (url.URL.Redacted) and the
-// values of its secret query parameters (SecretParam) masked. The other
-// parameters are kept as they were sent, in their order: the operator
-// reading a log needs to tell requests apart. u is not modified.
+// ParsedURL is u as a string with its user name and password, and the
+// values of its secret query parameters (SecretParam), masked. The user
+// name goes as the password does (url.URL.Redacted keeps it): rotating
+// proxy providers put the account's token there (http://TOKEN:@gw,
+// http://KEY:render_js=false@gw), and a session's credentials are one
+// secret whichever half holds it. An empty user name stays empty
+// (redis://:xxxxx@host): nothing is hidden there. The other parameters
+// are kept as they were sent, in their order: the operator reading a log
+// needs to tell requests apart. u is not modified.
 func ParsedURL(u *url.URL) string {
 	if u == nil {
 		return ""
@@ -74,7 +79,22 @@ func ParsedURL(u *url.URL) string {
 	}
 	c := *u
 	c.RawQuery = q
-	return c.Redacted()
+	if c.User != nil {
+		c.User = maskUser(c.User)
+	}
+	return c.String()
+}
+
+// maskUser is ui with its user name and password (those it has) masked.
+func maskUser(ui *url.Userinfo) *url.Userinfo {
+	name := ui.Username()
+	if name != "" {
+		name = mask
+	}
+	if _, ok := ui.Password(); ok {
+		return url.UserPassword(name, mask)
+	}
+	return url.User(name)
 }
 
 // query masks the secret parameters' values in a raw query string.

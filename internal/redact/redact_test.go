@@ -10,7 +10,9 @@ import (
 func TestURL(t *testing.T) {
 	for raw, want := range map[string]string{
 		"redis://:s3cret@127.0.0.1:6379/0":    "redis://:xxxxx@127.0.0.1:6379/0",
-		"http://user:pw@gw.example:8080":      "http://user:xxxxx@gw.example:8080",
+		"http://user:pw@gw.example:8080":      "http://xxxxx:xxxxx@gw.example:8080",
+		"http://TOKEN:@gw.example:8001":       "http://xxxxx:xxxxx@gw.example:8001",
+		"http://TOKEN@gw.example:8001":        "http://xxxxx@gw.example:8001",
 		"redis://:s3cret@127.0.0.1:abc/0":     "<redacted>@127.0.0.1:abc/0",
 		"redis://127.0.0.1:6379/0":            "redis://127.0.0.1:6379/0",
 		"redis://:s3cret%zz@127.0.0.1:6379/0": "<redacted>@127.0.0.1:6379/0",
@@ -30,15 +32,15 @@ func TestURL(t *testing.T) {
 }
 
 // TestAsWritten: a configured URL in an error reads as it was written
-// (URL escaped it again: "my db" came out my%20db), its password and
-// secret parameters masked all the same.
+// (URL escaped it again: "my db" came out my%20db), its user name,
+// password and secret parameters masked all the same (ParsedURL's rule).
 func TestAsWritten(t *testing.T) {
 	for raw, want := range map[string]string{
 		"redis://:s3cret@127.0.0.1:6379/my db":          "redis://:xxxxx@127.0.0.1:6379/my db",
-		"redis://user:p@ss:w0rd@host:6379/база":         "redis://user:xxxxx@host:6379/база",
-		"redis://user:s3c%2Fret@host:6379/0?db=x y":     "redis://user:xxxxx@host:6379/0?db=x y",
+		"redis://user:p@ss:w0rd@host:6379/база":         "redis://xxxxx:xxxxx@host:6379/база",
+		"redis://user:s3c%2Fret@host:6379/0?db=x y":     "redis://xxxxx:xxxxx@host:6379/0?db=x y",
 		"redis://host:6379/0?api_key=S1&dial_timeout=x": "redis://host:6379/0?api_key=xxxxx&dial_timeout=x",
-		"redis://user@host:6379/0":                      "redis://user@host:6379/0",
+		"redis://user@host:6379/0":                      "redis://xxxxx@host:6379/0",
 		"redis://:s3cret%zz@127.0.0.1:6379/0":           "<redacted>@127.0.0.1:6379/0",
 		"unix://:s3cret@/tmp/redis.sock?db=1":           "unix://:xxxxx@/tmp/redis.sock?db=1",
 	} {
@@ -61,7 +63,7 @@ func TestQuerySecrets(t *testing.T) {
 		"https://api.example/v1?apiKey=S1&clientSecret=S2":                                  "https://api.example/v1?apiKey=xxxxx&clientSecret=xxxxx",
 		"https://api.example/v1?api%5Fkey=S1":                                               "https://api.example/v1?api%5Fkey=xxxxx",
 		"https://api.example/v1?q=design&token":                                             "https://api.example/v1?q=design&token",
-		"http://u:pw@api.example/v1?token=S1":                                               "http://u:xxxxx@api.example/v1?token=xxxxx",
+		"http://u:pw@api.example/v1?token=S1":                                               "http://xxxxx:xxxxx@api.example/v1?token=xxxxx",
 		"https://api.example/v1?session=abc&id=7":                                           "https://api.example/v1?session=abc&id=7",
 	} {
 		if got := URL(raw); got != want {

@@ -94,7 +94,7 @@ func TestStatusPage(t *testing.T) {
 		io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
-	pool, err := upstream.New(upstream.Config{Sessions: []upstream.SessionConfig{{ID: "s1", URL: "http://u:pw@" + deadAddr(t)}}}, logger)
+	pool, err := upstream.New(upstream.Config{Sessions: []upstream.SessionConfig{{ID: "s1", URL: "http://tok3n-user:pw@" + deadAddr(t)}}}, logger)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,6 +125,10 @@ func TestStatusPage(t *testing.T) {
 	}
 	if strings.Contains(page, "pw@") {
 		t.Error("status page shows a gateway password")
+	}
+	// Some providers put the account's token in the user name.
+	if strings.Contains(page, "tok3n-user") {
+		t.Error("status page shows a gateway user name")
 	}
 	if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
 		t.Errorf("Content-Type %q", ct)
