@@ -67,6 +67,14 @@ func (p *Pool) applyList(pv *provider, f fetched, st *setup) {
 		pv.refresh.Failures++
 		pv.failures++
 		if d := apiWait(f.err); d > 0 {
+			if len(pv.sessions) == 0 {
+				// No list yet: its sessions serve nothing until one
+				// comes, and an API that asks for an hour would keep
+				// them (all of them, with no other provider) answering
+				// 503 for that hour. One call a MaxFirstListWait is no
+				// load on any API.
+				d = min(d, MaxFirstListWait)
+			}
 			pv.notBefore.Store(now.Add(d).UnixNano())
 		}
 		if pv.failures >= apiDownAfter {
@@ -161,6 +169,34 @@ func (p *Pool) applyList(pv *provider, f fetched, st *setup) {
 	pv.refresh.Refreshes++
 }
 
+// MaxFirstListWait is the longest a provider API's Retry-After keeps
+// onceproxy from asking again for a provider's first session list (its
+// later refusals are honoured up to an hour: the last good list serves
+// meanwhile).
+const MaxFirstListWait = time.Minute
+
+// nextTry is when the refresh loop calls pv's API next: its refresh
+// interval after the last call (sooner after failures), and never before
+// the API's Retry-After. Caller holds Pool.mu.
+func (pv *provider) nextTry(now time.Time) time.Time {
+	last := pv.refresh.LastRefresh
+	if pv.refresh.LastErrorAt.After(last) {
+		last = pv.refresh.LastErrorAt
+	}
+	wait := pv.cfg.Refresh
+	if pv.failures > 0 {
+		wait = retryDelay(pv, pv.failures)
+	}
+	next := now.Add(wait)
+	if !last.IsZero() && last.Before(now) {
+		next = last.Add(wait)
+	}
+	if nb := time.Unix(0, pv.notBefore.Load()); nb.After(next) {
+		next = nb
+	}
+	return next
+}
+
 // retryDelay is how long to wait before pv's next refresh after the given
 // number of consecutive failures: quickly at first (a provider without
 // sessions serves nothing meanwhile), backing off to the refresh interval.
@@ -179,20 +215,9 @@ func retryDelay(pv *provider, failures int) time.Duration {
 func (p *Pool) refreshLoop(ctx context.Context, pv *provider) {
 	for {
 		p.mu.Lock()
-		failures := pv.failures
-		last := pv.refresh.LastRefresh
-		if pv.refresh.LastErrorAt.After(last) {
-			last = pv.refresh.LastErrorAt
-		}
+		next := pv.nextTry(p.now())
 		p.mu.Unlock()
-		wait := pv.cfg.Refresh
-		if failures > 0 {
-			wait = retryDelay(pv, failures)
-		}
-		if since := p.now().Sub(last); !last.IsZero() && since > 0 {
-			wait -= since
-		}
-		wait = max(wait, time.Duration(pv.notBefore.Load()-p.now().UnixNano()))
+		wait := next.Sub(p.now())
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -210,14 +235,14 @@ func (p *Pool) refreshLoop(ctx context.Context, pv *provider) {
 		default:
 			p.mu.Lock()
 			n, failures := len(pv.sessions), pv.failures
+			next := pv.nextTry(p.now()).Sub(p.now()).Round(time.Second)
 			p.mu.Unlock()
-			next := max(retryDelay(pv, failures), apiWait(err))
 			if n == 0 {
 				p.log.Error("upstream provider refresh failed; it has no sessions yet",
-					"provider", pv.name, "err", err, "next_try", next)
+					"provider", pv.name, "err", err, "retry_after", apiWait(err), "next_try", next)
 			} else {
 				p.log.Warn("upstream provider refresh failed; keeping the last good session list",
-					"provider", pv.name, "sessions", n, "failures_in_a_row", failures, "err", err, "next_try", next)
+					"provider", pv.name, "sessions", n, "failures_in_a_row", failures, "err", err, "retry_after", apiWait(err), "next_try", next)
 			}
 		}
 	}

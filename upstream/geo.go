@@ -39,12 +39,17 @@ func (pr *pickReq) where() string {
 func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *ExhaustedError {
 	where := pr.where()
 	if len(set.list) == 0 {
-		last := p.lastProviderError()
+		last, next := p.lastProviderError(now)
+		if next > 0 {
+			// A client that backs off by Retry-After comes back when a
+			// list may be in, not before.
+			last += fmt.Sprintf(" (next try in %s)", next)
+		}
 		reason := "no upstream sessions yet: " + last
 		if where != "" {
 			reason = "no upstream session " + where + ": " + last + " (no sessions yet)"
 		}
-		return &ExhaustedError{Reason: reason, Country: pr.country}
+		return &ExhaustedError{Reason: reason, NextReady: next, Country: pr.country}
 	}
 	var matching []*session
 	places := map[string]bool{}
@@ -103,12 +108,14 @@ func (p *Pool) exhaustedError(set *sessionSet, pr *pickReq, now time.Time) *Exha
 }
 
 // lastProviderError is the latest refresh failure of the providers, for a
-// pool that has no sessions.
-func (p *Pool) lastProviderError() string {
+// pool that has no sessions, and the time until the next call of an API
+// (0: none is due, or no API failed yet).
+func (p *Pool) lastProviderError(now time.Time) (string, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var last string
 	var at time.Time
+	var next time.Duration
 	apis := p.st.Load().apiGroups()
 	for _, pv := range apis {
 		if r := pv.refresh; r.LastError != "" && r.LastErrorAt.After(at) {
@@ -117,9 +124,26 @@ func (p *Pool) lastProviderError() string {
 				last = pv.name + ": " + last
 			}
 		}
+		if pv.refresh.LastError != "" {
+			if d := pv.nextTry(now).Sub(now).Round(time.Second); d > 0 && (next == 0 || d < next) {
+				next = d
+			}
+		}
 	}
 	if last == "" {
-		return "provider API has not answered yet"
+		return "provider API has not answered yet", 0
 	}
-	return last
+	return last, next
+}
+
+// Waiting reports whether the pool, configured to send requests through
+// upstream sessions, has none at all yet: no provider's first session
+// list came in (its requests get 503). next is the time until the next
+// call of a provider's API (0: not known).
+func (p *Pool) Waiting() (next time.Duration, waiting bool) {
+	if p.st.Load().isDirect || len(p.sessions.Load().list) > 0 {
+		return 0, false
+	}
+	_, next = p.lastProviderError(p.now())
+	return next, true
 }

@@ -212,12 +212,17 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 	p.mu.Unlock()
 	for i, pv := range fresh {
 		if err := lists[i].err; err != nil {
+			// retry_after is what the API asked; next_try what it gets
+			// (MaxFirstListWait at most, for a first list).
+			p.mu.Lock()
+			next := pv.nextTry(p.now()).Sub(p.now()).Round(time.Second)
+			p.mu.Unlock()
 			if len(p.sessions.Load().list) == 0 {
 				logger.Error("upstream provider API failed at start-up and it is the only source of sessions: "+
-					"requests get 503 until a refresh succeeds", "provider", pv.name, "err", err, "next_try", max(retryDelay(pv, 1), apiWait(err)))
+					"requests get 503 until a refresh succeeds", "provider", pv.name, "err", err, "retry_after", apiWait(err), "next_try", next)
 			} else {
 				logger.Error("upstream provider API failed at start-up; serving the other sessions until a refresh succeeds",
-					"provider", pv.name, "sessions", len(p.sessions.Load().list), "err", err, "next_try", max(retryDelay(pv, 1), apiWait(err)))
+					"provider", pv.name, "sessions", len(p.sessions.Load().list), "err", err, "retry_after", apiWait(err), "next_try", next)
 			}
 		}
 	}

@@ -362,6 +362,11 @@ type RefreshStatus struct {
 	Failures    int64     `json:"failures"`
 	// InARow counts the failures since the last success.
 	InARow int `json:"failures_in_a_row"`
+	// NextTry is when the API is called next (while Run runs), after the
+	// refresh interval, or a failure's backoff and the API's Retry-After;
+	// NextTryIn the time left ("41s").
+	NextTry   time.Time `json:"next_try,omitzero"`
+	NextTryIn string    `json:"next_try_in,omitempty"`
 }
 
 // GatewayStatus is a gateway address that refused connections lately.

@@ -144,6 +144,8 @@ func (p *Pool) Snapshot() Snapshot {
 		if pv.client != nil {
 			r := pv.refresh
 			r.InARow = pv.failures
+			r.NextTry = pv.nextTry(now)
+			r.NextTryIn = max(r.NextTry.Sub(now), 0).Round(time.Second).String()
 			st.Refresh = &r
 		}
 		for _, g := range pv.gateways {

@@ -98,7 +98,8 @@ const (
 	API500
 	// APIHang never answers, until the client gives up.
 	APIHang
-	// API429 answers 429 with Retry-After: 30, as a rate-limited API does.
+	// API429 answers 429 with Retry-After: 30 (Options.APIRetryAfter), as
+	// a rate-limited API does.
 	API429
 )
 
@@ -126,6 +127,9 @@ type Options struct {
 	// it rotates, as gateways that only route new connections do. By
 	// default a rotation cuts them.
 	KeepTunnels bool
+	// APIRetryAfter is the Retry-After of API429's answers, in seconds.
+	// Default 30.
+	APIRetryAfter int
 }
 
 // Session is a snapshot of one session.

@@ -2,6 +2,7 @@ package fakeprovider
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -244,7 +246,7 @@ func (p *Provider) apiHandler() http.Handler {
 			writeJSON(w, http.StatusInternalServerError, map[string]string{"error": "internal error"})
 			return
 		case API429:
-			w.Header().Set("Retry-After", "30")
+			w.Header().Set("Retry-After", strconv.Itoa(cmp.Or(p.opts.APIRetryAfter, 30)))
 			writeJSON(w, http.StatusTooManyRequests, map[string]string{"error": "rate limited"})
 			return
 		case APIHang:

@@ -16,6 +16,7 @@ import (
 	"net/http/pprof"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint"
 	"github.com/seed-a3c387e8/onceproxy/internal/httpstatus"
@@ -47,6 +48,12 @@ type Sessions interface {
 	Providers() []upstream.ProviderStatus
 	Describe() string
 	Rotate(ctx context.Context, id string) error
+}
+
+// waiter is the upstream pool's optional report of having no session at
+// all yet, for /health.
+type waiter interface {
+	Waiting() (next time.Duration, waiting bool)
 }
 
 // Reloader reads the configuration again and applies what can change
@@ -133,6 +140,17 @@ func New(o Options) http.Handler {
 		if o.Fleet != nil {
 			body["store"] = o.Fleet.Name()
 			body["store_available"] = o.Fleet.Available()
+		}
+		if w, ok := o.Sessions.(waiter); ok {
+			if next, waiting := w.Waiting(); waiting {
+				// Still 200: the process is sound, and a restart would
+				// only call the provider's API early. A balancer or an
+				// operator reads why requests get 503, and for how long.
+				body["upstream"] = "no_sessions_yet"
+				if next > 0 {
+					body["upstream_next_try_in"] = next.String()
+				}
+			}
 		}
 		WriteJSON(w, status, body)
 	})

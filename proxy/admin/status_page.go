@@ -165,12 +165,12 @@ pre{padding:.6rem;overflow-x:auto;white-space:pre-wrap;word-break:break-all}
 {{if .Sessions}}{{range .Providers}}
 <h3 id="provider-{{.Name}}">{{.Name}} <span class="sub">priority {{.Priority}}{{with .API}} · {{.}}{{end}}{{with .Countries}} · countries {{range $i, $c := .}}{{if $i}}, {{end}}{{$c}}{{end}}{{end}}</span>
 {{if .Available}}<span class="ok">serving</span>{{else}}<span class="bad">unavailable: {{.Reason}}</span>{{end}}
-<span class="sub">· {{.Ready}}/{{.Sessions}} ready · failovers {{.Failovers}} · failbacks {{.Failbacks}}{{with .Refresh}}{{with .LastError}} · API: {{.}}{{end}}{{end}}</span></h3>
+<span class="sub">· {{.Ready}}/{{.Sessions}} ready · failovers {{.Failovers}} · failbacks {{.Failbacks}}{{with .Refresh}}{{if .LastError}} · API: {{.LastError}}{{with .NextTryIn}} (next try in {{.}}){{end}}{{end}}{{end}}</span></h3>
 {{if .Rows}}<table><tr><th>session</th><th>gateway</th><th>country</th><th>rotation</th><th>exit IP</th><th>weight</th><th>state</th><th>requests</th><th>failures</th><th>rotations</th><th>last</th></tr>
 {{range .Rows}}<tr><td>{{.ID}}</td><td><code>{{.Proxy}}</code></td><td>{{.Country}}{{with .City}} {{.}}{{end}}</td><td>{{.Rotation}}</td><td>{{.ExitIP}}</td><td>{{.Weight}}/{{.BaseWeight}}</td>
 <td>{{if .Available}}<span class="ok">ready</span>{{else}}<span class="bad">cooling {{.CooldownRemaining}}</span>{{end}}</td>
 <td>{{.Requests}}</td><td>{{.Failures}}</td><td>{{.Rotations}}</td><td>{{.LastOutcome}}</td></tr>
-{{end}}</table>{{end}}{{end}}{{else}}{{if .Providers}}{{range .Providers}}<p>Provider <b>{{.Name}}</b>: no sessions{{if not .Available}} ({{.Reason}}){{end}}.</p>{{end}}{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}{{end}}
+{{end}}</table>{{end}}{{end}}{{else}}{{if .Providers}}{{range .Providers}}<p>Provider <b>{{.Name}}</b>: no sessions{{if not .Available}} ({{.Reason}}){{end}}{{with .Refresh}}{{if .LastError}}; its API: {{.LastError}}{{with .NextTryIn}} (next try in {{.}}){{end}}{{end}}{{end}}.</p>{{end}}{{else}}<p>No upstream sessions: requests leave directly{{with .Egress}} ({{.}}){{end}}.</p>{{end}}{{end}}
 {{if .ShowClients}}<h2>Client fingerprints</h2>
 <p>What the origins see of the intercepted clients (each connection opens its origin connections with its client's TLS hello and HTTP/2 settings): the most frequent recent TLS fingerprints. A JA4 names a TLS stack, not a person.</p>
 {{if .Clients}}<table id="fingerprints"><tr><th>JA4</th><th>HTTP</th><th>HTTP/2 (Akamai)</th><th>connections</th><th>last seen</th></tr>
