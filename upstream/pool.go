@@ -299,7 +299,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 				return p.answer(s, nil, err)
 			}
 			p.log.Info("upstream gateway cannot reach the target; retrying once on another session", "session", s.id,
-				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path)
+				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", redact.Path(req.URL.Path))
 			continue
 		}
 		if v.unsure {
@@ -314,7 +314,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 				return p.answer(s, nil, err)
 			}
 			p.log.Info("upstream attempt failed, the origin or the session; retrying once on another session", "session", s.id,
-				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path)
+				"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", redact.Path(req.URL.Path))
 			continue
 		}
 		if resp != nil && (v.kind == outcomeOK || v.kind == outcomeBanned) {
@@ -355,7 +355,7 @@ func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
 			return p.answer(s, resp, err)
 		}
 		p.log.Info("upstream attempt failed; retrying", "session", s.id, "outcome", v.kind.String(),
-			"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", req.URL.Path, "next", next)
+			"detail", s.scrub(v.msg), "attempt", attempt, "host", req.URL.Host, "path", redact.Path(req.URL.Path), "next", next)
 		discard(resp)
 	}
 }

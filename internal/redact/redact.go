@@ -1,7 +1,8 @@
 // Package redact hides the credentials in a URL, for logs and for errors a
 // client or an operator's terminal may show: its user name and password,
-// and the values of its query parameters that carry one (api_key=,
-// access_token=, sig=).
+// the values of its query parameters that carry one (api_key=,
+// access_token=, sig=), and the path segments that are credentials by
+// their shape (a JSON Web Token, a Telegram bot token; see Path).
 // It is the one rule for that: every URL written to a log or an error goes
 // through it.
 package redact
@@ -9,6 +10,7 @@ package redact
 import (
 	"errors"
 	"net/url"
+	"regexp"
 	"strings"
 	"unicode"
 )
@@ -74,15 +76,54 @@ func ParsedURL(u *url.URL) string {
 		return ""
 	}
 	q := query(u.RawQuery)
-	if u.User == nil && q == u.RawQuery {
+	ep := u.EscapedPath()
+	p := Path(ep)
+	if u.User == nil && q == u.RawQuery && p == ep {
 		return u.String() // the common case: nothing to hide, no copy
 	}
 	c := *u
 	c.RawQuery = q
+	if p != ep {
+		if up, err := url.PathUnescape(p); err == nil {
+			c.Path, c.RawPath = up, p
+		}
+	}
 	if c.User != nil {
 		c.User = maskUser(c.User)
 	}
 	return c.String()
+}
+
+// Path is a URL's path (as sent, or as logged alone) with the segments
+// that are credentials by their own shape masked: a JSON Web Token (three
+// base64url parts, the first two opening with "eyJ", which is `{"`), and
+// a Telegram bot token (bot<id>:<secret>, api.telegram.org/bot.../
+// sendMessage, which a worker's own alerts send through the proxy its
+// HTTPS_PROXY names). Nothing else in a path is masked: no rule tells a
+// secret segment (a webhook's, an API key after /v3/) from the IDs,
+// hashes and addresses that tell requests apart (etherscan's
+// /token/<address>, a build's /app.<hash>.js) without hiding those too,
+// and a log whose failing requests all read /token/xxxxx is no log. The
+// README's logging section says so.
+func Path(p string) string { return shapes(p) }
+
+var (
+	// The leading group keeps the character before a match: a token
+	// starts at a boundary, not inside a longer word ("robot123:...").
+	jwtShape      = regexp.MustCompile(`(^|[^A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{4,}\.eyJ[A-Za-z0-9_-]{4,}\.[A-Za-z0-9_-]{8,}`)
+	botTokenShape = regexp.MustCompile(`(^|[^A-Za-z0-9_-])bot[0-9]{5,}:[A-Za-z0-9_-]{30,}`)
+)
+
+// shapes masks the credentials s holds that say what they are by their
+// shape alone (see Path), wherever they stand.
+func shapes(s string) string {
+	if strings.Contains(s, "eyJ") {
+		s = jwtShape.ReplaceAllString(s, "${1}"+mask)
+	}
+	if strings.Contains(s, "bot") {
+		s = botTokenShape.ReplaceAllString(s, "${1}bot"+mask)
+	}
+	return s
 }
 
 // maskUser is ui with its user name and password (those it has) masked.
@@ -167,9 +208,11 @@ func SecretParam(name string) bool {
 
 // Text masks, in free text (an error's message, a library's log line),
 // the values of secret query parameters of the URLs it quotes: every
-// "?name=value" or "&name=value" whose name SecretParam takes. A value
-// ends at '&', '#', white space or a quote.
+// "?name=value" or "&name=value" whose name SecretParam takes (a value
+// ends at '&', '#', white space or a quote), and the credentials Path
+// knows by their shape, wherever they stand.
 func Text(s string) string {
+	s = shapes(s)
 	if !strings.ContainsAny(s, "?&") || !strings.Contains(s, "=") {
 		return s
 	}

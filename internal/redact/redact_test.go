@@ -92,3 +92,46 @@ func TestQuerySecrets(t *testing.T) {
 		}
 	}
 }
+
+// TestPathCredentials: secrets in a URL's path were never masked (only
+// its query's). No rule tells a secret path segment from the IDs, hashes
+// and addresses that tell requests apart (etherscan's /token/<address>,
+// a build's /app.<hash>.js), so only segments that are credentials by
+// their own shape are: a JSON Web Token, and a Telegram bot token
+// (api.telegram.org/bot<id>:<secret>/...), which a worker's own alerts send
+// through the proxy its HTTPS_PROXY names.
+func TestPathCredentials(t *testing.T) {
+	const jwt = "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U"
+	const bot = "bot123456789:AAHdqTcvCH1vGWJxfSeofSAs0K5PALDsaw"
+	for raw, want := range map[string]string{
+		"https://api.telegram.org/" + bot + "/sendMessage?chat_id=42": "https://api.telegram.org/botxxxxx/sendMessage?chat_id=42",
+		"https://shop.example/verify/" + jwt:                          "https://shop.example/verify/xxxxx",
+		"https://shop.example/verify/" + jwt + "/done":                "https://shop.example/verify/xxxxx/done",
+		// Kept: what tells requests apart.
+		"https://etherscan.io/token/0xdAC17F958D2ee523a2206206994597C13D831ec7": "https://etherscan.io/token/0xdAC17F958D2ee523a2206206994597C13D831ec7",
+		"https://cdn.example/static/app.3f9a8b7c6d5e4f3a.js":                    "https://cdn.example/static/app.3f9a8b7c6d5e4f3a.js",
+		"https://shop.example/p/3fa85f64-5717-4562-b3fc-2c963f66afa6":           "https://shop.example/p/3fa85f64-5717-4562-b3fc-2c963f66afa6",
+		"https://shop.example/key/c-major/bot":                                  "https://shop.example/key/c-major/bot",
+		"https://shop.example/robot123:abc":                                     "https://shop.example/robot123:abc",
+		"https://shop.example/a%20b/c":                                          "https://shop.example/a%20b/c",
+	} {
+		if got := URL(raw); got != want {
+			t.Errorf("URL(%q) = %q, want %q", raw, got, want)
+		}
+		u, err := url.Parse(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := ParsedURL(u); got != want {
+			t.Errorf("ParsedURL(%q) = %q, want %q", raw, got, want)
+		}
+	}
+	// A path logged alone, and an error quoting the URL.
+	if got, want := Path("/"+bot+"/getUpdates"), "/botxxxxx/getUpdates"; got != want {
+		t.Errorf("Path = %q, want %q", got, want)
+	}
+	in := `Post "https://api.telegram.org/` + bot + `/sendMessage": dial tcp: i/o timeout (session ` + jwt + `)`
+	if got, want := Text(in), `Post "https://api.telegram.org/botxxxxx/sendMessage": dial tcp: i/o timeout (session xxxxx)`; got != want {
+		t.Errorf("Text(%q) = %q, want %q", in, got, want)
+	}
+}
