@@ -461,7 +461,7 @@ func TestTimeoutsThatAddUpAreBounded(t *testing.T) {
 // TestRedisURLErrorReadsAsWritten: a redis.url that does not parse as
 // Redis's was quoted escaped again (a database "my db" came out my%20db,
 // a name in Cyrillic as %XX), so the operator could not find what they
-// wrote. It reads as written, the password masked.
+// wrote. It reads as written, the user name and password masked.
 func TestRedisURLErrorReadsAsWritten(t *testing.T) {
 	for _, env := range []string{"REDIS_URL", "ONCEPROXY_REDIS_URL"} {
 		_, err := LoadConfig(shippedConfig, "", []string{env + "=redis://:s3cret@127.0.0.1:6379/my db"})
@@ -471,7 +471,7 @@ func TestRedisURLErrorReadsAsWritten(t *testing.T) {
 		}
 	}
 	_, err := LoadConfig(shippedConfig, writeConfig(t, "redis: {url: 'redis://u:p@ss@127.0.0.1:6379/кэш'}\n"), nil)
-	if want := `redis.url: redis://u:xxxxx@127.0.0.1:6379/кэш: redis: invalid database number: "кэш"`; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "p@ss") {
+	if want := `redis.url: redis://xxxxx:xxxxx@127.0.0.1:6379/кэш: redis: invalid database number: "кэш"`; err == nil || !strings.Contains(err.Error(), want) || strings.Contains(err.Error(), "p@ss") {
 		t.Errorf("file: error %v, want %q and no password", err, want)
 	}
 }
