@@ -239,10 +239,10 @@ func (p *Pool) refreshLoop(ctx context.Context, pv *provider) {
 			p.mu.Unlock()
 			if n == 0 {
 				p.log.Error("upstream provider refresh failed; it has no sessions yet",
-					"provider", pv.name, "err", err, "retry_after", apiWait(err), "next_try", next)
+					"provider", pv.name, "err", err, apiWaitAttr(err), "next_try", next)
 			} else {
 				p.log.Warn("upstream provider refresh failed; keeping the last good session list",
-					"provider", pv.name, "sessions", n, "failures_in_a_row", failures, "err", err, "retry_after", apiWait(err), "next_try", next)
+					"provider", pv.name, "sessions", n, "failures_in_a_row", failures, "err", err, apiWaitAttr(err), "next_try", next)
 			}
 		}
 	}

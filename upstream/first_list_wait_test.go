@@ -54,3 +54,19 @@ func TestFirstListRetryAfterCapped(t *testing.T) {
 	runPool(t, p)
 	testkit.Eventually(t, testkit.Patience, func() bool { return len(p.Sessions()) == 2 }, "the session list, ten minutes after a Retry-After of an hour")
 }
+
+// TestNoRetryAfterLoggedWhenNoneWasSent: a failed list without a
+// Retry-After logs none; "retry_after=0s" read as if the API had asked to
+// be called again at once.
+func TestNoRetryAfterLoggedWhenNoneWasSent(t *testing.T) {
+	fp := fakeprovider.Start(t, fakeprovider.Options{Sessions: 2})
+	fp.SetAPIMode(fakeprovider.API500)
+	logger, logs := testLogger(t)
+	newPool(t, providerConfig(fp), logger)
+	if !strings.Contains(logs.String(), "upstream provider API failed at start-up") {
+		t.Fatalf("no start-up failure logged:\n%s", logs.String())
+	}
+	if strings.Contains(logs.String(), "retry_after") {
+		t.Errorf("a wait the API never asked for was logged:\n%s", logs.String())
+	}
+}

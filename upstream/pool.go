@@ -219,10 +219,10 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 			p.mu.Unlock()
 			if len(p.sessions.Load().list) == 0 {
 				logger.Error("upstream provider API failed at start-up and it is the only source of sessions: "+
-					"requests get 503 until a refresh succeeds", "provider", pv.name, "err", err, "retry_after", apiWait(err), "next_try", next)
+					"requests get 503 until a refresh succeeds", "provider", pv.name, "err", err, apiWaitAttr(err), "next_try", next)
 			} else {
 				logger.Error("upstream provider API failed at start-up; serving the other sessions until a refresh succeeds",
-					"provider", pv.name, "sessions", len(p.sessions.Load().list), "err", err, "retry_after", apiWait(err), "next_try", next)
+					"provider", pv.name, "sessions", len(p.sessions.Load().list), "err", err, apiWaitAttr(err), "next_try", next)
 			}
 		}
 	}

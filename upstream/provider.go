@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -196,6 +197,16 @@ func apiWait(err error) time.Duration {
 		return we.after
 	}
 	return 0
+}
+
+// apiWaitAttr is apiWait as a log attribute, left out (an empty attribute,
+// which slog drops) when the API asked for no wait: "retry_after=0s" read
+// as if it had asked to be called again at once.
+func apiWaitAttr(err error) slog.Attr {
+	if d := apiWait(err); d > 0 {
+		return slog.Duration("retry_after", d)
+	}
+	return slog.Attr{}
 }
 
 // list fetches and checks the session list.
