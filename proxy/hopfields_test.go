@@ -240,3 +240,61 @@ func TestTETrailersReachesTheOrigin(t *testing.T) {
 		}
 	})
 }
+
+// TestNoMadeUpConnectionField: a client whose Connection field names only
+// what the proxy removed (curl --http2's "Upgrade, HTTP2-Settings" on an
+// http:// URL, a TE the origin is not sent, an HTTP/1.0 client's own
+// field) reaches the origin with no Connection field at all, as the same
+// client would without those fields: nothing of what it listed holds for
+// the origin, and a "keep-alive" or "close" in its place is a field the
+// client never sent.
+func TestNoMadeUpConnectionField(t *testing.T) {
+	plain := startRawOrigin(t, false)
+	secure := startRawOrigin(t, true)
+	w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{secure.cert}})
+	for _, tc := range []struct {
+		name, line, fields, want string
+	}{
+		{"h2c upgrade", "GET /h2c HTTP/1.1",
+			"Host: %s\r\nUser-Agent: curl/8.14.1\r\nAccept: */*\r\nConnection: Upgrade, HTTP2-Settings\r\nUpgrade: h2c\r\nHTTP2-Settings: AAMAAABkAAQAoAAAAAIAAAAA\r\n\r\n",
+			"Host: %s\r\nUser-Agent: curl/8.14.1\r\nAccept: */*\r\n\r\n"},
+		{"te without trailers", "GET /te HTTP/1.1",
+			"Host: %s\r\nUser-Agent: raw/1\r\nTE: gzip\r\nConnection: TE\r\n\r\n",
+			"Host: %s\r\nUser-Agent: raw/1\r\n\r\n"},
+		{"http/1.0 hop field", "GET /10 HTTP/1.0",
+			"Host: %s\r\nUser-Agent: raw/1\r\nX-Hop: 1\r\nConnection: X-Hop\r\n\r\n",
+			"Host: %s\r\nUser-Agent: raw/1\r\n\r\n"},
+	} {
+		for _, door := range []struct {
+			name   string
+			origin *rawOrigin
+			send   func(host, head string)
+		}{
+			{"proxy port", plain, func(host, head string) {
+				c, err := net.Dial("tcp", w.proxyURL.Host)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				head = strings.Replace(head, " /", " http://"+host+"/", 1)
+				rawH1(t, c, bufio.NewReader(c), head)
+			}},
+			{"tls tunnel", secure, func(host, head string) {
+				c := insideTunnel(t, w, host, true)
+				rawH1(t, c, bufio.NewReader(c), head)
+			}},
+		} {
+			t.Run(tc.name+"/"+door.name, func(t *testing.T) {
+				host := door.origin.ln.Addr().String()
+				door.origin.mu.Lock()
+				n := len(door.origin.got)
+				door.origin.mu.Unlock()
+				door.send(host, tc.line+"\r\n"+strings.Replace(tc.fields, "%s", host, 1))
+				want := strings.Replace(tc.want, "%s", host, 1)
+				if got := headerLines(door.origin.head(t, n+1)); got != want {
+					t.Errorf("origin saw\n%s\nwant\n%s", got, want)
+				}
+			})
+		}
+	}
+}

@@ -546,9 +546,13 @@ func connectionHeader(req *http.Request, mc *mconn) *http.Request {
 	if !slices.ContainsFunc(shape.HeaderOrder, func(n string) bool { return strings.EqualFold(n, "Connection") }) {
 		return req
 	}
+	v := connectionOptions(shape.Connection, req)
+	if v == "" {
+		return req
+	}
 	out := *req
 	out.Header = req.Header.Clone()
-	out.Header.Set("Connection", connectionOptions(shape.Connection, req))
+	out.Header.Set("Connection", v)
 	return &out
 }
 
@@ -557,8 +561,11 @@ func connectionHeader(req *http.Request, mc *mconn) *http.Request {
 // (keep-alive, close, and TE when "TE: trailers" went on with the
 // request), spelled as sent, the whole value as it was when all of them
 // do. The others named fields the proxy removed (RFC 9110 §7.6.1). With
-// none left the value follows from the request: net/http turns a
-// client's "close" into Request.Close.
+// none left it is "": no Connection field, as the client sends without
+// those fields (curl's "Upgrade, HTTP2-Settings" for an h2c upgrade the
+// proxy does not pass on). A "keep-alive" or "close" in its place was a
+// field the client never sent; the connection's fate needs none, since
+// the mirror reads it off the request (HTTP/1.0, Request.Close) itself.
 func connectionOptions(sent string, req *http.Request) string {
 	kept := make([]string, 0, 2)
 	all := true
@@ -573,15 +580,10 @@ func connectionOptions(sent string, req *http.Request) string {
 			all = false
 		}
 	}
-	switch {
-	case len(kept) > 0 && all:
+	if all {
 		return sent
-	case len(kept) > 0:
-		return strings.Join(kept, ", ")
-	case req.Close:
-		return "close"
 	}
-	return "keep-alive"
+	return strings.Join(kept, ", ")
 }
 
 // done releases one use of mc: an unused connection goes back to the pool
