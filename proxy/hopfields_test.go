@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/net/http2/hpack"
+
 	"github.com/seed-a3c387e8/onceproxy/internal/fingerprint/fporigin"
 	"github.com/seed-a3c387e8/onceproxy/upstream"
 )
@@ -236,6 +238,24 @@ func TestTETrailersReachesTheOrigin(t *testing.T) {
 		// Only trailers: gzip here is the client's offer to the proxy.
 		rawH1(t, c, bufio.NewReader(c), strings.Replace(head, "TE: trailers", "TE: gzip;q=0.5, trailers", 1))
 		if got := headerLines(origin.head(t, 3)); got != want {
+			t.Errorf("origin saw\n%s\nwant\n%s", got, want)
+		}
+	})
+	// An HTTP/2 client (Firefox sends "te: trailers" last) at an origin
+	// that speaks HTTP/1.1 only: its request is translated, and over
+	// HTTP/1.1 TE goes with the TE option of a Connection field (RFC 9110
+	// §10.1.4), which HTTP/2 has no room for.
+	t.Run("h2 client at an h1 origin", func(t *testing.T) {
+		origin := startRawOrigin(t, true)
+		w := newWorld(t, worldOpts{originCAs: []*x509.Certificate{origin.cert}})
+		host := origin.ln.Addr().String()
+		h2Get(t, w, host, []hpack.HeaderField{
+			{Name: ":method", Value: "GET"}, {Name: ":path", Value: "/te-h2"}, {Name: ":authority", Value: host},
+			{Name: ":scheme", Value: "https"}, {Name: "user-agent", Value: "Mozilla/5.0 test"},
+			{Name: "accept", Value: "*/*"}, {Name: "te", Value: "trailers"},
+		})
+		want := "Host: " + host + "\r\nUser-Agent: Mozilla/5.0 test\r\nAccept: */*\r\nTe: trailers\r\nConnection: TE\r\n\r\n"
+		if got := headerLines(origin.head(t, 1)); got != want {
 			t.Errorf("origin saw\n%s\nwant\n%s", got, want)
 		}
 	})

@@ -538,15 +538,29 @@ type sentNotifier interface {
 // that sees a keep-alive client without its "Connection: keep-alive"
 // (Python's requests sends it), or with "keep-alive" where it sent
 // "Keep-Alive" (.NET), sees a client that does not exist.
+//
+// An HTTP/2 client's request translated to HTTP/1.1 (an origin that
+// chose it) gets one only for its "TE: trailers" (Firefox, gRPC): over
+// HTTP/1.1 a sender of TE must list it in Connection (RFC 9110 §10.1.4),
+// and a TE without it is a request no HTTP/1.1 client sends. It goes
+// after the client's fields, as "TE", the RFC's spelling.
 func connectionHeader(req *http.Request, mc *mconn) *http.Request {
 	shape := fingerprint.ShapeFrom(req.Context())
-	if mc.h2 || shape == nil || shape.PseudoOrder != nil || req.ProtoMajor != 1 || req.Header.Get("Connection") != "" {
+	if mc.h2 || shape == nil || req.Header.Get("Connection") != "" {
 		return req
 	}
-	if !slices.ContainsFunc(shape.HeaderOrder, func(n string) bool { return strings.EqualFold(n, "Connection") }) {
+	var v string
+	switch {
+	case shape.PseudoOrder != nil:
+		if req.Header["Te"] == nil {
+			return req
+		}
+		v = "TE"
+	case req.ProtoMajor != 1 || !slices.ContainsFunc(shape.HeaderOrder, func(n string) bool { return strings.EqualFold(n, "Connection") }):
 		return req
+	default:
+		v = connectionOptions(shape.Connection, req)
 	}
-	v := connectionOptions(shape.Connection, req)
 	if v == "" {
 		return req
 	}
