@@ -318,3 +318,48 @@ func TestNoMadeUpConnectionField(t *testing.T) {
 		}
 	}
 }
+
+// TestTETrailersThroughNetHTTP: requests net/http sends for the proxy
+// (fingerprint: go; also plain http behind an HTTP gateway, WebSocket
+// handshakes, GET /fetch) carry "TE: trailers" as the mirror does: over
+// HTTP/1.1 with the TE option of a Connection field when the client
+// listed it, or spoke HTTP/2 where it has no Connection field; over
+// HTTP/2 without, where net/http refuses any Connection field but
+// keep-alive or close.
+func TestTETrailersThroughNetHTTP(t *testing.T) {
+	h1 := startRawOrigin(t, true)
+	h2 := startFPOrigin(t, fporigin.Options{})
+	w := newWorld(t, worldOpts{
+		originCAs: []*x509.Certificate{h1.cert},
+		upstream:  upstream.Config{Fingerprint: upstream.FingerprintGo, CAFiles: []string{h2.CAFile()}},
+	})
+	host := h1.ln.Addr().String()
+	t.Run("h1 client", func(t *testing.T) {
+		c := insideTunnel(t, w, host, true)
+		rawH1(t, c, bufio.NewReader(c), "GET /te-go HTTP/1.1\r\nHost: "+host+"\r\nUser-Agent: raw/1\r\nTE: trailers\r\nConnection: keep-alive, TE\r\n\r\n")
+		got := h1.head(t, 1)
+		if !strings.Contains(got, "\r\nTe: trailers\r\n") || !strings.Contains(got, "\r\nConnection: TE\r\n") {
+			t.Errorf("origin saw\n%s\nwant Te: trailers with Connection: TE", got)
+		}
+		// Without the option the client sent none, and none is made up.
+		rawH1(t, c, bufio.NewReader(c), "GET /te-go-alone HTTP/1.1\r\nHost: "+host+"\r\nUser-Agent: raw/1\r\nTE: trailers\r\n\r\n")
+		if got := h1.head(t, 2); !strings.Contains(got, "\r\nTe: trailers\r\n") || strings.Contains(got, "Connection") {
+			t.Errorf("origin saw\n%s\nwant Te: trailers alone", got)
+		}
+	})
+	t.Run("h2 client at an h1 origin", func(t *testing.T) {
+		mustFetch(t, goFPClient(t, w.proxyURL, w.caPool, true, nil), "https://"+host+"/te-go-h2", "Te", "trailers")
+		got := h1.head(t, 3)
+		if !strings.Contains(got, "\r\nTe: trailers\r\n") || !strings.Contains(got, "\r\nConnection: TE\r\n") {
+			t.Errorf("origin saw\n%s\nwant Te: trailers with Connection: TE", got)
+		}
+	})
+	t.Run("h2 client at an h2 origin", func(t *testing.T) {
+		mustFetch(t, goFPClient(t, w.proxyURL, w.caPool, true, nil), "https://localhost:"+h2.Port()+"/te-go-h2", "Te", "trailers")
+		got := recordOf(t, h2, "/te-go-h2")
+		if got.Proto != "HTTP/2.0" || fmt.Sprint(got.Header["Te"]) != "[trailers]" || got.Header["Connection"] != nil {
+			t.Errorf("origin saw %s te %q connection %q, want HTTP/2.0 te [trailers] and no connection",
+				got.Proto, got.Header["Te"], got.Header["Connection"])
+		}
+	})
+}

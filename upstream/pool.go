@@ -430,6 +430,8 @@ func (p *Pool) sendDirect(req *http.Request, r *rule) (*http.Response, error) {
 	var tr http.RoundTripper = p.direct.current().tls
 	if r.mirror && p.directMirror.takes(out) {
 		tr = p.directMirror
+	} else {
+		out = withTEOption(out)
 	}
 	resp, err := tr.RoundTrip(out)
 	if err != nil {
@@ -599,6 +601,9 @@ func (m *targetMisses) charge(p *Pool) {
 // a 5xx whose headers say the gateway could not reach the target
 // (gatewayCouldNotReach).
 func (s *session) roundTrip(tr http.RoundTripper, req *http.Request) (*http.Response, error) {
+	if _, ok := tr.(*http.Transport); ok {
+		req = withTEOption(req)
+	}
 	resp, err := tr.RoundTrip(req)
 	if t, ok := tr.(*http.Transport); err != nil || !ok || t.Proxy == nil {
 		return resp, err
