@@ -36,13 +36,16 @@ type download struct {
 	streamed bool
 }
 
-// stallError ends a download whose origin sent nothing for stall_timeout.
+// stallError ends a download whose origin sent nothing for stall_timeout:
+// a timeout (504) for the clients of a body read whole before its head
+// goes out (see smallBodyBytes), as timeoutError is.
 type stallError struct{ d time.Duration }
 
 func (e stallError) Error() string {
 	return "upstream body stalled: no byte for dedup.stall_timeout (" + e.d.String() + ")"
 }
-func (stallError) Timeout() bool { return true }
+func (stallError) Timeout() bool   { return true }
+func (stallError) Temporary() bool { return true }
 
 func (e *Engine) newDownload(key string, resp *http.Response, meta *Entry, ttl time.Duration,
 	ctx context.Context, cancel context.CancelCauseFunc, release, slots func(), lease Lease) (*object, *download) {

@@ -916,8 +916,12 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		timer.Stop()
 		cancel(nil)
 	}
+	// stalling: the timer, stopped once the headers came, times the
+	// stalls of a small body read whole (see readSmall); its firing says
+	// stall_timeout then, not flight_timeout.
+	stalling := false
 	fail := func(err error) *flightResult {
-		isTimeout := errors.Is(context.Cause(ctx), timeout)
+		isTimeout := !stalling && errors.Is(context.Cause(ctx), timeout)
 		if isTimeout && !errors.Is(err, timeout) {
 			err = fmt.Errorf("%w (%v)", timeout, err)
 		}
@@ -977,11 +981,19 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		meta.Vary = peerVary
 	}
 	small := size > 0 && size <= e.smallBodyLimit() && !fromPeer
+	if !timer.Stop() {
+		// The deadline passed as the headers came.
+		resp.Body.Close()
+		return fail(timeout), nil
+	}
 	if small {
-		// Read before the flight's result goes out, under its deadline
-		// (see smallBodyBytes), straight into the form the memory store
-		// keeps when it will keep it: the entry is final but for its
-		// body, and the store takes it without a copy.
+		// Read before the flight's result goes out (see smallBodyBytes),
+		// straight into the form the memory store keeps when it will
+		// keep it: the entry is final but for its body, and the store
+		// takes it without a copy. It is bounded as a streamed body is:
+		// no byte for stall_timeout fails it. Under flight_timeout, which
+		// covers the headers only, an origin that stalled mid-body held
+		// its clients for that long whatever stall_timeout said.
 		meta.Header.Set("Content-Length", strconv.FormatInt(size, 10))
 		var p packed
 		var body []byte
@@ -990,15 +1002,16 @@ func (e *Engine) lead(req *http.Request, rule *Rule, key string, body []byte) (r
 		} else {
 			body = make([]byte, size)
 		}
-		if err := readSmall(resp.Body, body); err != nil {
+		stalling = true
+		stall := e.cfg.StallTimeout
+		timer.Reset(stall)
+		if err := readSmall(resp.Body, body, timer, stall); err != nil {
+			if errors.Is(context.Cause(ctx), timeout) {
+				err = stallError{stall}
+			}
 			return fail(fmt.Errorf("read upstream body: %w", err)), nil
 		}
 		meta.Body, meta.packed = body, p
-	}
-	if !timer.Stop() {
-		// The deadline passed as the headers came.
-		resp.Body.Close()
-		return fail(timeout), nil
 	}
 	if size == 0 {
 		resp.Body.Close()
@@ -1036,11 +1049,23 @@ func (e *Engine) smallBodyLimit() int64 {
 
 // readSmall reads a body of exactly len(buf) bytes into buf, to its EOF
 // (an HTTP/1.1 connection goes back to its pool there), and closes it.
-func readSmall(body io.ReadCloser, buf []byte) error {
+// Each read that brings bytes resets stall to d: the timer ends the read
+// when the body stalls.
+func readSmall(body io.ReadCloser, buf []byte, stall *time.Timer, d time.Duration) error {
 	defer body.Close()
 	size := len(buf)
-	if _, err := io.ReadFull(body, buf); err != nil {
-		return err
+	for n := 0; n < size; {
+		k, err := body.Read(buf[n:])
+		if k > 0 {
+			n += k
+			stall.Reset(d)
+		}
+		if err == io.EOF && n < size {
+			return io.ErrUnexpectedEOF
+		}
+		if err != nil && n < size {
+			return err
+		}
 	}
 	var one [1]byte
 	n, err := body.Read(one[:])
