@@ -1,6 +1,7 @@
 package proxy_test
 
 import (
+	"context"
 	"crypto/x509"
 	"fmt"
 	"io"
@@ -30,6 +31,19 @@ import (
 func TestOriginStalledMidBody(t *testing.T) {
 	stop := make(chan struct{})
 	origin := tlsOrigin(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/trickle" { // a byte every 100 ms while the test runs
+			for {
+				w.Write([]byte("x"))
+				w.(http.Flusher).Flush()
+				select {
+				case <-stop:
+					return
+				case <-r.Context().Done():
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}
 		size, _ := strconv.Atoi(r.URL.Query().Get("size"))
 		w.Header().Set("Content-Length", strconv.Itoa(size))
 		w.Write([]byte(strings.Repeat("x", size/2)))
@@ -53,29 +67,61 @@ func TestOriginStalledMidBody(t *testing.T) {
 		originCAs: []*x509.Certificate{origin.Certificate()},
 		dedup:     dedupOn(dedup.Config{StallTimeout: long, FlightTimeout: long}),
 	})
+	// The same with the origin's HTTP/2 connection kept busy by another
+	// stream (mirrored for an HTTP/2 client; through net/http, which
+	// speaks HTTP/2 to the origin whatever the client spoke): the
+	// connection's idle timeout never fires, the stalled stream's must.
+	busy := newWorld(t, worldOpts{
+		proxy:     proxy.Config{IdleTimeout: long},
+		upstream:  upstream.Config{IdleTimeout: time.Second, Fingerprint: upstream.FingerprintGo},
+		originCAs: []*x509.Certificate{origin.Certificate()},
+		dedup:     dedupOn(dedup.Config{StallTimeout: long, FlightTimeout: long}),
+	})
 	for _, tc := range []struct {
-		name   string
-		w      *world
-		method string
-		size   int
-		want   string // the status; a 200 must end in a body error
+		name    string
+		w       *world
+		method  string
+		size    int
+		want    string // the status; a 200 must end in a body error
+		trickle bool   // another stream keeps the origin connection busy
 	}{
-		{"flight small body", flights, http.MethodGet, 2000, "504"},
-		{"flight streamed body", flights, http.MethodGet, 200000, "200"},
-		{"passed through", passed, http.MethodPost, 200000, "200"},
+		{"flight small body", flights, http.MethodGet, 2000, "504", false},
+		{"flight streamed body", flights, http.MethodGet, 200000, "200", false},
+		{"passed through", passed, http.MethodPost, 200000, "200", false},
+		{"passed through, busy connection", passed, http.MethodPost, 200000, "200", true},
+		{"passed through net/http, busy connection", busy, http.MethodPost, 200000, "200", true},
 	} {
 		for _, h2 := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/h2=%v", tc.name, h2), func(t *testing.T) {
+				if tc.trickle && tc.w == passed && !h2 {
+					t.Skip("an HTTP/1.1 client's mirrored origin connection is HTTP/1.1")
+				}
 				c := tc.w.client(h2)
-				c.Timeout = time.Minute
+				if tc.trickle {
+					go func() {
+						resp, err := c.Post(origin.URL+"/trickle", "text/plain", strings.NewReader("b"))
+						if err == nil {
+							io.Copy(io.Discard, resp.Body)
+							resp.Body.Close()
+						}
+					}()
+					time.Sleep(200 * time.Millisecond) // its stream first, on the connection the next one takes
+				}
+				// An answer after the test's half minute is one no 1s
+				// timeout gave.
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
 				u := fmt.Sprintf("%s/stall-%v?size=%d", origin.URL, h2, tc.size)
-				req, _ := http.NewRequest(tc.method, u, strings.NewReader("b"))
+				req, _ := http.NewRequestWithContext(ctx, tc.method, u, strings.NewReader("b"))
 				resp, err := c.Do(req)
 				if err != nil {
 					t.Fatalf("%s: %v (the stall was not given up)", tc.method, err)
 				}
 				defer resp.Body.Close()
 				n, err := io.Copy(io.Discard, resp.Body)
+				if ctx.Err() != nil {
+					t.Fatalf("the body was still held after 30s: %d bytes, %v", n, err)
+				}
 				if got := strconv.Itoa(resp.StatusCode); got != tc.want {
 					t.Fatalf("status %s (%s), want %s", got, resp.Header.Get("X-Onceproxy-Error"), tc.want)
 				}

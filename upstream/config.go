@@ -36,7 +36,9 @@ type Config struct {
 	// after the request was written. Default 30s.
 	ResponseHeaderTimeout time.Duration `yaml:"response_header_timeout"`
 	// IdleTimeout drops an origin connection or tunnel on which nothing moved
-	// for this long, including a body that stalls mid-transfer. Default 2m.
+	// for this long, including a body that stalls mid-transfer, and resets
+	// an HTTP/2 response body that brought nothing for this long (its
+	// connection may be busy with other streams). Default 2m.
 	IdleTimeout time.Duration `yaml:"idle_timeout"`
 	// IdleConnTimeout closes pooled keep-alive connections unused this long. Default 90s.
 	IdleConnTimeout time.Duration `yaml:"idle_conn_timeout"`

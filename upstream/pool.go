@@ -245,6 +245,14 @@ func New(cfg Config, logger *slog.Logger, opts ...Option) (*Pool, error) {
 // retry methods) on a new exit IP before anything is returned. It
 // implements http.RoundTripper.
 func (p *Pool) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := p.roundTrip(req)
+	if err == nil {
+		streamIdle(resp, p.st.Load().cfg.IdleTimeout)
+	}
+	return resp, err
+}
+
+func (p *Pool) roundTrip(req *http.Request) (*http.Response, error) {
 	st := p.st.Load()
 	host := req.URL.Hostname()
 	r := st.match(host, urlcanon.Path(req.URL))
