@@ -77,6 +77,17 @@ func TestOriginStalledMidBody(t *testing.T) {
 		originCAs: []*x509.Certificate{origin.Certificate()},
 		dedup:     dedupOn(dedup.Config{StallTimeout: long, FlightTimeout: long}),
 	})
+	// And the client's own idle timeout, when it is the shortest: nothing
+	// moves on an HTTP/1.1 client's connection meanwhile, nor on an
+	// HTTP/2 client's stream, whose write deadline (proxy.idle_timeout,
+	// moved by each write) runs on while the origin stalls, however busy
+	// the connection's other streams keep it.
+	clientIdle := newWorld(t, worldOpts{
+		proxy:     proxy.Config{IdleTimeout: time.Second},
+		upstream:  upstream.Config{IdleTimeout: long},
+		originCAs: []*x509.Certificate{origin.Certificate()},
+		dedup:     dedupOn(dedup.Config{StallTimeout: long, FlightTimeout: long}),
+	})
 	for _, tc := range []struct {
 		name    string
 		w       *world
@@ -90,6 +101,7 @@ func TestOriginStalledMidBody(t *testing.T) {
 		{"passed through", passed, http.MethodPost, 200000, "200", false},
 		{"passed through, busy connection", passed, http.MethodPost, 200000, "200", true},
 		{"passed through net/http, busy connection", busy, http.MethodPost, 200000, "200", true},
+		{"client idle timeout, busy connection", clientIdle, http.MethodPost, 200000, "200", true},
 	} {
 		for _, h2 := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/h2=%v", tc.name, h2), func(t *testing.T) {
