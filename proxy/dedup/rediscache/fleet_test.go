@@ -20,6 +20,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
@@ -217,59 +218,11 @@ func (f *fleetFixture) everyoneWaiting(n int64) bool {
 
 // TestFleetStampede: 300 concurrent identical requests spread over three
 // instances sharing one Redis reach the origin once.
-func TestFleetStampede(t *testing.T) {
-	const n = 300
-	var f *fleetFixture
-	f = newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(200 * time.Millisecond)
-		testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "every client waiting")
-		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
-	})
-	res := make(chan got, n)
-	for i := range n {
-		inst := f.insts[i%3]
-		go func() { res <- inst.get(f.origin.URL + "/stampede") }()
-	}
-	counts := map[string]int{}
-	var body string
-	for range n {
-		g := <-res
-		if g.err != nil || g.status != 200 {
-			t.Fatalf("client got %+v", g)
-		}
-		if body == "" {
-			body = g.body
-		} else if g.body != body {
-			t.Fatalf("different bodies: %q vs %q", g.body, body)
-		}
-		counts[g.xcache]++
-	}
-	if f.hits.Load() != 1 {
-		t.Fatalf("origin saw %d requests, want 1", f.hits.Load())
-	}
-	if counts[dedup.CacheMiss] != 1 || counts[dedup.CacheCoalesced] != n-1 {
-		t.Fatalf("X-Cache counts %v", counts)
-	}
-}
+func TestFleetStampede(t *testing.T) { fleettest.FleetStampede(t, contract(Config{}, nil)) }
 
 // TestHitOnAnotherInstance: a page fetched through A is a HIT on B and C.
 func TestHitOnAnotherInstance(t *testing.T) {
-	f := newFleet(t, 3, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/html")
-		fmt.Fprintf(w, "<p>%s</p>%s", r.URL.Path, make([]byte, 4096)) // compressible
-	})
-	a := f.insts[0].get(f.origin.URL + "/shared")
-	if a.xcache != dedup.CacheMiss {
-		t.Fatalf("A: %+v", a)
-	}
-	for _, inst := range f.insts[1:] {
-		if g := inst.get(f.origin.URL + "/shared"); g.xcache != dedup.CacheHit || g.body != a.body {
-			t.Fatalf("%s: %s, body equal %v", inst.name, g.xcache, g.body == a.body)
-		}
-	}
-	if f.hits.Load() != 1 {
-		t.Fatalf("origin hits %d", f.hits.Load())
-	}
+	fleettest.HitOnAnotherInstance(t, contract(Config{}, nil))
 }
 
 // TestLeaderCrashTakeover: the leading instance loses Redis mid-flight (as
@@ -321,33 +274,7 @@ func TestLeaderCrashTakeover(t *testing.T) {
 // TestFailedFlightAcrossFleet: a 500 reaches the waiters of that flight on
 // every instance; nothing is cached; the next request gets a fresh flight.
 func TestFailedFlightAcrossFleet(t *testing.T) {
-	var calls atomic.Int64
-	var f *fleetFixture
-	const n = 6
-	f = newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		if calls.Add(1) == 1 {
-			testkit.Wait(t, testkit.Patience, func() bool { return f.everyoneWaiting(n) }, "waiters")
-			http.Error(w, "origin broke", http.StatusInternalServerError)
-			return
-		}
-		io.WriteString(w, "recovered")
-	})
-	res := make(chan got, n)
-	for i := range n {
-		inst := f.insts[i%2]
-		go func() { res <- inst.get(f.origin.URL + "/flaky") }()
-	}
-	for range n {
-		if g := <-res; g.status != 500 {
-			t.Fatalf("waiter: %+v", g)
-		}
-	}
-	if f.hits.Load() != 1 {
-		t.Fatalf("failed flight stampeded: %d origin hits", f.hits.Load())
-	}
-	if g := f.insts[1].get(f.origin.URL + "/flaky"); g.status != 200 || g.body != "recovered" {
-		t.Fatalf("next request: %+v", g)
-	}
+	fleettest.FailedFlightAcrossFleet(t, contract(Config{}, nil))
 }
 
 // TestConnectionErrorSharedAcrossFleet: a transport failure is shared too.
@@ -360,42 +287,10 @@ func TestConnectionErrorSharedAcrossFleet(t *testing.T) {
 	}
 }
 
-// TestInvalidationReachesTheFleet: invalidating on A drops B's local copy.
+// TestInvalidationReachesTheFleet: invalidating on A drops B's local copy,
+// by URL and by key.
 func TestInvalidationReachesTheFleet(t *testing.T) {
-	f := newFleet(t, 2, Config{LocalTTL: time.Minute}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "v%d", time.Now().UnixNano())
-	})
-	a, b := f.insts[0], f.insts[1]
-	u := f.origin.URL + "/inv?x=1"
-	key := a.get(u).key
-	if g := b.get(u); g.xcache != dedup.CacheHit {
-		t.Fatalf("B: %s", g.xcache)
-	}
-	n, err := a.engine.InvalidateURL(context.Background(), u)
-	if err != nil || n != 1 {
-		t.Fatalf("InvalidateURL = %d, %v", n, err)
-	}
-	testkit.Eventually(t, testkit.Patience, func() bool {
-		_, err := b.store.local.Get(context.Background(), key)
-		return err != nil
-	}, "B's local tier to drop the URL")
-	if g := b.get(u); g.xcache != dedup.CacheMiss {
-		t.Fatalf("after invalidation B got %s", g.xcache)
-	}
-	// By key too (B's fetch above stored it again).
-	if g := a.get(u); g.xcache != dedup.CacheHit {
-		t.Fatalf("A: %s", g.xcache)
-	}
-	if err := a.engine.InvalidateKey(context.Background(), key); err != nil {
-		t.Fatal(err)
-	}
-	testkit.Eventually(t, testkit.Patience, func() bool {
-		_, err := b.store.local.Get(context.Background(), key)
-		return err != nil
-	}, "key invalidated on B")
-	if g := b.get(u); g.xcache != dedup.CacheMiss {
-		t.Fatalf("after key invalidation B got %s", g.xcache)
-	}
+	fleettest.InvalidationReachesTheFleet(t, contract(Config{}, nil))
 }
 
 // TestOlderFormatIsIgnored: a value in another format version is a miss

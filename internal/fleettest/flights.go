@@ -1,0 +1,151 @@
+package fleettest
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
+	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
+)
+
+// FleetStampede: 300 concurrent identical requests spread over three
+// instances sharing one store reach the origin once; one client gets the
+// MISS, every other is COALESCED, all with the same body.
+func FleetStampede(t *testing.T, newFleet Factory) {
+	const n = 300
+	var f *Fleet
+	f = newFleet(t, Options{Instances: 3}, func(w http.ResponseWriter, r *http.Request) {
+		time.Sleep(200 * time.Millisecond)
+		// An origin handler: testkit.Wait reports instead of failing here.
+		testkit.Wait(t, testkit.Patience, func() bool { return f.EveryoneWaiting(n) }, "every client waiting")
+		fmt.Fprintf(w, "one answer %d", time.Now().UnixNano())
+	})
+	res := make(chan Got, n)
+	for i := range n {
+		inst := f.Insts[i%3]
+		go func() { res <- inst.Get(f.Origin.URL + "/stampede") }()
+	}
+	counts := map[string]int{}
+	var body string
+	for range n {
+		g := <-res
+		if g.Err != nil || g.Status != 200 {
+			t.Fatalf("client got %+v", g)
+		}
+		if body == "" {
+			body = g.Body
+		} else if g.Body != body {
+			t.Fatalf("different bodies: %q vs %q", g.Body, body)
+		}
+		counts[g.XCache]++
+	}
+	if f.Hits() != 1 {
+		t.Fatalf("origin saw %d requests, want 1", f.Hits())
+	}
+	if counts[dedup.CacheMiss] != 1 || counts[dedup.CacheCoalesced] != n-1 {
+		t.Fatalf("X-Cache counts %v", counts)
+	}
+}
+
+// HitOnAnotherInstance: a page fetched through A is a HIT on B and C,
+// with the same body (compressible, so a store that compresses values
+// does).
+func HitOnAnotherInstance(t *testing.T, newFleet Factory) {
+	f := newFleet(t, Options{Instances: 3}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/html")
+		fmt.Fprintf(w, "<p>%s</p>%s", r.URL.Path, make([]byte, 4096))
+	})
+	a := f.Insts[0].Get(f.Origin.URL + "/shared")
+	if a.XCache != dedup.CacheMiss {
+		t.Fatalf("A: %+v", a)
+	}
+	for _, inst := range f.Insts[1:] {
+		if g := inst.Get(f.Origin.URL + "/shared"); g.XCache != dedup.CacheHit || g.Body != a.Body {
+			t.Fatalf("%s: %s, body equal %v", inst.Name, g.XCache, g.Body == a.Body)
+		}
+	}
+	if f.Hits() != 1 {
+		t.Fatalf("origin hits %d", f.Hits())
+	}
+}
+
+// FailedFlightAcrossFleet: a 500 reaches the waiters of that flight on
+// every instance; nothing is cached; the next request gets a fresh flight.
+func FailedFlightAcrossFleet(t *testing.T, newFleet Factory) {
+	var calls atomic.Int64
+	var f *Fleet
+	const n = 6
+	f = newFleet(t, Options{Instances: 2}, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 1 {
+			testkit.Wait(t, testkit.Patience, func() bool { return f.EveryoneWaiting(n) }, "the waiters")
+			http.Error(w, "origin broke", http.StatusInternalServerError)
+			return
+		}
+		io.WriteString(w, "recovered")
+	})
+	res := make(chan Got, n)
+	for i := range n {
+		inst := f.Insts[i%2]
+		go func() { res <- inst.Get(f.Origin.URL + "/flaky") }()
+	}
+	for range n {
+		if g := <-res; g.Status != 500 {
+			t.Fatalf("waiter: %+v", g)
+		}
+	}
+	if f.Hits() != 1 {
+		t.Fatalf("failed flight stampeded: %d origin hits", f.Hits())
+	}
+	if g := f.Insts[1].Get(f.Origin.URL + "/flaky"); g.Status != 200 || g.Body != "recovered" {
+		t.Fatalf("next request: %+v", g)
+	}
+}
+
+// ConnectionErrorSharedAcrossFleet: a transport failure (an origin that
+// is gone) reaches the client as an error, never as a cached answer.
+func ConnectionErrorSharedAcrossFleet(t *testing.T, newFleet Factory) {
+	f := newFleet(t, Options{Instances: 2}, func(w http.ResponseWriter, r *http.Request) {})
+	dead := f.Origin.URL
+	f.Origin.Close()
+	if g := f.Insts[0].Get(dead + "/x"); g.Err == nil {
+		t.Fatalf("got %+v", g)
+	}
+}
+
+// InvalidationReachesTheFleet: invalidating on A drops B's local copy (a
+// long local_ttl, so only the invalidation can), by URL and by key.
+func InvalidationReachesTheFleet(t *testing.T, newFleet Factory) {
+	f := newFleet(t, Options{Instances: 2, LocalTTL: time.Minute}, func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "v%d", time.Now().UnixNano())
+	})
+	a, b := f.Insts[0], f.Insts[1]
+	u := f.Origin.URL + "/inv?x=1"
+	key := a.Get(u).Key
+	if g := b.Get(u); g.XCache != dedup.CacheHit {
+		t.Fatalf("B: %s", g.XCache)
+	}
+	n, err := a.Engine.InvalidateURL(context.Background(), u)
+	if err != nil || n != 1 {
+		t.Fatalf("InvalidateURL = %d, %v", n, err)
+	}
+	testkit.Eventually(t, testkit.Patience, func() bool { return b.localDropped(key) }, "B's local tier to drop the URL")
+	if g := b.Get(u); g.XCache != dedup.CacheMiss {
+		t.Fatalf("after invalidation B got %s", g.XCache)
+	}
+	// By key too (B's fetch above stored it again).
+	if g := a.Get(u); g.XCache != dedup.CacheHit {
+		t.Fatalf("A: %s", g.XCache)
+	}
+	if err := a.Engine.InvalidateKey(context.Background(), key); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, testkit.Patience, func() bool { return b.localDropped(key) }, "key invalidated on B")
+	if g := b.Get(u); g.XCache != dedup.CacheMiss {
+		t.Fatalf("after key invalidation B got %s", g.XCache)
+	}
+}

@@ -1,0 +1,44 @@
+package rediscache
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
+)
+
+// contract is the factory the fleettest contracts start their fleets
+// with: instances configured as base, with what the contract asks on
+// top, on a redis-server of their own (which the contract may kill).
+// keep, when not nil, receives the fixture, for a test to go on with
+// what only Redis has.
+func contract(base Config, keep **fleetFixture) fleettest.Factory {
+	return func(t *testing.T, o fleettest.Options, h http.HandlerFunc) *fleettest.Fleet {
+		t.Helper()
+		rc := base
+		if o.LocalTTL != 0 {
+			rc.LocalTTL = o.LocalTTL
+		}
+		if o.StatsFlush != 0 {
+			rc.StatsFlush = o.StatsFlush
+		}
+		if o.BreakerInterval != 0 {
+			rc.BreakerInterval = o.BreakerInterval
+		}
+		if o.BreakerFailures != 0 {
+			rc.BreakerFailures = o.BreakerFailures
+		}
+		f := newFleet(t, o.Instances, rc, o.Dedup, h)
+		if keep != nil {
+			*keep = f
+		}
+		cf := &fleettest.Fleet{Store: "redis", Origin: f.origin, Hits: f.hits.Load, Kill: f.redis.Kill, Restart: f.redis.Restart}
+		for _, i := range f.insts {
+			cf.Insts = append(cf.Insts, &fleettest.Instance{
+				Name: i.name, Engine: i.engine, Local: i.store.local, Bus: i.bus,
+				FleetWaits: i.store.fleetWaits.Load, Available: i.be.Available, Stop: i.stop,
+			})
+		}
+		return cf
+	}
+}
