@@ -46,9 +46,11 @@ type Factory func(t *testing.T, o Options, origin http.HandlerFunc) *Fleet
 
 // Fleet is what a contract sees of the instances a factory started.
 type Fleet struct {
-	// Store is what the fleet's statistics call the store ("redis").
-	Store  string
-	Origin *httptest.Server
+	// Store is what the fleet's statistics call the store ("redis"), and
+	// StatsDays how many days they report.
+	Store     string
+	StatsDays int
+	Origin    *httptest.Server
 	// Hits counts the requests the origin has had.
 	Hits  func() int64
 	Insts []*Instance

@@ -41,7 +41,7 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 		if keep != nil {
 			*keep = f
 		}
-		cf := &fleettest.Fleet{Store: "postgres", Origin: f.origin, Hits: f.hits.Load, Kill: kill, Restart: restart}
+		cf := &fleettest.Fleet{Store: "postgres", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load, Kill: kill, Restart: restart}
 		for _, i := range f.insts {
 			cf.Insts = append(cf.Insts, &fleettest.Instance{
 				Name: i.name, Engine: i.engine, Local: i.local, Bus: i.bus,

@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
@@ -117,7 +118,7 @@ func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	transport := &http.Transport{}
-	opts := dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger}
+	opts := dedup.Options{Savings: fleettest.Prices, Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger}
 	var peer *peerListener
 	if f.peers {
 		peer = startPeerListener(t, st)

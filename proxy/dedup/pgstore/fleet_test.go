@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"io"
-	"math"
 	"net/http"
 	"sync"
 	"testing"
@@ -110,41 +109,14 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	fleettest.InvalidationReachesTheFleet(t, contract(Config{}, nil))
 }
 
-// fleetPrices price the fleet fixture's savings.
-var fleetPrices = dedup.SavingsConfig{PricePer1000Requests: 2, PricePerGB: 8}
-
 // TestFleetStatsAddUp: per-day counters in the database sum every
-// instance.
+// instance; an older day counts in the week, not today, and a day past
+// the week not at all.
 func TestFleetStatsAddUp(t *testing.T) {
-	f := newFleet(t, 2, Config{StatsFlush: 20 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "0123456789")
-	})
-	a, b := f.insts[0], f.insts[1]
-	a.get(f.origin.URL + "/s") // MISS
-	b.get(f.origin.URL + "/s") // HIT (10 bytes avoided)
-	b.get(f.origin.URL + "/s") // HIT
-	a.get(f.origin.URL + "/t") // MISS
-	var fs dedup.FleetStats
-	waitFor(t, "stats flushed", func() bool {
-		var err error
-		fs, err = a.bus.FleetStats(context.Background())
-		return err == nil && fs.Today.Requests == 4
-	})
-	d := fs.Today
-	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
-		t.Fatalf("today: %+v", d)
-	}
-	// Two HITs of 10 bytes at 2 per 1,000 requests and 8 per GB.
-	if want := 2 * (2.0/1000 + 10*8/1e9); math.Abs(d.MoneySaved-want) > 1e-12 {
-		t.Fatalf("money saved today %v, want %v", d.MoneySaved, want)
-	}
-	if fs.Last7Days.Requests != 4 || len(fs.Days) != statsDays || fs.Store != "postgres" || !fs.Available {
-		t.Fatalf("7 days: %+v", fs)
-	}
-	// An older day counts in the week, not today; a day past the week not
-	// at all.
+	var f *fleetFixture
+	fleettest.FleetStatsAddUp(t, contract(Config{}, &f))
 	f.exec(`INSERT INTO {s}.stats (day, hit, miss) VALUES (current_date - 3, 5, 5), (current_date - 20, 100, 0)`)
-	fs, err := b.bus.FleetStats(context.Background())
+	fs, err := f.insts[1].bus.FleetStats(context.Background())
 	if err != nil || fs.Today.Requests != 4 || fs.Last7Days.Requests != 14 || fs.Days[3].Requests != 10 {
 		t.Fatalf("with older days: %+v, %v", fs, err)
 	}
@@ -153,109 +125,21 @@ func TestFleetStatsAddUp(t *testing.T) {
 // TestNotesReachTheOtherInstances: a note published by one instance
 // reaches the others' handler for its topic, never its own.
 func TestNotesReachTheOtherInstances(t *testing.T) {
-	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0], f.insts[1]
-	var mu sync.Mutex
-	heard := map[string][]string{}
-	for _, inst := range f.insts {
-		inst.bus.Subscribe("session", func(msg string, _ time.Duration) {
-			mu.Lock()
-			heard[inst.name] = append(heard[inst.name], msg)
-			mu.Unlock()
-		})
-	}
-	received := func(name string) []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), heard[name]...)
-	}
-	// The listener may take a moment to be live: publish until heard.
-	waitFor(t, "b to hear a", func() bool {
-		a.bus.Publish("other", "", "not for session handlers", 0)
-		a.bus.Publish("session", "", `{"session":"s1","kind":"cooldown"}`, 0)
-		time.Sleep(20 * time.Millisecond)
-		return len(received(b.name)) > 0
-	})
-	for _, m := range received(b.name) {
-		if m != `{"session":"s1","kind":"cooldown"}` {
-			t.Errorf("b heard %q", m)
-		}
-	}
-	if m := received(a.name); len(m) != 0 {
-		t.Errorf("a heard its own notes: %q", m)
-	}
+	fleettest.NotesReachTheOtherInstances(t, contract(Config{}, nil))
 }
 
 // TestLastingNotesAreRecalled: a lasting note is kept until it expires,
-// in the database's clock, and handed to instances that subscribe later;
-// a shorter note on the same key does not replace a longer one; expired
-// notes are gone.
+// in the database's clock, and handed to instances that subscribe later.
 func TestLastingNotesAreRecalled(t *testing.T) {
-	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0].bus, f.insts[1].bus
-	recall := func() map[string]time.Duration {
-		var mu sync.Mutex
-		m := map[string]time.Duration{}
-		b.Subscribe("session", func(msg string, left time.Duration) {
-			if left > 0 {
-				mu.Lock()
-				m[msg] = left
-				mu.Unlock()
-			}
-		})
-		mu.Lock()
-		defer mu.Unlock()
-		out := make(map[string]time.Duration, len(m))
-		for k, v := range m {
-			out[k] = v
-		}
-		return out
-	}
-	a.Publish("session", "s1", "long", time.Minute)
-	waitFor(t, "the note to be kept", func() bool { return len(recall()) == 1 })
-	a.Publish("session", "s1", "short", 200*time.Millisecond)
-	a.Publish("session", "s2", "brief", 200*time.Millisecond)
-	waitFor(t, "the second key", func() bool { _, ok := recall()["brief"]; return ok })
-	kept := recall()
-	if left, ok := kept["long"]; !ok || left < 50*time.Second || left > time.Minute {
-		t.Errorf("long note: %v (all %+v)", left, kept)
-	}
-	if _, ok := kept["short"]; ok {
-		t.Errorf("a shorter note replaced a longer one: %+v", kept)
-	}
-	waitFor(t, "the brief note to expire", func() bool { _, ok := recall()["brief"]; return !ok })
-	if _, ok := recall()["long"]; !ok {
-		t.Error("the long note went with the brief one")
-	}
+	fleettest.LastingNotesAreRecalled(t, contract(Config{}, nil))
 }
 
 // TestClaimIsExclusiveAcrossInstances: one instance at a time holds a
-// claim; releasing it lets the next in; it lapses by itself.
+// claim; releasing it lets the next in; it lapses by itself. (On the
+// shared server, which no test may stop: the claim with the database gone
+// is not tried.)
 func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
-	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0].bus, f.insts[1].bus
-	ctx := context.Background()
-	release, ok := a.Claim(ctx, "rotate:s1", time.Minute)
-	if !ok {
-		t.Fatal("first claim refused")
-	}
-	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); ok {
-		t.Fatal("a held claim was granted to another instance")
-	}
-	if _, ok := b.Claim(ctx, "rotate:s2", time.Minute); !ok {
-		t.Fatal("claims on other names interfere")
-	}
-	release()
-	if _, ok := b.Claim(ctx, "rotate:s1", 100*time.Millisecond); !ok {
-		t.Fatal("a released claim stayed held")
-	}
-	if _, ok := a.Claim(ctx, "rotate:s1", time.Minute); ok {
-		t.Fatal("a claim was granted twice")
-	}
-	waitFor(t, "the claim to lapse", func() bool {
-		_, ok := a.Claim(ctx, "rotate:s1", time.Minute)
-		return ok
-	})
+	fleettest.ClaimIsExclusiveAcrossInstances(t, contract(Config{}, nil))
 }
 
 // TestTakeCountsFleetWide: one allowance spent by every instance, by the

@@ -32,7 +32,7 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 		if keep != nil {
 			*keep = f
 		}
-		cf := &fleettest.Fleet{Store: "redis", Origin: f.origin, Hits: f.hits.Load, Kill: f.redis.Kill, Restart: f.redis.Restart}
+		cf := &fleettest.Fleet{Store: "redis", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load, Kill: f.redis.Kill, Restart: f.redis.Restart}
 		for _, i := range f.insts {
 			cf.Insts = append(cf.Insts, &fleettest.Instance{
 				Name: i.name, Engine: i.engine, Local: i.store.local, Bus: i.bus,

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
-	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -94,7 +92,7 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	tr := &http.Transport{}
-	opts := dedup.Options{Savings: fleetPrices, Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger}
+	opts := dedup.Options{Savings: fleettest.Prices, Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger}
 	var peer *peerListener
 	if f.peers {
 		peer = startPeerListener(t, st)
@@ -424,37 +422,8 @@ func TestRedisDownAtStart(t *testing.T) {
 	}, "recovery")
 }
 
-// fleetPrices price the fleet fixture's savings.
-var fleetPrices = dedup.SavingsConfig{PricePer1000Requests: 2, PricePerGB: 8}
-
 // TestFleetStatsAddUp: per-day counters in Redis sum every instance.
-func TestFleetStatsAddUp(t *testing.T) {
-	f := newFleet(t, 2, Config{StatsFlush: 20 * time.Millisecond}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "0123456789")
-	})
-	a, b := f.insts[0], f.insts[1]
-	a.get(f.origin.URL + "/s") // MISS
-	b.get(f.origin.URL + "/s") // HIT (10 bytes avoided)
-	b.get(f.origin.URL + "/s") // HIT
-	a.get(f.origin.URL + "/t") // MISS
-	var fs dedup.FleetStats
-	testkit.Eventually(t, testkit.Patience, func() bool {
-		var err error
-		fs, err = a.bus.FleetStats(context.Background())
-		return err == nil && fs.Today.Requests == 4
-	}, "stats flushed")
-	d := fs.Today
-	if d.XCache["HIT"] != 2 || d.XCache["MISS"] != 2 || d.BySource["dedup_cache"] != 2 || d.SavingsPct != 50 || d.BytesAvoided != 20 {
-		t.Fatalf("today: %+v", d)
-	}
-	// Two HITs of 10 bytes at 2 per 1,000 requests and 8 per GB.
-	if want := 2 * (2.0/1000 + 10*8/1e9); math.Abs(d.MoneySaved-want) > 1e-12 {
-		t.Fatalf("money saved today %v, want %v", d.MoneySaved, want)
-	}
-	if fs.Last7Days.Requests != 4 || len(fs.Days) != statsDays {
-		t.Fatalf("7 days: %+v", fs.Last7Days)
-	}
-}
+func TestFleetStatsAddUp(t *testing.T) { fleettest.FleetStatsAddUp(t, contract(Config{}, nil)) }
 
 // TestConcurrentLookupsShareOneGet: a stampede on one instance reads a
 // cached value with one Redis GET, not one per client; a Redis slowed
@@ -504,112 +473,23 @@ func TestConcurrentLookupsShareOneGet(t *testing.T) {
 }
 
 // TestNotesReachTheOtherInstances: a note published by one instance
-// reaches the others' handler for its topic, never its own, and a note on
-// another topic reaches nobody's handler for this one.
+// reaches the others' handler for its topic, never its own.
 func TestNotesReachTheOtherInstances(t *testing.T) {
-	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0], f.insts[1]
-	var mu sync.Mutex
-	got := map[string][]string{}
-	for _, inst := range f.insts {
-		inst.bus.Subscribe("session", func(msg string, _ time.Duration) {
-			mu.Lock()
-			got[inst.name] = append(got[inst.name], msg)
-			mu.Unlock()
-		})
-	}
-	received := func(name string) []string {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]string(nil), got[name]...)
-	}
-	// The subscription may take a moment to be live: publish until heard.
-	testkit.Eventually(t, testkit.Patience, func() bool {
-		a.bus.Publish("other", "", "not for session handlers", 0)
-		a.bus.Publish("session", "", `{"session":"s1","kind":"cooldown"}`, 0)
-		time.Sleep(20 * time.Millisecond)
-		return len(received(b.name)) > 0
-	}, "b to hear a")
-	for _, m := range received(b.name) {
-		if m != `{"session":"s1","kind":"cooldown"}` {
-			t.Errorf("b heard %q", m)
-		}
-	}
-	if m := received(a.name); len(m) != 0 {
-		t.Errorf("a heard its own notes: %q", m)
-	}
+	fleettest.NotesReachTheOtherInstances(t, contract(Config{}, nil))
 }
 
 // TestClaimIsExclusiveAcrossInstances: one instance at a time holds a
 // claim; releasing it lets the next in; it lapses by itself; with Redis
-// gone every caller may proceed.
+// gone every caller may proceed (one failure opens the breaker, so that
+// claim does not wait out a timeout).
 func TestClaimIsExclusiveAcrossInstances(t *testing.T) {
-	f := newFleet(t, 2, Config{BreakerFailures: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0].bus, f.insts[1].bus
-	ctx := context.Background()
-	release, ok := a.Claim(ctx, "rotate:s1", time.Minute)
-	if !ok {
-		t.Fatal("first claim refused")
-	}
-	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); ok {
-		t.Fatal("a held claim was granted to another instance")
-	}
-	if _, ok := b.Claim(ctx, "rotate:s2", time.Minute); !ok {
-		t.Fatal("claims on other names interfere")
-	}
-	release()
-	if _, ok := b.Claim(ctx, "rotate:s1", 100*time.Millisecond); !ok {
-		t.Fatal("a released claim stayed held")
-	}
-	testkit.Eventually(t, testkit.Patience, func() bool {
-		_, ok := a.Claim(ctx, "rotate:s1", time.Minute)
-		return ok
-	}, "the claim to lapse")
-	f.redis.Kill()
-	if _, ok := b.Claim(ctx, "rotate:s1", time.Minute); !ok {
-		t.Fatal("with Redis gone a claim must not block the work it guards")
-	}
+	fleettest.ClaimIsExclusiveAcrossInstances(t, contract(Config{BreakerFailures: 1}, nil))
 }
 
 // TestLastingNotesAreRecalled: a lasting note is kept until it expires,
-// in Redis's clock, and handed to instances that subscribe later; a
-// shorter note on the same key does not replace a longer one; expired
-// notes are gone.
+// in the Redis's clock, and handed to instances that subscribe later.
 func TestLastingNotesAreRecalled(t *testing.T) {
-	f := newFleet(t, 2, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	a, b := f.insts[0].bus, f.insts[1].bus
-	// A fresh subscription recalls what is kept (left > 0); notes heard
-	// live meanwhile (left 0, on the events goroutine) are not recalls.
-	recall := func() map[string]time.Duration {
-		var mu sync.Mutex
-		m := map[string]time.Duration{}
-		b.Subscribe("session", func(msg string, left time.Duration) {
-			if left > 0 {
-				mu.Lock()
-				m[msg] = left
-				mu.Unlock()
-			}
-		})
-		mu.Lock()
-		defer mu.Unlock()
-		return maps.Clone(m)
-	}
-	a.Publish("session", "s1", "long", time.Minute)
-	testkit.Eventually(t, testkit.Patience, func() bool { return len(recall()) == 1 }, "the note to be kept")
-	a.Publish("session", "s1", "short", 200*time.Millisecond)
-	a.Publish("session", "s2", "brief", 200*time.Millisecond)
-	testkit.Eventually(t, testkit.Patience, func() bool { _, ok := recall()["brief"]; return ok }, "the second key")
-	got := recall()
-	if left, ok := got["long"]; !ok || left < 50*time.Second || left > time.Minute {
-		t.Errorf("long note: %v (all %+v)", left, got)
-	}
-	if _, ok := got["short"]; ok {
-		t.Errorf("a shorter note replaced a longer one: %+v", got)
-	}
-	testkit.Eventually(t, testkit.Patience, func() bool { _, ok := recall()["brief"]; return !ok }, "the brief note to expire")
-	if _, ok := recall()["long"]; !ok {
-		t.Error("the long note went with the brief one")
-	}
+	fleettest.LastingNotesAreRecalled(t, contract(Config{}, nil))
 }
 
 // TestOnReconnectAfterOutage: the functions registered with onReconnect
