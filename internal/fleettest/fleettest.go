@@ -54,6 +54,11 @@ type Fleet struct {
 	// Hits counts the requests the origin has had.
 	Hits  func() int64
 	Insts []*Instance
+	// ResumeWithin bounds how long after Restart, with OutageDuringLoad's
+	// 400 ms breaker interval, sharing must have resumed: each store
+	// recovers in steps of its own, and kept the bound it had before the
+	// contract was shared.
+	ResumeWithin time.Duration
 	// Kill stops the store's server and Restart starts it again, with
 	// what it held when stopped or without, as the store's server does;
 	// nil where the fleet shares a server with other tests, which a

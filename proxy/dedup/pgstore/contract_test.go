@@ -3,6 +3,7 @@ package pgstore
 import (
 	"net/http"
 	"testing"
+	"time"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
@@ -41,7 +42,9 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 		if keep != nil {
 			*keep = f
 		}
-		cf := &fleettest.Fleet{Store: "postgres", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load, Kill: kill, Restart: restart}
+		cf := &fleettest.Fleet{Store: "postgres", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load,
+			// The breaker interval, and slack for a loaded machine.
+			ResumeWithin: pc.BreakerInterval + 2*time.Second, Kill: kill, Restart: restart}
 		for _, i := range f.insts {
 			cf.Insts = append(cf.Insts, &fleettest.Instance{
 				Name: i.name, Engine: i.engine, Local: i.local, Bus: i.bus,

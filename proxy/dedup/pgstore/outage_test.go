@@ -11,8 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup/storecodec"
@@ -22,76 +21,7 @@ import (
 // savings, never requests; what goes upstream meanwhile says BYPASS; after
 // a restart shared HITs resume within the breaker interval; nothing leaks.
 func TestOutageDuringLoad(t *testing.T) {
-	// Registered first, so it runs after every other cleanup of the test.
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-	pg := pgtest.Start(t)
-	const interval = 400 * time.Millisecond
-	f := newFleetOn(t, pg, 2, Config{BreakerInterval: interval, BreakerFailures: 2, Timeout: 500 * time.Millisecond}, dedup.Config{TTL: 30 * time.Second},
-		func(w http.ResponseWriter, r *http.Request) {
-			time.Sleep(2 * time.Millisecond)
-			fmt.Fprintf(w, "page %s", r.URL.RequestURI())
-		})
-	a, b := f.insts[0], f.insts[1]
-
-	var (
-		mu     sync.Mutex
-		counts = map[string]int{}
-		errs   []string
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				inst := f.insts[(w+i)%2]
-				g := inst.get(fmt.Sprintf("%s/load/%d", f.origin.URL, i%50))
-				mu.Lock()
-				if g.err != nil || g.status != 200 {
-					errs = append(errs, fmt.Sprintf("%+v", g))
-				}
-				counts[g.xcache]++
-				mu.Unlock()
-			}
-		})
-	}
-	time.Sleep(300 * time.Millisecond)
-	pg.Stop()
-	waitFor(t, "breaker open on both instances", func() bool { return !a.be.Available() && !b.be.Available() })
-	for i, inst := range f.insts {
-		g := inst.get(fmt.Sprintf("%s/during/%d", f.origin.URL, i))
-		if g.err != nil || g.status != 200 || g.xcache != dedup.CacheBypass {
-			t.Errorf("instance %d, new page while PostgreSQL is down: %+v, want 200 BYPASS", i, g)
-		}
-	}
-	time.Sleep(300 * time.Millisecond) // load while PostgreSQL is down
-	pg.Start()
-	restarted := time.Now()
-	waitFor(t, "shared HITs to resume", func() bool {
-		u := fmt.Sprintf("%s/after/%d", f.origin.URL, time.Now().UnixNano())
-		if g := a.get(u); g.xcache != dedup.CacheMiss {
-			return false
-		}
-		return b.get(u).xcache == dedup.CacheHit
-	})
-	resumed := time.Since(restarted)
-	close(stop)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("%d client requests failed during the outage, first: %s", len(errs), errs[0])
-	}
-	t.Logf("X-Cache during the run: %v; shared HITs resumed %s after the restart", counts, resumed)
-	if resumed > interval+2*time.Second {
-		t.Fatalf("the shared layer took %s to come back (breaker interval %s)", resumed, interval)
-	}
-	for _, inst := range f.insts {
-		inst.stop()
-	}
+	fleettest.OutageDuringLoad(t, contract(Config{Timeout: 500 * time.Millisecond}, nil))
 }
 
 // TestOutageKeepsWholeTTLsAndShares: while PostgreSQL is away the memory
@@ -200,17 +130,7 @@ func TestDownAtStart(t *testing.T) {
 // an outage and the return of the database by itself, so /health
 // (store_available) tells the truth.
 func TestIdleInstanceFollowsTheDatabase(t *testing.T) {
-	pg := pgtest.Start(t)
-	f := newFleetOn(t, pg, 1, Config{BreakerInterval: 200 * time.Millisecond, Timeout: 200 * time.Millisecond}, dedup.Config{},
-		func(w http.ResponseWriter, r *http.Request) {})
-	inst := f.insts[0]
-	if !inst.be.Available() {
-		t.Fatal("not available at start")
-	}
-	pg.Stop()
-	waitFor(t, "the idle instance to see the outage", func() bool { return !inst.be.Available() })
-	pg.Start()
-	waitFor(t, "the idle instance to see the database back", inst.be.Available)
+	fleettest.IdleInstanceFollowsTheStore(t, contract(Config{BreakerInterval: 200 * time.Millisecond, Timeout: 200 * time.Millisecond}, nil))
 }
 
 // TestListenerReconnectRecallsLastingNotes: a lasting note kept while an

@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"go.uber.org/goleak"
 
 	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
@@ -319,76 +318,7 @@ func TestOlderFormatIsIgnored(t *testing.T) {
 // never requests; after a restart shared HITs resume within the breaker
 // interval; nothing leaks.
 func TestRedisOutageDuringLoad(t *testing.T) {
-	// Registered first, so it runs after every other cleanup of the test.
-	ignore := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, ignore) })
-	f := newFleet(t, 2, Config{BreakerInterval: 400 * time.Millisecond, BreakerFailures: 2}, dedup.Config{TTL: 30 * time.Second},
-		func(w http.ResponseWriter, r *http.Request) {
-			time.Sleep(2 * time.Millisecond)
-			fmt.Fprintf(w, "page %s", r.URL.RequestURI())
-		})
-	a, b := f.insts[0], f.insts[1]
-
-	var (
-		mu     sync.Mutex
-		counts = map[string]int{}
-		errs   []string
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				inst := f.insts[(w+i)%2]
-				g := inst.get(fmt.Sprintf("%s/load/%d", f.origin.URL, i%50))
-				mu.Lock()
-				if g.err != nil || g.status != 200 {
-					errs = append(errs, fmt.Sprintf("%+v", g))
-				}
-				counts[g.xcache]++
-				mu.Unlock()
-			}
-		}()
-	}
-	time.Sleep(300 * time.Millisecond)
-	f.redis.Kill()
-	testkit.Eventually(t, testkit.Patience, func() bool { return !a.be.Available() && !b.be.Available() }, "breaker open on both instances")
-	// The load's 50 pages sit in each instance's local tier by now; a page
-	// nobody has fetched yet goes upstream alone, marked BYPASS.
-	for i, inst := range f.insts {
-		g := inst.get(fmt.Sprintf("%s/during/%d", f.origin.URL, i))
-		if g.err != nil || g.status != 200 || g.xcache != dedup.CacheBypass {
-			t.Errorf("instance %d, new page while Redis is down: %+v, want 200 BYPASS", i, g)
-		}
-	}
-	time.Sleep(300 * time.Millisecond) // load while Redis is down
-	f.redis.Restart()
-	restarted := time.Now()
-	// Shared HITs resume: a URL fetched on A is a HIT on B.
-	testkit.Eventually(t, testkit.Patience, func() bool {
-		u := fmt.Sprintf("%s/after/%d", f.origin.URL, time.Now().UnixNano())
-		if g := a.get(u); g.xcache != dedup.CacheMiss {
-			return false
-		}
-		return b.get(u).xcache == dedup.CacheHit
-	}, "shared HITs to resume")
-	resumed := time.Since(restarted)
-	close(stop)
-	wg.Wait()
-	if len(errs) > 0 {
-		t.Fatalf("%d client requests failed during the outage, first: %s", len(errs), errs[0])
-	}
-	t.Logf("X-Cache during the run: %v; shared HITs resumed %s after the restart", counts, resumed)
-	if resumed > 3*time.Second {
-		t.Fatalf("shared layer took %s to come back (breaker interval 400ms)", resumed)
-	}
+	fleettest.OutageDuringLoad(t, contract(Config{}, nil))
 }
 
 // TestRedisDownAtStart: the proxy starts and serves without Redis, then

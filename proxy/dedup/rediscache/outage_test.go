@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -152,20 +153,7 @@ func TestOutageCopyGivenBack(t *testing.T) {
 // TestIdleInstanceSeesOutage: without any traffic, the heartbeat tells an
 // instance that Redis went away and that it came back.
 func TestIdleInstanceSeesOutage(t *testing.T) {
-	f := newFleet(t, 1, Config{BreakerInterval: 300 * time.Millisecond, PresenceTTL: 750 * time.Millisecond},
-		dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
-	be := f.insts[0].be
-	if !be.Available() {
-		t.Fatal("not available at start")
-	}
-	f.redis.Kill()
-	killed := time.Now()
-	testkit.Eventually(t, testkit.Patience, func() bool { return !be.Available() }, "Available to turn false")
-	t.Logf("idle instance noticed the outage after %s", time.Since(killed).Round(time.Millisecond))
-	f.redis.Restart()
-	restarted := time.Now()
-	testkit.Eventually(t, testkit.Patience, func() bool { return be.Available() }, "Available to turn true")
-	t.Logf("idle instance noticed Redis back after %s", time.Since(restarted).Round(time.Millisecond))
+	fleettest.IdleInstanceFollowsTheStore(t, contract(Config{BreakerInterval: 300 * time.Millisecond, PresenceTTL: 750 * time.Millisecond}, nil))
 }
 
 // TestValueOverMaxValueBytes: a response too big for Redis after
