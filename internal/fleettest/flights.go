@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -147,5 +148,58 @@ func InvalidationReachesTheFleet(t *testing.T, newFleet Factory) {
 	testkit.Eventually(t, testkit.Patience, func() bool { return b.localDropped(key) }, "key invalidated on B")
 	if g := b.Get(u); g.XCache != dedup.CacheMiss {
 		t.Fatalf("after key invalidation B got %s", g.XCache)
+	}
+}
+
+// LeaderGoneTakeover: the instance leading a flight is cut off from the
+// store mid-fetch, as its death would cut it (kill does that, the store's
+// way); a waiter on another instance takes the flight over within the
+// given time and fetches it, and every client, the dead leader's too,
+// still gets an answer: the origin sees the two fetches and no more. The
+// log line says how long the takeover took.
+func LeaderGoneTakeover(t *testing.T, newFleet Factory, kill func(leader *Instance), within time.Duration) {
+	release := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(release) }) }
+	defer open() // a failure must not leave the origin's handler (and Close) waiting
+	arrived := make(chan struct{}, 4)
+	f := newFleet(t, Options{Instances: 2}, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/crash" {
+			arrived <- struct{}{}
+			<-release
+		}
+		io.WriteString(w, "answer")
+	})
+	a, b := f.Insts[0], f.Insts[1]
+	resA := make(chan Got, 1)
+	go func() { resA <- a.Get(f.Origin.URL + "/crash") }()
+	<-arrived // A leads and is fetching
+	const n = 5
+	resB := make(chan Got, n)
+	for range n {
+		go func() { resB <- b.Get(f.Origin.URL + "/crash") }()
+	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		return b.Engine.Stats().Waiters == n && b.FleetWaits() == 1
+	}, "B's clients waiting on A's flight")
+	kill(a)
+	killed := time.Now()
+	select {
+	case <-arrived: // B took over
+	case <-time.After(within):
+		t.Fatal("no instance took over the dead leader's flight")
+	}
+	t.Logf("leader gone: a waiter elsewhere took over its flight after %s", time.Since(killed).Round(time.Millisecond))
+	open()
+	for range n {
+		if g := <-resB; g.Err != nil || g.Status != 200 || g.Body != "answer" {
+			t.Fatalf("B client: %+v", g)
+		}
+	}
+	if g := <-resA; g.Err != nil || g.Status != 200 {
+		t.Fatalf("A client: %+v", g)
+	}
+	if f.Hits() != 2 {
+		t.Fatalf("origin saw %d requests, want 2 (the dead leader's and the takeover)", f.Hits())
 	}
 }

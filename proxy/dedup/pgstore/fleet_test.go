@@ -4,7 +4,6 @@ import (
 	"context"
 	"io"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,60 +29,22 @@ func TestHitOnAnotherInstance(t *testing.T) {
 // lock, a waiter on another instance takes over, and every client still
 // gets an answer. The session reconnects for the leader's next flight.
 func TestLeaderSessionEndsTakeover(t *testing.T) {
-	release := make(chan struct{})
-	var once sync.Once
-	open := func() { once.Do(func() { close(release) }) }
-	defer open() // a failure must not leave the origin's handler (and Close) waiting
-	arrived := make(chan struct{}, 4)
+	var f *fleetFixture
 	// One lock session: the next flight is on the one that ended.
-	f := newFleet(t, 2, Config{FlightConns: 1}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/crash" {
-			arrived <- struct{}{}
-			<-release
+	fleettest.LeaderGoneTakeover(t, contract(Config{FlightConns: 1}, &f), func(*fleettest.Instance) {
+		// End the session that holds the flight's lock, as the death of
+		// A's process would: that lock's holder only, not the sessions of
+		// other packages' tests that share the database.
+		lock := heldLock(t, f.insts[0].store)
+		var ended int
+		if err := f.conn().QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
+			WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+			AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`,
+			lock).Scan(&ended); err != nil || ended != 1 {
+			t.Fatalf("ended %d lock-holding sessions (%v), want 1", ended, err)
 		}
-		io.WriteString(w, "answer")
-	})
-	a, b := f.insts[0], f.insts[1]
-	resA := make(chan got, 1)
-	go func() { resA <- a.get(f.origin.URL + "/crash") }()
-	<-arrived // A leads and is fetching
-	const n = 5
-	resB := make(chan got, n)
-	for range n {
-		go func() { resB <- b.get(f.origin.URL + "/crash") }()
-	}
-	waitFor(t, "B's clients waiting on A's flight", func() bool {
-		return b.engine.Stats().Waiters == n && b.store.fleetWaits.Load() == 1
-	})
-	// End the session that holds the flight's lock, as the death of A's
-	// process would: that lock's holder only, not the sessions of other
-	// packages' tests that share the database.
-	lock := heldLock(t, a.store)
-	c := f.conn()
-	var ended int
-	if err := c.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_locks
-		WHERE locktype = 'advisory' AND granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-		AND classid = (($1::bigint >> 32) & 4294967295)::oid AND objid = ($1::bigint & 4294967295)::oid AND objsubid = 1`,
-		lock).Scan(&ended); err != nil || ended != 1 {
-		t.Fatalf("ended %d lock-holding sessions (%v), want 1", ended, err)
-	}
-	select {
-	case <-arrived: // B took over
-	case <-time.After(10 * time.Second):
-		t.Fatal("no instance took over the dead leader's flight")
-	}
-	open()
-	for range n {
-		if g := <-resB; g.err != nil || g.status != 200 || g.body != "answer" {
-			t.Fatalf("B client: %+v", g)
-		}
-	}
-	if g := <-resA; g.err != nil || g.status != 200 {
-		t.Fatalf("A client: %+v", g)
-	}
-	if f.hits.Load() != 2 {
-		t.Fatalf("origin saw %d requests, want 2 (the dead leader's and the takeover)", f.hits.Load())
-	}
+	}, 10*time.Second)
+	a := f.insts[0]
 	if g := a.get(f.origin.URL + "/after"); g.status != 200 || g.xcache != dedup.CacheMiss {
 		t.Fatalf("A's next flight: %+v", g)
 	}
