@@ -30,6 +30,7 @@ type Options struct {
 	Instances       int
 	LocalTTL        time.Duration
 	StatsFlush      time.Duration
+	PollInterval    time.Duration
 	BreakerInterval time.Duration
 	BreakerFailures int
 	// Killable: the contract stops and restarts the server (Fleet.Kill,

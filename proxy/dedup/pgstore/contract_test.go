@@ -24,6 +24,9 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 		if o.StatsFlush != 0 {
 			pc.StatsFlush = o.StatsFlush
 		}
+		if o.PollInterval != 0 {
+			pc.PollInterval = o.PollInterval
+		}
 		if o.BreakerInterval != 0 {
 			pc.BreakerInterval = o.BreakerInterval
 		}
@@ -42,15 +45,23 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 		if keep != nil {
 			*keep = f
 		}
-		cf := &fleettest.Fleet{Store: "postgres", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load,
-			// The breaker interval, and slack for a loaded machine.
-			ResumeWithin: pc.BreakerInterval + 2*time.Second, Kill: kill, Restart: restart}
-		for _, i := range f.insts {
-			cf.Insts = append(cf.Insts, &fleettest.Instance{
-				Name: i.name, Engine: i.engine, Local: i.local, Bus: i.bus,
-				FleetWaits: i.store.fleetWaits.Load, Available: i.be.Available, Stop: i.stop,
-			})
-		}
+		cf := f.contractFleet()
+		// The breaker interval, and slack for a loaded machine.
+		cf.ResumeWithin = pc.BreakerInterval + 2*time.Second
+		cf.Kill, cf.Restart = kill, restart
 		return cf
 	}
+}
+
+// contractFleet is the fleet as the fleettest contracts see it, but for
+// what only the factory knows (ResumeWithin, Kill, Restart).
+func (f *fleetFixture) contractFleet() *fleettest.Fleet {
+	cf := &fleettest.Fleet{Store: "postgres", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load}
+	for _, i := range f.insts {
+		cf.Insts = append(cf.Insts, &fleettest.Instance{
+			Name: i.name, Engine: i.engine, Local: i.local, Bus: i.bus,
+			FleetWaits: i.store.fleetWaits.Load, Available: i.be.Available, Stop: i.stop,
+		})
+	}
+	return cf
 }

@@ -6,7 +6,6 @@ import (
 	"crypto/rand"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -14,27 +13,6 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
-
-// peerListener is an instance's peer listener, as the program runs it
-// (without the token, which the program's listener checks).
-type peerListener struct {
-	srv    *httptest.Server
-	client *dedup.PeerClient
-	engine atomic.Pointer[dedup.Engine]
-}
-
-// startPeerListener serves the engine set later on a loopback listener
-// and advertises it through st.
-func startPeerListener(t *testing.T, st *Cache) *peerListener {
-	p := &peerListener{client: dedup.NewPeerClient(dedup.PeerClientConfig{})}
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.engine.Load().PeerHandler().ServeHTTP(w, r)
-	}))
-	t.Cleanup(p.srv.Close)
-	t.Cleanup(p.client.Close)
-	st.AdvertisePeer(p.srv.Listener.Addr().String())
-	return p
-}
 
 // TestBigBodyOnceAcrossTheFleet: a body too big for the table, asked for
 // by clients on three instances, is downloaded once: the leader, holding

@@ -23,6 +23,9 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 		if o.StatsFlush != 0 {
 			rc.StatsFlush = o.StatsFlush
 		}
+		if o.PollInterval != 0 {
+			rc.PollInterval = o.PollInterval
+		}
 		if o.BreakerInterval != 0 {
 			rc.BreakerInterval = o.BreakerInterval
 		}
@@ -33,16 +36,23 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 		if keep != nil {
 			*keep = f
 		}
-		cf := &fleettest.Fleet{Store: "redis", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load,
-			// The bound the Redis test had before it was shared (its
-			// recovery took 0.25 to 1.2 s in runs here).
-			ResumeWithin: 3 * time.Second, Kill: f.redis.Kill, Restart: f.redis.Restart}
-		for _, i := range f.insts {
-			cf.Insts = append(cf.Insts, &fleettest.Instance{
-				Name: i.name, Engine: i.engine, Local: i.store.local, Bus: i.bus,
-				FleetWaits: i.store.fleetWaits.Load, Available: i.be.Available, Stop: i.stop,
-			})
-		}
+		cf := f.contractFleet()
+		// The bound the Redis test had before it was shared (its
+		cf.ResumeWithin = 3 * time.Second
+		cf.Kill, cf.Restart = f.redis.Kill, f.redis.Restart
 		return cf
 	}
+}
+
+// contractFleet is the fleet as the fleettest contracts see it, but for
+// what only the factory knows (ResumeWithin, Kill, Restart).
+func (f *fleetFixture) contractFleet() *fleettest.Fleet {
+	cf := &fleettest.Fleet{Store: "redis", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load}
+	for _, i := range f.insts {
+		cf.Insts = append(cf.Insts, &fleettest.Instance{
+			Name: i.name, Engine: i.engine, Local: i.store.local, Bus: i.bus,
+			FleetWaits: i.store.fleetWaits.Load, Available: i.be.Available, Stop: i.stop,
+		})
+	}
+	return cf
 }

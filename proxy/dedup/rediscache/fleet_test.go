@@ -2,7 +2,6 @@ package rediscache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -33,7 +32,7 @@ type instance struct {
 	store  *Cache
 	bus    *Bus
 	engine *dedup.Engine
-	peer   *peerListener // nil without peers
+	peer   *fleettest.PeerListener // nil without peers
 	stop   func()
 }
 
@@ -92,10 +91,10 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	st := be.Cache
 	tr := &http.Transport{}
 	opts := dedup.Options{Savings: fleettest.Prices, Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger}
-	var peer *peerListener
+	var peer *fleettest.PeerListener
 	if f.peers {
-		peer = startPeerListener(t, st)
-		opts.Peers = peer.client
+		peer = fleettest.StartPeerListener(t, st.AdvertisePeer)
+		opts.Peers = peer.Client
 	}
 	eng, err := dedup.New(dc, opts)
 	if err != nil {
@@ -106,7 +105,7 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	go func() { defer close(done); be.Run(ctx) }()
 	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, peer: peer}
 	if peer != nil {
-		peer.engine.Store(eng)
+		peer.Engine.Store(eng)
 	}
 	var once sync.Once
 	inst.stop = func() {
@@ -147,32 +146,15 @@ type got struct {
 }
 
 // get sends a request through i, and returns once i's flights have
-// handed what they fetched to the fleet's store, which they do just after
-// their clients have it (dedup's endLease): the test's next step sees the
-// store as the request left it.
-func (i *instance) get(url string) got {
-	g := i.getNow(url)
-	if !testkit.Poll(testkit.Patience, func() bool { return i.engine.Stats().Sharing == 0 }) && g.err == nil {
-		g.err = errors.New("the instance's flights never handed their values to the store")
-	}
-	return g
-}
+// handed what they fetched to the fleet's store (fleettest.Get).
+func (i *instance) get(url string) got { return gotFrom(fleettest.Get(i.engine, url)) }
 
 // getNow is get without the wait for the store.
-func (i *instance) getNow(url string) got {
-	req, _ := http.NewRequest(http.MethodGet, url, nil)
-	resp, err := i.engine.RoundTrip(req)
-	if err != nil {
-		g := got{err: err}
-		if de, ok := err.(*dedup.Error); ok {
-			g.xcache = de.Cache
-		}
-		return g
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	return got{resp.StatusCode, resp.Header.Get(dedup.HeaderCache), resp.Header.Get(dedup.HeaderCacheKey), string(b), err}
-}
+func (i *instance) getNow(url string) got { return gotFrom(fleettest.GetNow(i.engine, url)) }
+
+// gotFrom is fleettest's Got under the short names this package's tests
+// use.
+func gotFrom(g fleettest.Got) got { return got{g.Status, g.XCache, g.Key, g.Body, g.Err} }
 
 // settle waits until every instance's flights have handed what they
 // fetched to the fleet's store (see get).
@@ -188,30 +170,13 @@ func (f *fleetFixture) settle(t testing.TB) {
 	}, "the flights to hand their values to the store")
 }
 
-func (f *fleetFixture) waiters() int64 {
-	var n int64
-	for _, i := range f.insts {
-		n += i.engine.Stats().Waiters
-	}
-	return n
-}
-
-// fleetWaiting counts the instances whose flight waits on another
-// instance's: a client counted by waiters() may not have got that far yet,
-// and one that joins after the leader finished runs a flight of its own.
-func (f *fleetFixture) fleetWaiting() int64 {
-	var n int64
-	for _, i := range f.insts {
-		n += i.store.fleetWaits.Load()
-	}
-	return n
-}
-
 // everyoneWaiting: n clients wait, and every instance but the leader's
 // waits on the leader's flight.
-func (f *fleetFixture) everyoneWaiting(n int64) bool {
-	return f.waiters() == n && f.fleetWaiting() == int64(len(f.insts)-1)
-}
+func (f *fleetFixture) everyoneWaiting(n int64) bool { return f.contractFleet().EveryoneWaiting(n) }
+
+// fleetWaiting counts the instances whose flight waits on another
+// instance's.
+func (f *fleetFixture) fleetWaiting() int64 { return f.contractFleet().FleetWaiting() }
 
 // TestFleetStampede: 300 concurrent identical requests spread over three
 // instances sharing one Redis reach the origin once.

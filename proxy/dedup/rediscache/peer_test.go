@@ -19,27 +19,6 @@ import (
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
-// peerListener is an instance's peer listener, as the program runs it
-// (without the token, which the program's listener checks).
-type peerListener struct {
-	srv    *httptest.Server
-	client *dedup.PeerClient
-	engine atomic.Pointer[dedup.Engine]
-}
-
-// startPeerListener serves the engine set later on a loopback listener
-// and advertises it through st.
-func startPeerListener(t *testing.T, st *Cache) *peerListener {
-	p := &peerListener{client: dedup.NewPeerClient(dedup.PeerClientConfig{})}
-	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		p.engine.Load().PeerHandler().ServeHTTP(w, r)
-	}))
-	t.Cleanup(p.srv.Close)
-	t.Cleanup(p.client.Close)
-	st.AdvertisePeer(p.srv.Listener.Addr().String())
-	return p
-}
-
 // newPeerFleet is newFleet with every instance on a peer listener.
 func newPeerFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
 	t.Helper()
@@ -232,7 +211,7 @@ func TestPeerLeaderGoneMidBody(t *testing.T) {
 		<-heads
 	}
 	a.store.rdb.Close()
-	a.peer.srv.CloseClientConnections()
+	a.peer.Server.CloseClientConnections()
 	for range 2 * per {
 		if err := <-results; err != nil {
 			t.Fatalf("follower's client: %v", err)
