@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
 	"github.com/seed-a3c387e8/onceproxy/internal/pgtest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
@@ -330,31 +331,10 @@ func TestPostgresOutageUnderLoad(t *testing.T) {
 		}
 	}
 
-	var (
-		mu     sync.Mutex
-		counts = map[string]int{}
-		errs   []string
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				code, xcache, _, err := get(clients[(w+i)%2], fmt.Sprintf("%s/load/%d", origin.URL, i%50))
-				mu.Lock()
-				if err != nil || code != 200 {
-					errs = append(errs, fmt.Sprintf("%d %v", code, err))
-				}
-				counts[xcache]++
-				mu.Unlock()
-			}
-		})
-	}
+	stop := fleettest.Load(8, func(w, i int) fleettest.Got {
+		code, xcache, _, err := get(clients[(w+i)%2], fmt.Sprintf("%s/load/%d", origin.URL, i%50))
+		return fleettest.Got{Status: code, XCache: xcache, Err: err}
+	})
 	time.Sleep(300 * time.Millisecond)
 	pg.Stop()
 	stopped := time.Now()
@@ -394,8 +374,7 @@ func TestPostgresOutageUnderLoad(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	idleBack := time.Since(restarted)
-	close(stop)
-	wg.Wait()
+	counts, errs := stop()
 	if len(errs) > 0 {
 		t.Fatalf("%d client requests failed during the outage, first: %s", len(errs), errs[0])
 	}

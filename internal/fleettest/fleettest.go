@@ -24,7 +24,7 @@ import (
 
 // Options is what a contract asks of the fleet it starts. A factory sets
 // each duration and count on its store's configuration key of the same
-// name; a zero field leaves the factory's own value.
+// name (Set); a zero field leaves the factory's own value.
 type Options struct {
 	// Instances is how many instances share the store (at least 1).
 	Instances       int
@@ -39,6 +39,24 @@ type Options struct {
 	// Dedup is every instance's engine configuration (enabled, with the
 	// factory's TTL when zero).
 	Dedup dedup.Config
+}
+
+// Set puts on a store's configuration keys of the same names what the
+// contract asks for, and leaves the keys of zero fields as they are.
+func (o Options) Set(localTTL, statsFlush, pollInterval, breakerInterval *time.Duration, breakerFailures *int) {
+	for _, d := range []struct {
+		to *time.Duration
+		v  time.Duration
+	}{
+		{localTTL, o.LocalTTL}, {statsFlush, o.StatsFlush}, {pollInterval, o.PollInterval}, {breakerInterval, o.BreakerInterval},
+	} {
+		if d.v != 0 {
+			*d.to = d.v
+		}
+	}
+	if o.BreakerFailures != 0 {
+		*breakerFailures = o.BreakerFailures
+	}
 }
 
 // Factory starts a fleet for the test, all its instances in front of one

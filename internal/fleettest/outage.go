@@ -3,7 +3,6 @@ package fleettest
 import (
 	"fmt"
 	"net/http"
-	"sync"
 	"testing"
 	"time"
 
@@ -29,32 +28,9 @@ func OutageDuringLoad(t *testing.T, newFleet Factory) {
 		})
 	a, b := f.Insts[0], f.Insts[1]
 
-	var (
-		mu     sync.Mutex
-		counts = map[string]int{}
-		errs   []string
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 8 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				inst := f.Insts[(w+i)%2]
-				g := inst.Get(fmt.Sprintf("%s/load/%d", f.Origin.URL, i%50))
-				mu.Lock()
-				if g.Err != nil || g.Status != 200 {
-					errs = append(errs, fmt.Sprintf("%+v", g))
-				}
-				counts[g.XCache]++
-				mu.Unlock()
-			}
-		})
-	}
+	stop := Load(8, func(w, i int) Got {
+		return f.Insts[(w+i)%2].Get(fmt.Sprintf("%s/load/%d", f.Origin.URL, i%50))
+	})
 	time.Sleep(300 * time.Millisecond)
 	f.Kill()
 	testkit.Eventually(t, testkit.Patience, func() bool { return !a.Available() && !b.Available() }, "breaker open on both instances")
@@ -78,8 +54,7 @@ func OutageDuringLoad(t *testing.T, newFleet Factory) {
 		return b.Get(u).XCache == dedup.CacheHit
 	}, "shared HITs to resume")
 	resumed := time.Since(restarted)
-	close(stop)
-	wg.Wait()
+	counts, errs := stop()
 	if len(errs) > 0 {
 		t.Fatalf("%d client requests failed during the outage, first: %s", len(errs), errs[0])
 	}

@@ -18,21 +18,7 @@ func contract(base Config, keep **fleetFixture) fleettest.Factory {
 	return func(t *testing.T, o fleettest.Options, h http.HandlerFunc) *fleettest.Fleet {
 		t.Helper()
 		pc := base
-		if o.LocalTTL != 0 {
-			pc.LocalTTL = o.LocalTTL
-		}
-		if o.StatsFlush != 0 {
-			pc.StatsFlush = o.StatsFlush
-		}
-		if o.PollInterval != 0 {
-			pc.PollInterval = o.PollInterval
-		}
-		if o.BreakerInterval != 0 {
-			pc.BreakerInterval = o.BreakerInterval
-		}
-		if o.BreakerFailures != 0 {
-			pc.BreakerFailures = o.BreakerFailures
-		}
+		o.Set(&pc.LocalTTL, &pc.StatsFlush, &pc.PollInterval, &pc.BreakerInterval, &pc.BreakerFailures)
 		var f *fleetFixture
 		var kill, restart func()
 		if o.Killable {

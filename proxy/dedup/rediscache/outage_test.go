@@ -42,33 +42,11 @@ func TestOutageKeepsSavings(t *testing.T) {
 		time.Sleep(5 * time.Millisecond)
 		fmt.Fprintf(w, "page %s", r.URL.Path)
 	})
-	var (
-		errMu  sync.Mutex
-		errs   []string
-		counts = map[string]int{}
-	)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := range 4 {
-		wg.Go(func() {
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				inst := f.insts[(w+i)%2]
-				g := inst.get(fmt.Sprintf("%s/hot/%d", f.origin.URL, i%keys))
-				errMu.Lock()
-				if g.err != nil || g.status != 200 {
-					errs = append(errs, fmt.Sprintf("%s: %+v", inst.name, g))
-				}
-				counts[g.xcache]++
-				errMu.Unlock()
-				time.Sleep(2 * time.Millisecond)
-			}
-		})
-	}
+	stop := fleettest.Load(4, func(w, i int) fleettest.Got {
+		g := fleettest.Get(f.insts[(w+i)%2].engine, fmt.Sprintf("%s/hot/%d", f.origin.URL, i%keys))
+		time.Sleep(2 * time.Millisecond)
+		return g
+	})
 	time.Sleep(400 * time.Millisecond)
 	f.redis.Kill()
 	testkit.Eventually(t, testkit.Patience, func() bool { return !f.insts[0].be.Available() && !f.insts[1].be.Available() }, "both breakers open")
@@ -76,8 +54,7 @@ func TestOutageKeepsSavings(t *testing.T) {
 	f.redis.Restart()
 	testkit.Eventually(t, testkit.Patience, func() bool { return f.insts[0].be.Available() && f.insts[1].be.Available() }, "both instances back on Redis")
 	time.Sleep(600 * time.Millisecond) // several local_ttl: copies are asked of Redis again
-	close(stop)
-	wg.Wait()
+	counts, errs := stop()
 
 	t.Logf("X-Cache: %v; origin requests per instance and key: %v", counts, hits)
 	if len(errs) > 0 {
