@@ -102,11 +102,7 @@ func (f *fleetFixture) config(pc Config) Config {
 func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance {
 	t := f.t
 	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", name)
-	dc.Enabled = true
-	if dc.TTL == 0 {
-		dc.TTL = time.Minute
-	}
-	dc = dc.WithDefaults()
+	dc = fleettest.EngineConfig(dc)
 	local := dedup.NewMemoryStore(int64(dc.Memory.MaxBytes))
 	tr := &tracer{}
 	be, err := open(f.config(pc), local, logger, tr)
@@ -116,36 +112,13 @@ func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	transport := &http.Transport{}
-	opts := dedup.Options{Savings: fleettest.Prices, Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger}
-	var peer *fleettest.PeerListener
+	var advertise func(string)
 	if f.peers {
-		peer = fleettest.StartPeerListener(t, st.AdvertisePeer)
-		opts.Peers = peer.Client
+		advertise = st.AdvertisePeer
 	}
-	eng, err := dedup.New(dc, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); be.Run(ctx) }()
-	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, local: local, trace: tr}
-	if peer != nil {
-		peer.Engine.Store(eng)
-	}
-	var once sync.Once
-	inst.stop = func() {
-		once.Do(func() {
-			eng.Close()
-			cancel()
-			<-done
-			be.Close()
-			local.Close()
-			transport.CloseIdleConnections()
-		})
-	}
-	t.Cleanup(inst.stop)
-	return inst
+	opts := dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: transport, Logger: logger}
+	eng, _, stop := fleettest.Serve(t, dc, opts, advertise, be.Run, be.Close, local.Close, transport.CloseIdleConnections)
+	return &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, local: local, trace: tr, stop: stop}
 }
 
 type got struct {
@@ -160,9 +133,6 @@ type got struct {
 // handed what they fetched to the fleet's store (fleettest.Get).
 func (i *instance) get(url string) got { return gotFrom(fleettest.Get(i.engine, url)) }
 
-// getNow is get without the wait for the store.
-func (i *instance) getNow(url string) got { return gotFrom(fleettest.GetNow(i.engine, url)) }
-
 // gotFrom is fleettest's Got under the short names this package's tests
 // use.
 func gotFrom(g fleettest.Got) got { return got{g.Status, g.XCache, g.Key, g.Body, g.Err} }
@@ -170,10 +140,6 @@ func gotFrom(g fleettest.Got) got { return got{g.Status, g.XCache, g.Key, g.Body
 // everyoneWaiting: n clients wait, and every instance but the leader's
 // waits on the leader's flight.
 func (f *fleetFixture) everyoneWaiting(n int64) bool { return f.contractFleet().EveryoneWaiting(n) }
-
-// fleetWaiting counts the instances whose flight waits on another
-// instance's.
-func (f *fleetFixture) fleetWaiting() int64 { return f.contractFleet().FleetWaiting() }
 
 // exec runs sql on the fleet's database, for a test to set up or inspect
 // state; {s} is the fleet's schema.

@@ -78,11 +78,7 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	if rc.BreakerInterval == 0 {
 		rc.BreakerInterval = 500 * time.Millisecond
 	}
-	dc.Enabled = true
-	if dc.TTL == 0 {
-		dc.TTL = time.Minute
-	}
-	dc = dc.WithDefaults()
+	dc = fleettest.EngineConfig(dc)
 	local := dedup.NewMemoryStore(int64(dc.Memory.MaxBytes))
 	be, err := Open(rc, local, logger)
 	if err != nil {
@@ -90,36 +86,13 @@ func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance 
 	}
 	st := be.Cache
 	tr := &http.Transport{}
-	opts := dedup.Options{Savings: fleettest.Prices, Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger}
-	var peer *fleettest.PeerListener
+	var advertise func(string)
 	if f.peers {
-		peer = fleettest.StartPeerListener(t, st.AdvertisePeer)
-		opts.Peers = peer.Client
+		advertise = st.AdvertisePeer
 	}
-	eng, err := dedup.New(dc, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { defer close(done); be.Run(ctx) }()
-	inst := &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, peer: peer}
-	if peer != nil {
-		peer.Engine.Store(eng)
-	}
-	var once sync.Once
-	inst.stop = func() {
-		once.Do(func() {
-			eng.Close()
-			cancel()
-			<-done
-			be.Close()
-			local.Close()
-			tr.CloseIdleConnections()
-		})
-	}
-	t.Cleanup(inst.stop)
-	return inst
+	opts := dedup.Options{Store: st, Fleet: st, Recorder: be.Bus, Next: fromInstance{tr, name}, Logger: logger}
+	eng, peer, stop := fleettest.Serve(t, dc, opts, advertise, be.Run, be.Close, local.Close, tr.CloseIdleConnections)
+	return &instance{name: name, be: be, store: st, bus: be.Bus, engine: eng, peer: peer, stop: stop}
 }
 
 // fromInstance names the instance whose request reaches the origin, in
