@@ -3,7 +3,6 @@ package pgstore
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -63,17 +62,8 @@ func newFleetOn(t *testing.T, pg *pgtest.Server, n int, pc Config, dc dedup.Conf
 }
 
 func startFleet(t *testing.T, f *fleetFixture, n int, pc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
-	f.logs = &logbuf.Buffer{}
-	f.origin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.hits.Add(1)
-		h(w, r)
-	}))
-	t.Cleanup(f.origin.Close)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs:\n%s", f.logs.String())
-		}
-	})
+	f.logs = fleettest.Logs(t)
+	f.origin = fleettest.Origin(t, &f.hits, h)
 	for i := range n {
 		f.insts = append(f.insts, f.start(fmt.Sprintf("i%d", i), pc, dc))
 	}
@@ -101,7 +91,7 @@ func (f *fleetFixture) config(pc Config) Config {
 
 func (f *fleetFixture) start(name string, pc Config, dc dedup.Config) *instance {
 	t := f.t
-	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", name)
+	logger := fleettest.Logger(f.logs, name)
 	dc = fleettest.EngineConfig(dc)
 	local := dedup.NewMemoryStore(int64(dc.Memory.MaxBytes))
 	tr := &tracer{}

@@ -52,17 +52,14 @@ type fleetFixture struct {
 // front of one origin served by h.
 func newFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
 	t.Helper()
-	f := &fleetFixture{t: t, redis: redistest.Start(t), logs: &logbuf.Buffer{}}
-	f.origin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.hits.Add(1)
-		h(w, r)
-	}))
-	t.Cleanup(f.origin.Close)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs:\n%s", f.logs.String())
-		}
-	})
+	return startFleet(t, &fleetFixture{}, n, rc, dc, h)
+}
+
+// startFleet is newFleet for a fixture whose options are set already.
+func startFleet(t *testing.T, f *fleetFixture, n int, rc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
+	t.Helper()
+	f.t, f.redis, f.logs = t, redistest.Start(t), fleettest.Logs(t)
+	f.origin = fleettest.Origin(t, &f.hits, h)
 	for i := range n {
 		f.insts = append(f.insts, f.start(fmt.Sprintf("i%d", i), rc, dc))
 	}
@@ -71,7 +68,7 @@ func newFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFun
 
 func (f *fleetFixture) start(name string, rc Config, dc dedup.Config) *instance {
 	t := f.t
-	logger := slog.New(slog.NewTextHandler(f.logs, &slog.HandlerOptions{Level: slog.LevelDebug})).With("instance", name)
+	logger := fleettest.Logger(f.logs, name)
 	if len(rc.Addrs) == 0 && rc.URL == "" {
 		rc.URL = f.redis.URL
 	}

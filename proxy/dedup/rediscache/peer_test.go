@@ -7,14 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/seed-a3c387e8/onceproxy/internal/logbuf"
-	"github.com/seed-a3c387e8/onceproxy/internal/redistest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -22,21 +19,7 @@ import (
 // newPeerFleet is newFleet with every instance on a peer listener.
 func newPeerFleet(t *testing.T, n int, rc Config, dc dedup.Config, h http.HandlerFunc) *fleetFixture {
 	t.Helper()
-	f := &fleetFixture{t: t, redis: redistest.Start(t), logs: &logbuf.Buffer{}, peers: true}
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("logs:\n%s", f.logs.String())
-		}
-	})
-	f.origin = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		f.hits.Add(1)
-		h(w, r)
-	}))
-	t.Cleanup(f.origin.Close)
-	for i := range n {
-		f.insts = append(f.insts, f.start(fmt.Sprintf("i%d", i), rc, dc))
-	}
-	return f
+	return startFleet(t, &fleetFixture{peers: true}, n, rc, dc, h)
 }
 
 // heldBody serves body with its length: to its first request the first
