@@ -167,3 +167,72 @@ func ClaimIsExclusiveAcrossInstances(t *testing.T, newFleet Factory) {
 		t.Fatal("with the store gone a claim must not block the work it guards")
 	}
 }
+
+// StatsLink is one instance's statistics as StatsLostAnswerCountsOnce
+// drives them: the instance reaches the store through Relay, and flushes
+// only when told (its own flush interval is long).
+type StatsLink struct {
+	Relay *testkit.Relay
+	// Counts are what the instance flushes next.
+	Counts *dedup.DayCounts
+	// Flush is one flush, as the instance's own loop runs it.
+	Flush func()
+	// Stored is the fleet's count of a kind ("hit", "miss", "bypass"),
+	// as the store holds it.
+	Stored func(kind string) int64
+	// Prompt: the first two flushes after one whose answer was lost
+	// deliver both batches. Redis's do. PostgreSQL's do not: while the
+	// muted flush waits out its statement timeout (2 s in its tests), the
+	// instance's other statements (its probe's) time out behind the same
+	// relay, the breaker opens, and flushes wait for breaker_interval;
+	// the batch goes, once, at the first flush after.
+	Prompt bool
+}
+
+// StatsLostAnswerCountsOnce: a flush whose answer the network lost (the
+// store added it) is sent again, as it was, and the store adds it only
+// once; a flush that never reached the store is sent again until it does.
+func StatsLostAnswerCountsOnce(t *testing.T, l StatsLink) {
+	l.Counts.Bypass.Add(1)
+	// A flush that goes through first: the link is up, Redis knows the
+	// flush's script (an EVALSHA it does not know is not run), and
+	// PostgreSQL's pool keeps a connection (the muted flush needs no new
+	// one).
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		l.Flush()
+		return l.Stored("bypass") == 1
+	}, "a flush through the relay")
+	l.Counts.Miss.Add(10)
+	l.Relay.Mute(true)
+	l.Flush()
+	l.Relay.Mute(false)
+	if n := l.Stored("miss"); n != 10 {
+		t.Fatalf("miss = %d once the muted flush reached the store, want 10", n)
+	}
+	l.Counts.Miss.Add(5)
+	l.Flush() // the lost one again, then the new counts
+	l.Flush()
+	if l.Prompt {
+		if n := l.Stored("miss"); n != 15 {
+			t.Errorf("miss = %d after flushing 10 (answer lost) and 5, want 15", n)
+		}
+	}
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		l.Flush()
+		return l.Stored("miss") >= 15
+	}, "the flush sent again and the new counts")
+	l.Flush() // nothing left to send
+	if n := l.Stored("miss"); n != 15 {
+		t.Errorf("miss = %d after flushing 10 (answer lost) and 5, want 15", n)
+	}
+
+	// Never sent: the counts wait for the next flush.
+	l.Relay.Cut(true)
+	l.Counts.Hit.Add(3)
+	l.Flush()
+	l.Relay.Cut(false)
+	testkit.Eventually(t, testkit.Patience, func() bool {
+		l.Flush()
+		return l.Stored("hit") == 3
+	}, "the counts of a flush that never reached the store to arrive")
+}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/internal/testkit"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
@@ -66,43 +67,24 @@ func TestPurgeDuringAPartitionIsNotUndone(t *testing.T) {
 }
 
 // TestStatsLostAnswerCountsOnce: a flush whose answer the network lost
-// (PostgreSQL committed the counts; the instance never heard) is sent
-// again at the next flush, and added once. Before, the counts were put
-// back and added a second time.
+// (the database added it) is sent again, as it was, and the stats_added
+// table makes the database add it only once; a flush that never reached
+// it is sent again until it does.
 func TestStatsLostAnswerCountsOnce(t *testing.T) {
 	f := newFleet(t, 0, Config{}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {})
 	a, relay := f.startBehindRelay("a", Config{StatsFlush: time.Hour, BreakerFailures: 5}, dedup.Config{})
 	ctx := context.Background()
 	conn := f.conn()
-	sum := func(col string) (n int64) {
-		t.Helper()
-		err := conn.QueryRow(ctx, schemaSQL(f.schema, `SELECT coalesce(sum(`+col+`), 0) FROM {s}.stats`)).Scan(&n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return n
-	}
-	miss := func() int64 { return sum("miss") }
-
-	a.bus.stats.Bypass.Add(1)
-	waitFor(t, "a flush through the relay", func() bool { // leaves a connection in the pool: the muted flush needs no new one
-		a.bus.flushOnce(ctx)
-		return sum("bypass") == 1
+	fleettest.StatsLostAnswerCountsOnce(t, fleettest.StatsLink{
+		Relay:  relay,
+		Counts: &a.bus.stats,
+		Flush:  func() { a.bus.flushOnce(ctx) },
+		Stored: func(col string) (n int64) {
+			err := conn.QueryRow(ctx, schemaSQL(f.schema, `SELECT coalesce(sum(`+col+`), 0) FROM {s}.stats`)).Scan(&n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		},
 	})
-	a.bus.stats.Miss.Add(10)
-	relay.Mute(true)
-	a.bus.flushOnce(ctx)
-	relay.Mute(false)
-	if n := miss(); n != 10 {
-		t.Fatalf("miss = %d once the muted flush reached PostgreSQL, want 10", n)
-	}
-	a.bus.stats.Miss.Add(5)
-	waitFor(t, "the flush sent again and the new counts", func() bool {
-		a.bus.flushOnce(ctx)
-		return miss() >= 15
-	})
-	a.bus.flushOnce(ctx) // nothing left to send
-	if n := miss(); n != 15 {
-		t.Errorf("miss = %d after flushing 10 (answer lost) and 5, want 15", n)
-	}
 }
