@@ -89,7 +89,9 @@ type Fleet struct {
 type Instance struct {
 	Name   string
 	Engine *dedup.Engine
-	// Local is the memory tier in front of the shared store.
+	// Store is the instance's tiered store (the shared store behind
+	// Local), and Local the memory tier in front of the shared store.
+	Store dedup.Store
 	Local *dedup.MemoryStore
 	Bus   Bus
 	// FleetWaits counts the instance's flights that wait on a flight of

@@ -203,3 +203,39 @@ func LeaderGoneTakeover(t *testing.T, newFleet Factory, kill func(leader *Instan
 		t.Fatalf("origin saw %d requests, want 2 (the dead leader's and the takeover)", f.Hits())
 	}
 }
+
+// ConcurrentLookupsShareOneRead: a stampede of lookups on one instance
+// reads a value the store holds (and the memory tier does not) with one
+// read of the store, not one per client: a store slowed down sees one
+// waiting read instead of a pool's worth. stall slows the store's reads
+// down until resume (every lookup arrives while the first read waits);
+// reads counts the store's reads since stall, and says what they were.
+func ConcurrentLookupsShareOneRead(t *testing.T, newFleet Factory, stall func() (resume func()), reads func() (n int, what string)) {
+	f := newFleet(t, Options{Instances: 1}, func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "shared")
+	})
+	inst := f.Insts[0]
+	key := inst.Get(f.Origin.URL + "/one").Key // MISS, stored
+	ctx := context.Background()
+	inst.Local.Delete(ctx, key)
+	resume := stall()
+	const n = 200
+	var wg sync.WaitGroup
+	var found atomic.Int64
+	for range n {
+		wg.Go(func() {
+			if e, err := inst.Store.Get(ctx, key); err == nil && string(e.Body) == "shared" {
+				found.Add(1)
+			}
+		})
+	}
+	time.Sleep(200 * time.Millisecond)
+	resume()
+	wg.Wait()
+	if found.Load() != n {
+		t.Fatalf("%d of %d lookups found the value", found.Load(), n)
+	}
+	if r, what := reads(); r != 1 {
+		t.Fatalf("%d concurrent lookups made %d reads of the store, want 1:\n%s", n, r, what)
+	}
+}

@@ -5,11 +5,11 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/seed-a3c387e8/onceproxy/internal/fleettest"
 	"github.com/seed-a3c387e8/onceproxy/proxy/dedup"
 )
 
@@ -96,43 +96,25 @@ func TestStatementsPerRequest(t *testing.T) {
 // TestConcurrentLookupsShareOneSelect: a stampede of lookups on one
 // instance reads a stored value with one statement, not one per client.
 func TestConcurrentLookupsShareOneSelect(t *testing.T) {
-	f := newFleet(t, 1, Config{StatsFlush: time.Hour, SweepInterval: time.Hour}, dedup.Config{}, func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, "shared")
-	})
-	inst := f.insts[0]
-	key := inst.get(f.origin.URL + "/one").key // MISS, stored
+	var f *fleetFixture
 	ctx := context.Background()
-	inst.local.Delete(ctx, key)
-	// Slow the SELECT down (a table lock that blocks readers until the
-	// rollback below): every lookup arrives while it waits.
-	c := f.conn()
-	tx, err := c.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
+	stall := func() func() {
+		// Slow the SELECT down: a table lock that blocks readers until
+		// the rollback.
+		tx, err := f.conn().Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { tx.Rollback(ctx) })
+		if _, err := tx.Exec(ctx, schemaSQL(f.schema, "LOCK TABLE {s}.cache IN ACCESS EXCLUSIVE MODE")); err != nil {
+			t.Fatal(err)
+		}
+		f.insts[0].trace.take()
+		return func() { tx.Rollback(ctx) }
 	}
-	defer tx.Rollback(ctx)
-	if _, err := tx.Exec(ctx, schemaSQL(f.schema, "LOCK TABLE {s}.cache IN ACCESS EXCLUSIVE MODE")); err != nil {
-		t.Fatal(err)
+	statements := func() (int, string) {
+		stmts, _ := f.insts[0].trace.take()
+		return len(stmts), strings.Join(stmts, "\n")
 	}
-	inst.trace.take()
-	const n = 200
-	var wg sync.WaitGroup
-	var found atomic.Int64
-	for range n {
-		wg.Go(func() {
-			if e, err := inst.store.Get(ctx, key); err == nil && string(e.Body) == "shared" {
-				found.Add(1)
-			}
-		})
-	}
-	time.Sleep(200 * time.Millisecond)
-	tx.Rollback(ctx)
-	wg.Wait()
-	if found.Load() != n {
-		t.Fatalf("%d of %d lookups found the value", found.Load(), n)
-	}
-	stmts, _ := inst.trace.take()
-	if len(stmts) != 1 {
-		t.Fatalf("%d concurrent lookups made %d statements, want 1: %q", n, len(stmts), stmts)
-	}
+	fleettest.ConcurrentLookupsShareOneRead(t, contract(Config{StatsFlush: time.Hour, SweepInterval: time.Hour}, &f), stall, statements)
 }

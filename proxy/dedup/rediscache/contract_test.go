@@ -37,7 +37,7 @@ func (f *fleetFixture) contractFleet() *fleettest.Fleet {
 	cf := &fleettest.Fleet{Store: "redis", StatsDays: statsDays, Origin: f.origin, Hits: f.hits.Load}
 	for _, i := range f.insts {
 		cf.Insts = append(cf.Insts, &fleettest.Instance{
-			Name: i.name, Engine: i.engine, Local: i.store.local, Bus: i.bus,
+			Name: i.name, Engine: i.engine, Store: i.store, Local: i.store.local, Bus: i.bus,
 			FleetWaits: i.store.fleetWaits.Load, Available: i.be.Available, Stop: i.stop,
 		})
 	}
