@@ -70,6 +70,14 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	fleettest.InvalidationReachesTheFleet(t, contract(Config{}, nil))
 }
 
+func TestInvalidationReachesEveryDiskTier(t *testing.T) {
+	fleettest.InvalidationReachesEveryDiskTier(t, contract(Config{}, nil))
+}
+
+func TestInvalidationDuringAFleetFlight(t *testing.T) {
+	fleettest.InvalidationDuringAFleetFlight(t, contract(Config{}, nil))
+}
+
 // TestFleetStatsAddUp: per-day counters in the database sum every
 // instance; an older day counts in the week, not today, and a day past
 // the week not at all.

@@ -195,6 +195,14 @@ func TestInvalidationReachesTheFleet(t *testing.T) {
 	fleettest.InvalidationReachesTheFleet(t, contract(Config{}, nil))
 }
 
+func TestInvalidationReachesEveryDiskTier(t *testing.T) {
+	fleettest.InvalidationReachesEveryDiskTier(t, contract(Config{}, nil))
+}
+
+func TestInvalidationDuringAFleetFlight(t *testing.T) {
+	fleettest.InvalidationDuringAFleetFlight(t, contract(Config{}, nil))
+}
+
 // TestOlderFormatIsIgnored: a value in another format version is a miss
 // and gets replaced, never misread.
 func TestOlderFormatIsIgnored(t *testing.T) {
