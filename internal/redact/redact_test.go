@@ -66,19 +66,7 @@ func TestQuerySecrets(t *testing.T) {
 		"http://u:pw@api.example/v1?token=S1":                                               "http://xxxxx:xxxxx@api.example/v1?token=xxxxx",
 		"https://api.example/v1?session=abc&id=7":                                           "https://api.example/v1?session=abc&id=7",
 	} {
-		if got := URL(raw); got != want {
-			t.Errorf("URL(%q) = %q, want %q", raw, got, want)
-		}
-		u, err := url.Parse(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := ParsedURL(u); got != want {
-			t.Errorf("ParsedURL(%q) = %q, want %q", raw, got, want)
-		}
-		if u.String() != raw {
-			t.Errorf("ParsedURL changed its argument: %q", u)
-		}
+		checkURL(t, raw, want)
 	}
 	// In free text (an error, a library's log line) a URL's secret
 	// parameters are masked too.
@@ -115,16 +103,7 @@ func TestPathCredentials(t *testing.T) {
 		"https://shop.example/robot123:abc":                                     "https://shop.example/robot123:abc",
 		"https://shop.example/a%20b/c":                                          "https://shop.example/a%20b/c",
 	} {
-		if got := URL(raw); got != want {
-			t.Errorf("URL(%q) = %q, want %q", raw, got, want)
-		}
-		u, err := url.Parse(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got := ParsedURL(u); got != want {
-			t.Errorf("ParsedURL(%q) = %q, want %q", raw, got, want)
-		}
+		checkURL(t, raw, want)
 	}
 	// A path logged alone, and an error quoting the URL.
 	if got, want := Path("/"+bot+"/getUpdates"), "/botxxxxx/getUpdates"; got != want {
@@ -133,5 +112,24 @@ func TestPathCredentials(t *testing.T) {
 	in := `Post "https://api.telegram.org/` + bot + `/sendMessage": dial tcp: i/o timeout (session ` + jwt + `)`
 	if got, want := Text(in), `Post "https://api.telegram.org/botxxxxx/sendMessage": dial tcp: i/o timeout (session xxxxx)`; got != want {
 		t.Errorf("Text(%q) = %q, want %q", in, got, want)
+	}
+}
+
+// checkURL checks that URL and ParsedURL both mask raw as want, and that
+// ParsedURL leaves its argument as it was.
+func checkURL(t *testing.T, raw, want string) {
+	t.Helper()
+	if got := URL(raw); got != want {
+		t.Errorf("URL(%q) = %q, want %q", raw, got, want)
+	}
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ParsedURL(u); got != want {
+		t.Errorf("ParsedURL(%q) = %q, want %q", raw, got, want)
+	}
+	if u.String() != raw {
+		t.Errorf("ParsedURL changed its argument: %q", u)
 	}
 }
