@@ -137,6 +137,27 @@ func sendRawDirect(t *testing.T, o *rawOrigin, head string) {
 	rawH1(t, c, bufio.NewReader(c), head)
 }
 
+// sendRawProxyPort writes head (origin form) to the proxy port in
+// absolute form, for host, and reads the answer.
+func sendRawProxyPort(t *testing.T, w *world, host, head string) {
+	t.Helper()
+	c, err := net.Dial("tcp", w.proxyURL.Host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	head = strings.Replace(head, " /", " http://"+host+"/", 1)
+	rawH1(t, c, bufio.NewReader(c), head)
+}
+
+// sendRawTunnel writes head inside a CONNECT tunnel to host, TLS or not,
+// and reads the answer.
+func sendRawTunnel(t *testing.T, w *world, host, head string, useTLS bool) {
+	t.Helper()
+	c := insideTunnel(t, w, host, useTLS)
+	rawH1(t, c, bufio.NewReader(c), head)
+}
+
 // TestConnectionSpellingReachesTheOrigin: an HTTP/1.1 client's
 // "Connection: Keep-Alive" (.NET's and old Java's spelling) reaches an
 // HTTP/1.1 origin spelled as the client spelled it, on the proxy port in
@@ -153,23 +174,9 @@ func TestConnectionSpellingReachesTheOrigin(t *testing.T) {
 			origin *rawOrigin
 			send   func(host, head string)
 		}{
-			{"proxy port", plain, func(host, head string) {
-				c, err := net.Dial("tcp", w.proxyURL.Host)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				head = strings.Replace(head, "GET /", "GET http://"+host+"/", 1)
-				rawH1(t, c, bufio.NewReader(c), head)
-			}},
-			{"plain tunnel", plain, func(host, head string) {
-				c := insideTunnel(t, w, host, false)
-				rawH1(t, c, bufio.NewReader(c), head)
-			}},
-			{"tls tunnel", secure, func(host, head string) {
-				c := insideTunnel(t, w, host, true)
-				rawH1(t, c, bufio.NewReader(c), head)
-			}},
+			{"proxy port", plain, func(host, head string) { sendRawProxyPort(t, w, host, head) }},
+			{"plain tunnel", plain, func(host, head string) { sendRawTunnel(t, w, host, head, false) }},
+			{"tls tunnel", secure, func(host, head string) { sendRawTunnel(t, w, host, head, true) }},
 		} {
 			t.Run(tc.name+"/"+value, func(t *testing.T) {
 				host := tc.origin.ln.Addr().String()
@@ -290,19 +297,8 @@ func TestNoMadeUpConnectionField(t *testing.T) {
 			origin *rawOrigin
 			send   func(host, head string)
 		}{
-			{"proxy port", plain, func(host, head string) {
-				c, err := net.Dial("tcp", w.proxyURL.Host)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				head = strings.Replace(head, " /", " http://"+host+"/", 1)
-				rawH1(t, c, bufio.NewReader(c), head)
-			}},
-			{"tls tunnel", secure, func(host, head string) {
-				c := insideTunnel(t, w, host, true)
-				rawH1(t, c, bufio.NewReader(c), head)
-			}},
+			{"proxy port", plain, func(host, head string) { sendRawProxyPort(t, w, host, head) }},
+			{"tls tunnel", secure, func(host, head string) { sendRawTunnel(t, w, host, head, true) }},
 		} {
 			t.Run(tc.name+"/"+door.name, func(t *testing.T) {
 				host := door.origin.ln.Addr().String()
