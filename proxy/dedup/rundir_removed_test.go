@@ -84,13 +84,7 @@ func TestDiskTierEntryWhoseFileWentIsFetchedOnce(t *testing.T) {
 // that caches the body again, and the one after is a HIT.
 func TestDiskTierEntryWhoseFileWentIsFetchedOnceForRanges(t *testing.T) {
 	const size = 256 << 10
-	body := pattern(size)
-	f := newFixture(t, streamConfig(t, Config{MaxBodyBytes: 64 * bytesize.KiB}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(body))
-	}))
-	if r := f.get("/cached"); r.err != nil || r.xcache != CacheMiss || r.body != string(body) {
-		t.Fatalf("first request: %s, %d bytes, err %v", r.xcache, len(r.body), r.err)
-	}
+	f, body := cachedOnDisk(t, size)
 	if err := os.RemoveAll(f.eng.disk.dir.path); err != nil {
 		t.Fatal(err)
 	}
@@ -116,13 +110,7 @@ func TestDiskTierEntryWhoseFileWentIsFetchedOnceForRanges(t *testing.T) {
 // whose size is not the body's is taken for gone.
 func TestDiskTierEntryWhoseFileWasCutIsFetchedAgain(t *testing.T) {
 	const size = 256 << 10
-	body := pattern(size)
-	f := newFixture(t, streamConfig(t, Config{MaxBodyBytes: 64 * bytesize.KiB}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(body))
-	}))
-	if r := f.get("/cached"); r.err != nil || r.xcache != CacheMiss || r.body != string(body) {
-		t.Fatalf("first request: %s, %d bytes, err %v", r.xcache, len(r.body), r.err)
-	}
+	f, body := cachedOnDisk(t, size)
 	ent := f.eng.disk.get(f.get("/cached").key)
 	if ent == nil {
 		t.Fatal("not in the disk tier")
@@ -138,4 +126,19 @@ func TestDiskTierEntryWhoseFileWasCutIsFetchedAgain(t *testing.T) {
 	if r := f.get("/cached", "Range", "bytes=0-"); r.err != nil || r.body != string(body) {
 		t.Fatalf("range: %s, %d of %d bytes, err %v", r.xcache, len(r.body), size, r.err)
 	}
+}
+
+// cachedOnDisk starts a fixture whose origin serves a body of size bytes
+// (Range answered) at /cached, over max_body_bytes, and fetches it once:
+// it is in the disk tier once the download is kept.
+func cachedOnDisk(t *testing.T, size int) (*fixture, []byte) {
+	t.Helper()
+	body := pattern(size)
+	f := newFixture(t, streamConfig(t, Config{MaxBodyBytes: 64 * bytesize.KiB}), http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.ServeContent(w, r, "", time.Time{}, bytes.NewReader(body))
+	}))
+	if r := f.get("/cached"); r.err != nil || r.xcache != CacheMiss || r.body != string(body) {
+		t.Fatalf("first request: %s, %d bytes, err %v", r.xcache, len(r.body), r.err)
+	}
+	return f, body
 }
